@@ -1,0 +1,1 @@
+"""Measurement on the device (or the CPU interpreter): precision, timing, peaks, clocks."""

@@ -1,0 +1,81 @@
+"""Loads mamba-ssm's Triton kernel wrappers and pure-PyTorch references.
+
+``mamba_ssm/__init__.py`` imports ``selective_scan_cuda``, a CUDA extension that a CPU or offline install
+(``MAMBA_SKIP_CUDA_BUILD=TRUE``) does not have, so a plain ``import mamba_ssm.ops.triton.ssd_combined``
+fails. When that extension is missing, this module registers ``mamba_ssm`` as a bare package whose
+submodules load from the installed files, skipping the package ``__init__``. The Triton kernels and
+references need only torch, triton and einops.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+SUPPORTED = "2.3."
+
+
+class MambaSsmUnavailable(ImportError):
+    """mamba-ssm (the reference implementation) is not installed, or not a supported version."""
+
+
+def installed_version() -> str | None:
+    try:
+        return version("mamba-ssm")
+    except PackageNotFoundError:
+        return None
+
+
+def _ensure_package() -> None:
+    if "mamba_ssm" in sys.modules:
+        return
+    spec = importlib.util.find_spec("mamba_ssm")
+    if spec is None or not spec.submodule_search_locations:
+        raise MambaSsmUnavailable(
+            "mamba-ssm is not installed; it is the reference the guard compares against. Install it with "
+            "scripts/install.sh (it builds mamba-ssm==2.3.2.post1 without its CUDA extension)."
+        )
+    if importlib.util.find_spec("selective_scan_cuda") is not None:
+        importlib.import_module("mamba_ssm")
+        return
+    package = types.ModuleType("mamba_ssm")
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__file__ = spec.origin
+    package.__spec__ = spec
+    package.__version__ = installed_version()
+    sys.modules["mamba_ssm"] = package
+
+
+def module(name: str) -> types.ModuleType:
+    """A mamba-ssm submodule, e.g. ``module("ops.triton.ssd_combined")``."""
+    _ensure_package()
+    try:
+        return importlib.import_module(f"mamba_ssm.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("mamba_ssm"):
+            raise MambaSsmUnavailable(
+                f"mamba-ssm {installed_version()} has no module mamba_ssm.{name}; supported: {SUPPORTED}x"
+            ) from exc
+        raise
+
+
+def resolve(target: str) -> Any:
+    """``"ops.triton.ssd_bmm:_bmm_chunk_fwd"`` -> the function."""
+    module_name, sep, attr = target.partition(":")
+    if not sep:
+        raise ValueError(f"target: expected 'module:attribute', got {target!r}")
+    return getattr(module(module_name), attr)
+
+
+# Where each wrapper and reference lives, for ``resolve``.
+SSD_CHUNK_STATE = "ops.triton.ssd_chunk_state"
+SSD_STATE_PASSING = "ops.triton.ssd_state_passing"
+SSD_BMM = "ops.triton.ssd_bmm"
+SSD_CHUNK_SCAN = "ops.triton.ssd_chunk_scan"
+SSD_COMBINED = "ops.triton.ssd_combined"
+LAYERNORM_GATED = "ops.triton.layernorm_gated"
+SSD_MINIMAL = "modules.ssd_minimal"

@@ -1,0 +1,172 @@
+"""Run-time dispatch of Helion kernels with configs from the config store.
+
+A training job never autotunes: every call gets a config from ``kernels/configs/<gpu-slug>.yaml`` (or
+Helion's default config, logged and counted as a fallback). Autotuning at run time happens only when
+asked for with ``MAMBA2_GUARD_AUTOTUNE=1``.
+
+Execution modes:
+  * ``compiled``: Helion's Triton backend (a GPU, or CPU tensors under ``TRITON_INTERPRET=1``);
+  * ``ref``: Helion's eager reference mode, for ``HELION_INTERPRET=1`` or CPU tensors otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from kernels import config_store
+from kernels.config_store import ShapeKey
+
+log = logging.getLogger(__name__)
+
+AUTOTUNE_ENV = "MAMBA2_GUARD_AUTOTUNE"
+SLUG_ENV = "MAMBA2_GUARD_GPU_SLUG"
+_captured: list[tuple[TunedKernel, tuple[Any, ...]]] | None = None
+
+
+@contextlib.contextmanager
+def capture_launches() -> Iterator[list[tuple[TunedKernel, tuple[Any, ...]]]]:
+    """Record every (kernel, args) launched inside the block: how the tuner finds what a public
+    function runs, with the exact arguments its host code prepares."""
+    global _captured
+    previous, _captured = _captured, []
+    try:
+        yield _captured
+    finally:
+        _captured = previous
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def exec_mode(device: torch.device) -> str:
+    if _env_true("HELION_INTERPRET"):
+        return "ref"
+    if device.type == "cpu":
+        return "compiled" if _env_true("TRITON_INTERPRET") else "ref"
+    return "compiled"
+
+
+@functools.cache
+def _cuda_slug(index: int) -> str:
+    return config_store.slugify(torch.cuda.get_device_name(index))
+
+
+def device_slug(device: torch.device) -> str:
+    """The config-file slug of a device: 'nvidia-h200', or 'cpu'."""
+    override = os.environ.get(SLUG_ENV)
+    if override:
+        return override
+    if device.type != "cuda":
+        return device.type
+    return _cuda_slug(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _first_device(args: tuple[Any, ...]) -> torch.device:
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device
+    raise TypeError("a Helion kernel needs at least one tensor argument")
+
+
+class TunedKernel:
+    """A Helion kernel function plus the rule that maps its arguments to a config-store shape key."""
+
+    def __init__(self, fn: Callable[..., Any], *, name: str, shape_key: Callable[..., ShapeKey]):
+        self.fn = fn
+        self.name = name
+        self.shape_key = shape_key
+        self._kernels: dict[tuple[str, str], Any] = {}
+        self._dispatch: dict[tuple[torch.device, ShapeKey, str], Any] = {}
+        functools.update_wrapper(self, fn)
+
+    def helion_kernel(self, config: dict[str, Any] | None, mode: str = "compiled", **settings: Any):
+        """A ``helion.Kernel`` of this function pinned to ``config`` (None: Helion's default config)."""
+        import helion
+
+        cache_key = (json.dumps(config, sort_keys=True), mode + json.dumps(settings, sort_keys=True, default=str))
+        kernel = self._kernels.get(cache_key)
+        if kernel is None:
+            options: dict[str, Any] = {"static_shapes": True, "ref_mode": _ref_mode(mode), **settings}
+            if config is not None:
+                options["config"] = helion.Config(**config)
+            elif not _env_true(AUTOTUNE_ENV):
+                options["autotune_effort"] = "none"
+            kernel = helion.kernel(self.fn, **options)
+            self._kernels[cache_key] = kernel
+        return kernel
+
+    def lookup(self, *args: Any) -> config_store.Lookup:
+        device = _first_device(args)
+        if _env_true(AUTOTUNE_ENV):
+            return config_store.Lookup(None, "autotune", None)
+        return config_store.lookup(self.name, self.shape_key(*args), device_slug(device))
+
+    def __call__(self, *args: Any) -> Any:
+        if _captured is not None:
+            _captured.append((self, args))
+        device = _first_device(args)
+        mode = exec_mode(device)
+        key = self.shape_key(*args)
+        dispatch_key = (device, key, mode)
+        kernel = self._dispatch.get(dispatch_key)
+        if kernel is not None:
+            return kernel(*args)
+        found = self.lookup(*args)
+        kernel = self.helion_kernel(found.config, mode)
+        try:
+            result = kernel(*args)
+        except Exception as exc:
+            if found.config is None or not _is_invalid_config(exc):
+                raise
+            # A config from another helion version that the current config spec rejects: report it as
+            # drift (counted, logged) and run on the default config rather than crash.
+            config_store.note_fallback(self.name, str(key), device_slug(device), "invalid", found.key)
+            log.warning("%s: config for %s is invalid under this helion (%s); using the default", self.name,
+                        found.key, exc)
+            kernel = self.helion_kernel(None, mode)
+            result = kernel(*args)
+        self._dispatch[dispatch_key] = kernel
+        return result
+
+
+def _ref_mode(mode: str):
+    import helion
+
+    return helion.RefMode.EAGER if mode == "ref" else helion.RefMode.OFF
+
+
+def _is_invalid_config(exc: Exception) -> bool:
+    import helion.exc
+
+    return isinstance(exc, helion.exc.InvalidConfig)
+
+
+def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
+    """None if ``config`` is valid for ``kernel`` bound to ``args`` under the installed helion, else why."""
+    import helion
+    import helion.exc
+
+    bound = kernel.helion_kernel(None, "compiled").bind(args)
+    try:
+        bound.config_spec.normalize(helion.Config(**config))
+    except (helion.exc.InvalidConfig, TypeError, ValueError, KeyError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def tuned_kernel(*, name: str, shape_key: Callable[..., ShapeKey]) -> Callable[[Callable[..., Any]], TunedKernel]:
+    """Decorator: ``@tuned_kernel(name="chunk_state", shape_key=...)`` over a Helion kernel body."""
+
+    def wrap(fn: Callable[..., Any]) -> TunedKernel:
+        return TunedKernel(fn, name=name, shape_key=shape_key)
+
+    return wrap

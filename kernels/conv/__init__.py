@@ -1,0 +1,1 @@
+"""Causal depthwise conv1d, forward and backward."""

@@ -1,0 +1,1 @@
+"""Gated RMSNorm, forward and backward."""

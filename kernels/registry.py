@@ -1,0 +1,433 @@
+"""The one place a kernel is declared.
+
+Every kernel of the Mamba-2 layer has one ``KernelEntry``: its stable name, the mamba-ssm kernel it
+replaces and its phase label (the launch order of ``../shared/notes/mamba_ssm.md`` section 2), a seeded
+input factory, the argument order shared by all three implementations (mamba-ssm's wrapper, the
+pure-PyTorch reference and the Helion kernel take the same arguments and return the same tuple), a
+bytes-moved and FLOPs model for roofline fractions, and per-output tolerances.
+
+``helion`` is None until the Helion implementation exists; tools then report the kernel as missing,
+never as passing and never by running mamba-ssm in its place.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kernels import _mamba_ssm
+from kernels.suites import ShapeSpec
+
+Inputs = dict[str, Any]
+Outputs = dict[str, torch.Tensor]
+FAMILIES = ("ssd", "norm", "conv")
+DEFAULT_TOLERANCE = (1e-2, 1e-2)  # (atol, rtol)
+INF = float("inf")
+
+
+class MissingImplementation(LookupError):
+    """The entry has no implementation of the requested kind (yet)."""
+
+
+class BaselineUnavailable(LookupError):
+    """The comparison implementation (mamba-ssm or causal-conv1d) cannot be loaded here."""
+
+
+def load_target(target: str) -> Callable[..., Any]:
+    """``"package.module:function"`` -> the function."""
+    module_name, sep, attr = target.partition(":")
+    if not sep:
+        raise ValueError(f"target: expected 'module:function', got {target!r}")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    name: str
+    family: str
+    phase: str
+    replaces: str
+    make_inputs: Callable[[ShapeSpec, int, torch.device], Inputs]
+    args: tuple[str, ...]
+    outputs: tuple[str, ...]
+    reference: str
+    baseline: str | None
+    helion: str | None
+    bytes_moved: Callable[[ShapeSpec], int]
+    flops: Callable[[ShapeSpec], int]
+    tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # mamba-ssm's name for the baseline; other packages (causal-conv1d) are named by their module.
+    baseline_name: str = "mamba_ssm"
+
+    @property
+    def has_helion(self) -> bool:
+        return self.helion is not None
+
+    def tolerance(self, output: str) -> tuple[float, float]:
+        return self.tolerances.get(output, DEFAULT_TOLERANCE)
+
+    def inputs(self, shape: ShapeSpec, seed: int, device: torch.device | str = "cpu") -> Inputs:
+        return self.make_inputs(shape, seed, torch.device(device))
+
+    def _call(self, fn: Callable[..., Any], inputs: Inputs) -> Outputs:
+        result = fn(*(inputs[a] for a in self.args))
+        if not isinstance(result, (tuple, list)):
+            result = (result,)
+        if len(result) < len(self.outputs):
+            raise ValueError(f"{self.name}: expected outputs {self.outputs}, got {len(result)} values")
+        return {name: value for name, value in zip(self.outputs, result, strict=False) if value is not None}
+
+    def helion_fn(self) -> Callable[..., Any]:
+        if self.helion is None:
+            raise MissingImplementation(f"{self.name}: no Helion implementation yet")
+        return load_target(self.helion)
+
+    def baseline_fn(self) -> Callable[..., Any]:
+        if self.baseline is None:
+            raise BaselineUnavailable(f"{self.name}: mamba-ssm has no counterpart")
+        try:
+            if self.baseline_name == "mamba_ssm":
+                return _mamba_ssm.resolve(self.baseline)
+            return load_target(self.baseline)
+        except ImportError as exc:
+            raise BaselineUnavailable(f"{self.name}: {self.baseline_name} unavailable: {exc}") from exc
+
+    def run_helion(self, inputs: Inputs) -> Outputs:
+        return self._call(self.helion_fn(), inputs)
+
+    def run_baseline(self, inputs: Inputs) -> Outputs:
+        return self._call(self.baseline_fn(), inputs)
+
+    def run_reference(self, inputs: Inputs, dtype: torch.dtype | None = torch.float64) -> Outputs:
+        """The pure-PyTorch reference; floating inputs are first cast to ``dtype`` (None: as given)."""
+        if dtype is not None:
+            inputs = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                      for k, v in inputs.items()}
+        return self._call(load_target(self.reference), inputs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Seeded input factories. Values follow what the layer produces: softplus-range dt, negative A,
+# dA cumulated within each chunk (so decays stay in (0, 1]), unit-scale activations.
+
+
+def _rng(seed: int, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _randn(g: torch.Generator, shape: Sequence[int], dtype: torch.dtype, device: torch.device, scale=1.0):
+    return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * scale).to(dtype)
+
+
+def _rand(g, shape, dtype, device, low, high):
+    return (torch.rand(*shape, generator=g, device=device, dtype=torch.float32) * (high - low) + low).to(dtype)
+
+
+def _ssd_base(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
+    g = _rng(seed, device)
+    b, L, h, p, n, G = s.batch, s.seqlen, s.nheads, s.headdim, s.dstate, s.ngroups
+    dt_proc = _rand(g, (b, h, s.nchunks, s.chunk_size), torch.float32, device, 0.001, 0.1)
+    A = -_rand(g, (h,), torch.float32, device, 1.0, 16.0)
+    dA_cumsum = torch.cumsum(dt_proc * A[None, :, None, None], dim=-1)
+    return {
+        "g": g,
+        "x": _randn(g, (b, L, h, p), s.torch_dtype, device),
+        "dt_raw": _randn(g, (b, L, h), s.torch_dtype, device, 0.5) - 4.0,
+        "A": A,
+        "dt_bias": _rand(g, (h,), torch.float32, device, -4.0, -2.0),
+        "B": _randn(g, (b, L, G, n), s.torch_dtype, device),
+        "C": _randn(g, (b, L, G, n), s.torch_dtype, device),
+        "D": _randn(g, (h,), torch.float32, device),
+        "z": _randn(g, (b, L, h, p), s.torch_dtype, device),
+        "dt": dt_proc,
+        "dA_cumsum": dA_cumsum,
+        "dout": _randn(g, (b, L, h, p), s.torch_dtype, device, 0.1),
+        "chunk_size": s.chunk_size,
+        "ngroups": G,
+        "seq_idx": None,
+        "dt_limit": (0.0, INF),
+        "true": True,
+        "false": False,
+        "none": None,
+        "fp32": torch.float32,
+        "io_dtype": s.torch_dtype,
+    }
+
+
+def _states(s: ShapeSpec, g, device, dtype, flat: bool) -> torch.Tensor:
+    shape = (s.batch, s.nchunks, s.nheads, s.headdim * s.dstate) if flat else (
+        s.batch, s.nchunks, s.nheads, s.headdim, s.dstate)
+    return _randn(g, shape, dtype, device)
+
+
+def _cb(s: ShapeSpec, g, device) -> torch.Tensor:
+    return _randn(g, (s.batch, s.nchunks, s.ngroups, s.chunk_size, s.chunk_size), torch.float32, device,
+                  s.dstate ** 0.5)
+
+
+def inputs_chunk_cumsum(s, seed, device):
+    return _ssd_base(s, seed, device) | {"dt_softplus": True}
+
+
+def inputs_chunk_state(s, seed, device):
+    return _ssd_base(s, seed, device)
+
+
+def inputs_state_passing(s, seed, device):
+    base = _ssd_base(s, seed, device)
+    base["states"] = _states(s, base["g"], device, torch.float32, flat=True)
+    base["dA_chunk_cumsum"] = base["dA_cumsum"][..., -1].contiguous()
+    return base
+
+
+def inputs_bmm_chunk(s, seed, device):
+    return _ssd_base(s, seed, device)
+
+
+def inputs_chunk_scan(s, seed, device):
+    base = _ssd_base(s, seed, device)
+    base["cb"] = _cb(s, base["g"], device)
+    base["states"] = _states(s, base["g"], device, s.torch_dtype, flat=False)
+    return base
+
+
+def inputs_chunk_scan_bwd_dz(s, seed, device):
+    base = _ssd_base(s, seed, device)
+    base["out_x"] = _randn(base["g"], base["x"].shape, s.torch_dtype, device)
+    base["D_per_dim"] = _randn(base["g"], (s.nheads, s.headdim), torch.float32, device)
+    return base
+
+
+def inputs_state_passing_bwd(s, seed, device):
+    base = inputs_state_passing(s, seed, device)
+    base["dstates_flat"] = _states(s, base["g"], device, torch.float32, flat=True) * 0.1
+    return base
+
+
+def inputs_bwd_with_states(s, seed, device):
+    """For kernels that take the chunk-boundary states or their gradient, and CB."""
+    base = _ssd_base(s, seed, device)
+    base["cb"] = _cb(s, base["g"], device)
+    base["dstates"] = _states(s, base["g"], device, s.torch_dtype, flat=False) * 0.1
+    base["prev_states"] = _states(s, base["g"], device, s.torch_dtype, flat=False)
+    return base
+
+
+def inputs_bmm_chunk_bwd(s, seed, device):
+    base = _ssd_base(s, seed, device)
+    base["dcb"] = _cb(s, base["g"], device) * 0.01
+    base["residual"] = _randn(base["g"], base["B"].shape, torch.float32, device, 0.1)
+    return base
+
+
+def inputs_chunk_cumsum_bwd(s, seed, device):
+    base = _ssd_base(s, seed, device)
+    g = base["g"]
+    base["ddA"] = _randn(g, base["dt"].shape, torch.float32, device, 0.1)
+    base["ddt_out"] = _randn(g, base["dt"].shape, torch.float32, device, 0.1)
+    base["dt_softplus"] = True
+    return base
+
+
+def inputs_norm(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
+    g = _rng(seed, device)
+    M, N, dtype = s.batch * s.seqlen, s.d_ssm, s.torch_dtype
+    x = _randn(g, (M, N), dtype, device)
+    z = _randn(g, (M, N), dtype, device)
+    eps = 1e-5
+    gated = x.float() * torch.nn.functional.silu(z.float()) if not s.norm_before_gate else x.float()
+    grouped = gated.view(M, N // s.norm_group_size, s.norm_group_size)
+    # rstd as the forward stores it: (ngroups * M,), group-major
+    rstd = torch.rsqrt(grouped.square().mean(-1) + eps).t().contiguous().view(-1)
+    return {
+        "x": x, "z": z, "weight": _rand(g, (N,), dtype, device, 0.5, 1.5), "bias": None, "eps": eps,
+        "dy": _randn(g, (M, N), dtype, device, 0.1), "rstd": rstd, "mean": None, "none": None,
+        "group_size": s.norm_group_size, "norm_before_gate": s.norm_before_gate,
+        "true": True, "false": False,
+    }
+
+
+def inputs_conv(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
+    g = _rng(seed, device)
+    dim, dtype = s.conv_dim, s.torch_dtype
+    return {
+        "x": _randn(g, (s.batch, dim, s.seqlen), dtype, device),
+        "weight": _randn(g, (dim, s.conv_width), dtype, device, 0.5),
+        "bias": _randn(g, (dim,), dtype, device, 0.1),
+        "dout": _randn(g, (s.batch, dim, s.seqlen), dtype, device, 0.1),
+        "seq_idx": None,
+        "activation": "silu",
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bytes and FLOPs models: compulsory traffic (each input read once, each output written once) and the
+# multiply-adds of the matmuls, in the layouts the kernels use.
+
+
+def _sizes(s: ShapeSpec) -> dict[str, int]:
+    el = torch.tensor([], dtype=s.torch_dtype).element_size()
+    b, L, h, p, G, n, Q, c = s.batch, s.seqlen, s.nheads, s.headdim, s.ngroups, s.dstate, s.chunk_size, s.nchunks
+    return {
+        "el": el,
+        "x": b * L * h * p * el,  # also z, dout, out, dx
+        "bc": b * L * G * n * el,  # B or C
+        "bc32": b * L * G * n * 4,
+        "dt": b * h * c * Q * 4,  # dt, dA_cumsum
+        "dt_raw": b * L * h * el,
+        "states32": b * c * h * p * n * 4,
+        "states": b * c * h * p * n * el,
+        "final": b * h * p * n * 4,
+        "cb": b * c * G * Q * Q * 4,
+    }
+
+
+def _model(traffic: Callable[[dict[str, int]], int]) -> Callable[[ShapeSpec], int]:
+    return lambda s: int(traffic(_sizes(s)))
+
+
+def _flops(fn: Callable[..., int]) -> Callable[[ShapeSpec], int]:
+    return lambda s: int(fn(s.batch, s.seqlen, s.nheads, s.headdim, s.ngroups, s.dstate, s.chunk_size, s.nchunks))
+
+
+def _norm_bytes(tensors: int) -> Callable[[ShapeSpec], int]:
+    return lambda s: tensors * s.batch * s.seqlen * s.d_ssm * _sizes(s)["el"]
+
+
+def _conv_bytes(tensors: int) -> Callable[[ShapeSpec], int]:
+    return lambda s: tensors * s.batch * s.conv_dim * s.seqlen * _sizes(s)["el"]
+
+
+_SSD = "kernels.ssd.naive"
+_SCAN = _mamba_ssm.SSD_CHUNK_SCAN
+_STATE = _mamba_ssm.SSD_CHUNK_STATE
+_PASS = _mamba_ssm.SSD_STATE_PASSING
+_BMM = _mamba_ssm.SSD_BMM
+
+
+def _entry(name, family, phase, replaces, make_inputs, args, outputs, reference, baseline, bytes_moved,
+           flops, helion=None, **extra) -> KernelEntry:
+    return KernelEntry(name=name, family=family, phase=phase, replaces=replaces, make_inputs=make_inputs,
+                       args=tuple(args), outputs=tuple(outputs), reference=reference, baseline=baseline,
+                       helion=helion, bytes_moved=bytes_moved, flops=flops, **extra)
+
+
+ENTRIES: tuple[KernelEntry, ...] = (
+    # ---- SSD forward
+    _entry("chunk_cumsum", "ssd", "fwd_1", "_chunk_cumsum_fwd_kernel", inputs_chunk_cumsum,
+           ("dt_raw", "A", "chunk_size", "dt_bias", "dt_softplus", "dt_limit"), ("dA_cumsum", "dt"),
+           f"{_SSD}:chunk_cumsum_fwd", f"{_STATE}:_chunk_cumsum_fwd",
+           _model(lambda z: z["dt_raw"] + 2 * z["dt"]), _flops(lambda b, L, h, p, G, n, Q, c: 8 * b * L * h)),
+    _entry("chunk_state", "ssd", "fwd_2", "_chunk_state_fwd_kernel", inputs_chunk_state,
+           ("B", "x", "dt", "dA_cumsum", "seq_idx", "true"), ("states",),
+           f"{_SSD}:chunk_state_fwd", f"{_STATE}:_chunk_state_fwd",
+           _model(lambda z: z["bc"] + z["x"] + 2 * z["dt"] + z["states32"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * L * h * p * n)),
+    _entry("state_passing", "ssd", "fwd_3", "_state_passing_fwd_kernel", inputs_state_passing,
+           ("states", "dA_chunk_cumsum", "none", "seq_idx", "chunk_size", "io_dtype"), ("states", "final_states"),
+           f"{_SSD}:state_passing_fwd", f"{_PASS}:_state_passing_fwd",
+           _model(lambda z: z["states32"] + z["states"] + z["final"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * c * h * p * n)),
+    _entry("bmm_chunk", "ssd", "fwd_4", "_bmm_chunk_fwd_kernel", inputs_bmm_chunk,
+           ("C", "B", "chunk_size", "seq_idx", "false", "fp32"), ("cb",),
+           f"{_SSD}:bmm_chunk_fwd", f"{_BMM}:_bmm_chunk_fwd",
+           _model(lambda z: 2 * z["bc"] + z["cb"]), _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * c * G * Q * Q * n)),
+    _entry("chunk_scan", "ssd", "fwd_5", "_chunk_scan_fwd_kernel", inputs_chunk_scan,
+           ("cb", "x", "dt", "dA_cumsum", "C", "states", "D", "none", "seq_idx"), ("out", "out_x"),
+           f"{_SSD}:chunk_scan_fwd", f"{_SCAN}:_chunk_scan_fwd",
+           _model(lambda z: z["cb"] + 2 * z["x"] + 2 * z["dt"] + z["bc"] + z["states"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p + 2 * b * L * h * p * n)),
+    # ---- SSD backward (launch order of _mamba_chunk_scan_combined_bwd)
+    _entry("chunk_scan_bwd_dz", "ssd", "bwd_5", "_chunk_scan_bwd_dz_kernel", inputs_chunk_scan_bwd_dz,
+           ("x", "z", "out_x", "dout", "chunk_size", "false", "D_per_dim"), ("dz", "dout_x", "dD"),
+           f"{_SSD}:chunk_scan_bwd_dz", f"{_SCAN}:_chunk_scan_bwd_dz",
+           _model(lambda z: 6 * z["x"]), _flops(lambda b, L, h, p, G, n, Q, c: 12 * b * L * h * p)),
+    _entry("chunk_scan_bwd_dstates", "ssd", "bwd_6", "_chunk_scan_bwd_dstates_kernel", inputs_chunk_state,
+           ("C", "dA_cumsum", "dout", "seq_idx", "fp32"), ("dstates",),
+           f"{_SSD}:chunk_scan_bwd_dstates", f"{_SCAN}:_chunk_scan_bwd_dstates",
+           _model(lambda z: z["bc"] + z["dt"] + z["x"] + z["states32"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * L * h * p * n)),
+    _entry("state_passing_bwd", "ssd", "bwd_7", "_state_passing_bwd_kernel", inputs_state_passing_bwd,
+           ("states", "dA_chunk_cumsum", "dstates_flat", "none", "seq_idx", "false", "io_dtype", "io_dtype",
+            "chunk_size"), ("dstates", "ddA_chunk_cumsum", "dinitial_states", "states_converted"),
+           f"{_SSD}:state_passing_bwd", f"{_PASS}:_state_passing_bwd",
+           _model(lambda z: 2 * z["states32"] + 2 * z["states"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 4 * b * c * h * p * n)),
+    _entry("chunk_scan_chunk_state_bwd_dx", "ssd", "bwd_8", "_chunk_scan_chunk_state_bwd_dx_kernel",
+           inputs_bwd_with_states,
+           ("x", "dt", "dA_cumsum", "B", "cb", "dout", "dstates", "D", "seq_idx"), ("dx", "ddt", "dD"),
+           f"{_SSD}:chunk_scan_chunk_state_bwd_dx", f"{_mamba_ssm.SSD_COMBINED}:_chunk_scan_chunk_state_bwd_dx",
+           _model(lambda z: 3 * z["x"] + 3 * z["dt"] + z["bc"] + z["cb"] + z["states"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p + 2 * b * L * h * p * n)),
+    _entry("chunk_state_bwd_db", "ssd", "bwd_9", "_chunk_state_bwd_db_kernel", inputs_bwd_with_states,
+           ("x", "dt", "dA_cumsum", "dstates", "seq_idx", "B", "ngroups"), ("dB", "ddA_next"),
+           f"{_SSD}:chunk_state_bwd_db", f"{_STATE}:_chunk_state_bwd_db",
+           _model(lambda z: z["x"] + 3 * z["dt"] + z["states"] + z["bc"] + z["bc32"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * L * h * p * n)),
+    _entry("chunk_scan_bwd_dC", "ssd", "bwd_10", "_chunk_scan_bwd_dc_kernel", inputs_bwd_with_states,
+           ("prev_states", "dA_cumsum", "dout", "seq_idx", "C", "ngroups"), ("dC", "ddA_cumsum_prev"),
+           f"{_SSD}:chunk_scan_bwd_dC", f"{_SCAN}:_chunk_scan_bwd_dC",
+           _model(lambda z: z["states"] + 2 * z["dt"] + z["x"] + z["bc"] + z["bc32"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * L * h * p * n)),
+    _entry("chunk_scan_bwd_dcb", "ssd", "bwd_11", "_chunk_scan_bwd_dcb_kernel", inputs_bwd_with_states,
+           ("x", "dt", "dA_cumsum", "dout", "seq_idx", "none", "ngroups"), ("dcb",),
+           f"{_SSD}:chunk_scan_bwd_dcb", f"{_SCAN}:_chunk_scan_bwd_dcb",
+           _model(lambda z: 2 * z["x"] + 2 * z["dt"] + z["cb"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p)),
+    _entry("bmm_chunk_bwd", "ssd", "bwd_12", "_bmm_chunk_bwd_kernel", inputs_bmm_chunk_bwd,
+           ("C", "dcb", "residual"), ("dB",),
+           f"{_SSD}:bmm_chunk_bwd", f"{_BMM}:_bmm_chunk_bwd",
+           _model(lambda z: z["bc"] + z["cb"] + 2 * z["bc32"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * c * G * Q * Q * n)),
+    _entry("chunk_scan_bwd_ddAcs_stable", "ssd", "bwd_14", "_chunk_scan_bwd_ddAcs_stable_kernel",
+           inputs_bwd_with_states, ("x", "dt", "dA_cumsum", "dout", "cb"), ("ddA_cumsum",),
+           f"{_SSD}:chunk_scan_bwd_ddAcs_stable", f"{_SCAN}:_chunk_scan_bwd_ddAcs_stable",
+           _model(lambda z: 2 * z["x"] + 3 * z["dt"] + z["cb"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p)),
+    _entry("chunk_cumsum_bwd", "ssd", "bwd_15", "_chunk_cumsum_bwd_kernel", inputs_chunk_cumsum_bwd,
+           ("ddA", "ddt_out", "dt_raw", "A", "dt_bias", "dt_softplus", "dt_limit"), ("ddt", "dA", "ddt_bias"),
+           f"{_SSD}:chunk_cumsum_bwd", f"{_STATE}:_chunk_cumsum_bwd",
+           _model(lambda z: 2 * z["dt_raw"] + 2 * z["dt"]), _flops(lambda b, L, h, p, G, n, Q, c: 10 * b * L * h)),
+    # ---- gated RMSNorm (M = batch x seqlen rows of d_ssm, groups of norm_group_size)
+    _entry("gated_rmsnorm_fwd", "norm", "norm_fwd", "_layer_norm_fwd_1pass_kernel", inputs_norm,
+           ("x", "weight", "bias", "eps", "z", "none", "group_size", "norm_before_gate", "true"),
+           ("out", "mean", "rstd"),
+           "kernels.norm.naive:gated_rmsnorm_fwd", f"{_mamba_ssm.LAYERNORM_GATED}:_layer_norm_fwd",
+           _norm_bytes(3), lambda s: 8 * s.batch * s.seqlen * s.d_ssm),
+    _entry("gated_rmsnorm_bwd", "norm", "norm_bwd", "_layer_norm_bwd_kernel", inputs_norm,
+           ("dy", "x", "weight", "bias", "eps", "mean", "rstd", "z", "group_size", "norm_before_gate", "true"),
+           ("dx", "dw", "db", "dz"),
+           "kernels.norm.naive:gated_rmsnorm_bwd", f"{_mamba_ssm.LAYERNORM_GATED}:_layer_norm_bwd",
+           _norm_bytes(5), lambda s: 20 * s.batch * s.seqlen * s.d_ssm),
+    # ---- causal depthwise conv1d over x, B and C (the causal-conv1d package is the CUDA baseline)
+    _entry("causal_conv1d_fwd", "conv", "conv_fwd", "causal_conv1d_fwd (CUDA, causal-conv1d)", inputs_conv,
+           ("x", "weight", "bias", "seq_idx", "activation"), ("out",),
+           "kernels.conv.naive:causal_conv1d_fwd", "causal_conv1d:causal_conv1d_fn",
+           _conv_bytes(2), lambda s: 2 * s.batch * s.conv_dim * s.seqlen * s.conv_width,
+           baseline_name="causal_conv1d"),
+    _entry("causal_conv1d_bwd", "conv", "conv_bwd", "causal_conv1d_bwd (CUDA, causal-conv1d)", inputs_conv,
+           ("x", "weight", "bias", "dout", "seq_idx", "activation"), ("dx", "dweight", "dbias"),
+           "kernels.conv.naive:causal_conv1d_bwd", "kernels.conv.naive:causal_conv1d_cuda_bwd",
+           _conv_bytes(3), lambda s: 6 * s.batch * s.conv_dim * s.seqlen * s.conv_width,
+           baseline_name="causal_conv1d"),
+)
+
+REGISTRY: dict[str, KernelEntry] = {e.name: e for e in ENTRIES}
+
+
+def get(name: str) -> KernelEntry:
+    if name not in REGISTRY:
+        raise KeyError(f"unknown kernel {name!r}; valid kernels: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def select(names: Sequence[str] | None = None, family: str | None = None) -> list[KernelEntry]:
+    """Entries by name (in the given order) or by family; all of them by default."""
+    if family is not None and family not in FAMILIES:
+        raise KeyError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
+    entries = [get(n) for n in names] if names else list(ENTRIES)
+    return [e for e in entries if family is None or e.family == family]

@@ -1,0 +1,32 @@
+"""Test set-up: CPU interpret mode without a GPU, and the ``gpu`` marker.
+
+Tests marked ``@pytest.mark.gpu`` run only where CUDA is available (``pytest -m gpu`` on a GPU runner)
+and are skipped cleanly elsewhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Must run before mamba-ssm's Triton modules are imported (they are jit-decorated at import).
+    from kernels.testing import enable_cpu_interpret
+
+    enable_cpu_interpret()
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on a GPU runner)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def smoke_shape():
+    from kernels import suites
+
+    return suites.load().shape("smoke")

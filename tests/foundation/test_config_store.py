@@ -1,0 +1,137 @@
+"""Config store: round trip, stable output, the lookup rule, and errors that name the file and key."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels import config_store
+from kernels.config_store import ConfigFile, ConfigFileError, ShapeKey
+
+names = st.sampled_from(["chunk_state", "chunk_scan", "state_passing", "gated_rmsnorm_bwd"])
+exact_fields = st.fixed_dictionaries({
+    "dtype": st.sampled_from(["bfloat16", "float16", "float32"]),
+    "headdim": st.sampled_from([32, 64, 128]),
+    "dstate": st.sampled_from([16, 64, 128]),
+})
+keys = st.builds(lambda exact, tokens: ShapeKey.of(**exact, tokens=tokens), exact_fields,
+                 st.sampled_from([2 ** k for k in range(4, 20)]))
+configs = st.fixed_dictionaries({
+    "block_sizes": st.lists(st.sampled_from([16, 32, 64, 128]), min_size=1, max_size=3),
+    "num_warps": st.sampled_from([1, 2, 4, 8]),
+    "num_stages": st.integers(1, 5),
+    "pid_type": st.sampled_from(["flat", "xyz", "persistent_blocked"]),
+})
+files = st.builds(
+    ConfigFile,
+    fingerprint=st.fixed_dictionaries({"gpu_name": st.just("NVIDIA H200"), "helion": st.sampled_from(["1.5.0"])}),
+    tuned=st.fixed_dictionaries({"seed": st.integers(0, 2 ** 31), "effort": st.sampled_from(["quick", "full"])}),
+    kernels=st.dictionaries(names, st.dictionaries(keys.map(str), configs, max_size=5), max_size=4),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(files)
+def test_round_trip_is_identity_and_text_is_stable(tmp_path_factory, cf):
+    path = tmp_path_factory.mktemp("cfg") / "nvidia-h200.yaml"
+    config_store.save(path, cf)
+    loaded = config_store.load(path)
+    assert loaded == cf
+    assert config_store.dumps(loaded) == path.read_text()  # saving again changes nothing
+
+
+@settings(max_examples=60, deadline=None)
+@given(files)
+def test_one_config_per_line(cf):
+    text = config_store.dumps(cf)
+    config_lines = [line for line in text.splitlines() if line.startswith("    ")]
+    assert len(config_lines) == sum(len(v) for v in cf.kernels.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(keys, configs, min_size=1, max_size=8), keys)
+def test_lookup_rule(stored, query):
+    cf = ConfigFile(kernels={"k": {str(k): c for k, c in stored.items()}})
+    found = config_store.find(cf, "k", query)
+    same_exact = [k for k in stored if k.exact() == query.exact()]
+    if query in stored:
+        assert (found.source, found.key, found.config) == ("exact", str(query), stored[query])
+    elif same_exact:
+        assert found.source == "nearest"
+        used = ShapeKey.parse(found.key)
+        assert used.exact() == query.exact()
+        best = min(query.distance(k) for k in same_exact)
+        assert math.isclose(query.distance(used), best)
+        # ties go to the lexicographically smallest key text
+        assert found.key == min(str(k) for k in same_exact if math.isclose(query.distance(k), best))
+    else:
+        assert (found.source, found.config) == ("default", None)
+
+
+def test_lookup_counts_and_logs_fallbacks(tmp_path, caplog):
+    key = ShapeKey.of(dtype="bfloat16", headdim=64, tokens=16384)
+    config_store.save(config_store.path_for("test-gpu", tmp_path),
+                      ConfigFile(kernels={"k": {str(key.__class__.of(dtype="bfloat16", headdim=64, tokens=8192)): {
+                          "num_warps": 4}}}))
+    before = config_store.FALLBACKS[("k", "nearest")]
+    with caplog.at_level("WARNING"):
+        found = config_store.lookup("k", key, "test-gpu", tmp_path)
+        config_store.lookup("k", key, "test-gpu", tmp_path)
+    assert found.source == "nearest" and found.config == {"num_warps": 4}
+    assert config_store.FALLBACKS[("k", "nearest")] == before + 2
+    assert sum("no tuned config" in r.message for r in caplog.records) == 1  # logged once, counted always
+    assert config_store.lookup("other", key, "test-gpu", tmp_path).source == "default"
+    assert config_store.lookup("k", key, "no-such-gpu", tmp_path).source == "default"
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("kernels: [1, 2]\n", "kernels: expected a mapping"),
+    ("kernels:\n  chunk_state: 3\n", "kernels.chunk_state: expected a mapping"),
+    ("kernels:\n  chunk_state:\n    notakey: {}\n", "kernels.chunk_state.notakey: bad shape key"),
+    ("kernels:\n  chunk_state:\n    a=1: [1]\n", "kernels.chunk_state.a=1: expected a mapping"),
+    ("surprise: 1\n", "unknown top-level key(s) ['surprise']"),
+    ("fingerprint: 3\n", "fingerprint: expected a mapping"),
+    ("kernels: {a: [\n", "not valid YAML"),
+])
+def test_malformed_files_name_file_and_key(tmp_path, text, where):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigFileError) as info:
+        config_store.load(path)
+    assert str(path) in str(info.value) and where in str(info.value)
+
+
+def test_save_is_atomic_when_the_write_fails(tmp_path, monkeypatch):
+    path = tmp_path / "gpu.yaml"
+    config_store.save(path, ConfigFile(kernels={"k": {"a=1": {"num_warps": 4}}}))
+    before = path.read_text()
+
+    def explode(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(config_store.os, "replace", explode)
+    with pytest.raises(OSError):
+        config_store.save(path, ConfigFile(kernels={"k": {"a=1": {"num_warps": 8}}}))
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu.yaml"]  # no temp file left behind
+
+
+def test_slugify():
+    assert config_store.slugify("NVIDIA H200") == "nvidia-h200"
+    assert config_store.slugify("NVIDIA B200") == "nvidia-b200"
+    assert config_store.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    with pytest.raises(ValueError, match="gpu_name"):
+        config_store.slugify("  ")
+
+
+def test_shape_key_parse_and_errors():
+    key = ShapeKey.of(dtype="bfloat16", headdim=64, tokens=16384)
+    assert ShapeKey.parse(str(key)) == key
+    with pytest.raises(ValueError, match="name=value"):
+        ShapeKey.parse("headdim64")
+    with pytest.raises(ValueError, match="tokens"):
+        ShapeKey.of(tokens=0)
+    assert config_store.tokens_bucket(16384) == 16384 and config_store.tokens_bucket(16385) == 32768

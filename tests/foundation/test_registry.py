@@ -1,0 +1,92 @@
+"""The registry: every kernel of the layer is declared, with inputs, references and models that agree
+with mamba-ssm (run in Triton's CPU interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from guard.bench.runner import precision_case
+from kernels import registry
+from kernels.registry import BaselineUnavailable, MissingImplementation
+
+EXPECTED = {
+    "ssd": ["chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan",
+            "chunk_scan_bwd_dz", "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
+            "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "bmm_chunk_bwd",
+            "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd"],
+    "norm": ["gated_rmsnorm_fwd", "gated_rmsnorm_bwd"],
+    "conv": ["causal_conv1d_fwd", "causal_conv1d_bwd"],
+}
+
+
+def test_every_kernel_of_the_layer_is_declared_once():
+    assert {f: [e.name for e in registry.select(family=f)] for f in registry.FAMILIES} == EXPECTED
+    phases = [e.phase for e in registry.ENTRIES]
+    assert len(phases) == len(set(phases))
+    ssd_phases = [e.phase for e in registry.select(family="ssd")]
+    assert ssd_phases[:5] == [f"fwd_{i}" for i in range(1, 6)]
+    for entry in registry.ENTRIES:
+        assert entry.replaces and entry.reference and entry.outputs and entry.args
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(KeyError, match="valid kernels: chunk_cumsum, chunk_state"):
+        registry.get("chunk_stat")
+    with pytest.raises(KeyError, match="valid families: ssd, norm, conv"):
+        registry.select(family="attention")
+
+
+def test_inputs_are_seeded_and_valid(smoke_shape):
+    entry = registry.get("chunk_scan")
+    first, again, other = (entry.inputs(smoke_shape, s) for s in (7, 7, 8))
+    for name in ("x", "B", "C", "dt", "dA_cumsum", "cb", "states"):
+        assert torch.equal(first[name], again[name])
+        assert not torch.equal(first[name], other[name])
+    dt, dA = first["dt"], first["dA_cumsum"]
+    assert dt.shape == (smoke_shape.batch, smoke_shape.nheads, smoke_shape.nchunks, smoke_shape.chunk_size)
+    assert (dt > 0).all() and (dA < 0).all()
+    assert (dA.diff(dim=-1) <= 0).all()  # cumulative within each chunk: decays stay in (0, 1]
+    assert first["x"].dtype == smoke_shape.torch_dtype
+    assert (first["A"] < 0).all()
+
+
+def test_models_scale_with_the_problem(smoke_shape):
+    longer = smoke_shape.replace(seqlen=smoke_shape.seqlen * 4)
+    for entry in registry.ENTRIES:
+        small, big = entry.bytes_moved(smoke_shape), entry.bytes_moved(longer)
+        assert isinstance(small, int) and 0 < small < big, entry.name
+        assert 0 < entry.flops(smoke_shape) < entry.flops(longer), entry.name
+
+
+def test_missing_implementation_is_reported_never_passing(smoke_shape, monkeypatch):
+    entry = registry.get("chunk_state")
+    missing = registry.KernelEntry(**{**entry.__dict__, "helion": None})
+    with pytest.raises(MissingImplementation):
+        missing.run_helion(missing.inputs(smoke_shape, 0))
+    case = precision_case(missing, smoke_shape, 0, "cpu")
+    assert case.status == "missing-kernel" and not case.outputs
+
+
+@pytest.mark.parametrize("name", [e.name for e in registry.ENTRIES if e.baseline_name == "mamba_ssm"])
+def test_reference_matches_mamba_ssm(name, smoke_shape):
+    """The registry's argument mapping and the pure-PyTorch reference reproduce mamba-ssm's wrapper."""
+    entry = registry.get(name)
+    inputs = entry.inputs(smoke_shape, seed=3)
+    ours = entry.run_reference(inputs, dtype=None)
+    theirs = entry.run_baseline(inputs)
+    assert set(ours) == set(theirs), (sorted(ours), sorted(theirs))
+    for output, value in theirs.items():
+        assert ours[output].shape == value.shape, output
+        torch.testing.assert_close(ours[output].float(), value.float(), atol=2e-4, rtol=2e-4, msg=output)
+
+
+def test_conv_baseline_is_optional(smoke_shape):
+    entry = registry.get("causal_conv1d_fwd")
+    try:
+        import causal_conv1d  # noqa: F401
+    except ImportError:
+        with pytest.raises(BaselineUnavailable, match="causal_conv1d"):
+            entry.run_baseline(entry.inputs(smoke_shape, 0))
+    else:  # pragma: no cover - only where the CUDA package is installed
+        pytest.skip("causal-conv1d is installed")

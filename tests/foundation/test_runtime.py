@@ -1,0 +1,87 @@
+"""Run-time dispatch: configs come from the store, fallbacks are counted, invalid configs never crash."""
+
+from __future__ import annotations
+
+import helion.language as hl
+import pytest
+import torch
+
+from kernels import config_store
+from kernels._runtime import capture_launches, tuned_kernel, validate_config
+from kernels.config_store import ConfigFile, ShapeKey
+from kernels.testing import execution_mode
+
+
+def _key(x, y):
+    return ShapeKey.of(dtype=str(x.dtype).removeprefix("torch."), tokens=config_store.tokens_bucket(x.shape[0]))
+
+
+@tuned_kernel(name="toy_exp_add", shape_key=_key)
+def toy_exp_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    for tile in hl.tile(x.size()):
+        out[tile] = torch.exp(x[tile]) + y[tile]
+    return out
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path)
+    monkeypatch.setenv("MAMBA2_GUARD_GPU_SLUG", "test-gpu")
+    toy_exp_add._dispatch.clear()
+    return tmp_path
+
+
+def _write(store, config):
+    x = torch.zeros(100, 33)
+    cf = ConfigFile(kernels={"toy_exp_add": {str(_key(x, x)): config}})
+    config_store.save(config_store.path_for("test-gpu", store), cf)
+    config_store._cache.clear()
+
+
+@pytest.mark.parametrize("mode", ["ref", "triton"])
+def test_tuned_config_runs_with_small_blocks(store, mode):
+    _write(store, {"block_sizes": [16, 8], "num_warps": 2})
+    x, y = torch.randn(100, 33), torch.randn(100, 33)
+    with execution_mode(mode):
+        out = toy_exp_add(x, y)
+    torch.testing.assert_close(out, x.exp() + y)
+    assert toy_exp_add.lookup(x, y).source == "exact"
+
+
+def test_missing_config_falls_back_to_default_and_is_counted(store):
+    x, y = torch.randn(40, 8), torch.randn(40, 8)
+    before = config_store.FALLBACKS[("toy_exp_add", "default")]
+    with execution_mode("ref"):
+        torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
+    assert config_store.FALLBACKS[("toy_exp_add", "default")] == before + 1
+
+
+def test_invalid_config_is_reported_not_fatal(store, caplog):
+    _write(store, {"block_sizes": [16, 8, 4]})  # a third block size: the spec of this kernel has two
+    x, y = torch.randn(100, 33), torch.randn(100, 33)
+    before = config_store.FALLBACKS[("toy_exp_add", "invalid")]
+    with execution_mode("triton"), caplog.at_level("WARNING"):
+        torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
+    assert config_store.FALLBACKS[("toy_exp_add", "invalid")] == before + 1
+    assert any("invalid under this helion" in r.message for r in caplog.records)
+    assert "Too many values" in validate_config(toy_exp_add, (x, y), {"block_sizes": [16, 8, 4]})
+    assert validate_config(toy_exp_add, (x, y), {"block_sizes": [16, 8]}) is None
+
+
+def test_capture_records_launches(store):
+    x, y = torch.randn(16, 4), torch.randn(16, 4)
+    with execution_mode("ref"), capture_launches() as launches:
+        toy_exp_add(x, y)
+        toy_exp_add(x, y)
+    assert [k.name for k, _ in launches] == ["toy_exp_add", "toy_exp_add"]
+    assert launches[0][1][0] is x
+
+
+def test_never_autotunes_unless_asked(store, monkeypatch):
+    monkeypatch.setenv("HELION_DISALLOW_AUTOTUNING", "1")
+    x, y = torch.randn(16, 4), torch.randn(16, 4)
+    with execution_mode("triton"):
+        torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
+    kernel = toy_exp_add.helion_kernel(None, "compiled")
+    assert kernel.settings.autotune_effort == "none"
