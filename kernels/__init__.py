@@ -17,6 +17,7 @@ IS_MAMBA2_GUARD = True
 
 # public name -> "module:attribute"; a name appears here once its implementation exists.
 _PUBLIC = {
+    "mamba_chunk_scan_combined": "kernels.ssd.combined:mamba_chunk_scan_combined",
     "registry": "kernels.registry",
     "config_store": "kernels.config_store",
 }
