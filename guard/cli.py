@@ -6,6 +6,7 @@ Exit codes: 0 all good, 1 a regression or precision failure, 2 a usage or enviro
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ def default_state_dir() -> Path:
 def _console():
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False)
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _use_cpu_interpret() -> bool:
@@ -105,51 +106,109 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_precision(args: argparse.Namespace) -> int:
-    """Run the selected kernels once and compare them with mamba-ssm and the fp64 reference."""
-    from guard.bench.runner import precision_case
+def _progress():
+    """A rich progress line on a terminal, plain lines in CI logs."""
+    from guard.bench.run import plain_progress
 
-    cpu = _use_cpu_interpret()
-    if cpu:
+    if not sys.stderr.isatty():
+        return plain_progress
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    return lambda message: console.print(message)
+
+
+def _options(args: argparse.Namespace, **overrides):
+    from guard.nightly import CycleOptions
+
+    return CycleOptions(suite=args.suite, shapes=args.shapes or (), kernels=args.kernels or (), seed=args.seed,
+                        rounds=args.rounds, confirm=not getattr(args, "no_confirm", False),
+                        strict=getattr(args, "strict", False),
+                        update_baseline=getattr(args, "update_baseline", False), **overrides)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Bench the selection; write the result JSON; optionally the baseline. Exit 1 on a precision failure
+    or error (speed is judged by ``check``)."""
+    from guard import baselines, fingerprint
+    from guard.bench.run import run_bench
+    from guard.nightly import selection
+    from kernels.config_store import atomic_write_text
+
+    progress = _progress()
+    options = _options(args)
+    if _use_cpu_interpret():
         from kernels.testing import enable_cpu_interpret
 
         enable_cpu_interpret()
-        if not args.shapes and args.suite != "smoke":
-            print(f"no GPU: running the smoke suite in CPU interpret mode instead of {args.suite!r}")
-            args.suite = "smoke"
-    entries, shapes = _selected(args)
-    device = "cpu" if cpu else "cuda"
-    cases = []
-    for shape in shapes:
-        for entry in entries:
-            started = time.monotonic()
-            case = precision_case(entry, shape, args.seed, device)
-            worst = max((o.max_rel_err_vs_fp64 for o in case.outputs), default=None)
-            detail = f"max rel err vs fp64 {worst:.2e}" if worst is not None else (case.error or "")
-            print(f"[{shape.name}] {entry.name:32s} {case.status:15s} {detail} ({time.monotonic() - started:.1f}s)",
-                  flush=True)
-            cases.append(case)
-    if args.json:
-        from kernels.config_store import atomic_write_text
+    suite, entries, shapes = selection(options, progress)
+    fp = fingerprint.collect()
+    state = Path(args.state_dir)
+    result = run_bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), state_dir=state,
+                       suite=suite, seed=args.seed, rounds=args.rounds, progress=progress)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = Path(args.json) if args.json else state / "results" / f"bench-{stamp}.json"
+    atomic_write_text(out, json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
+    print(f"result: {out}")
+    if args.update_baseline:
+        path = baselines.path_for(fingerprint.gpu_slug(fp))
+        left_out = baselines.update(path, result)
+        print(f"baseline: {path}" + (f" (left out: {', '.join(left_out)})" if left_out else ""))
+    bad = [c for c in result.cases if c.error or (c.precision is not None and c.precision.ok is False)]
+    return EXIT_FAIL if bad else EXIT_OK
 
-        atomic_write_text(Path(args.json), json.dumps([c.to_dict() for c in cases], indent=2) + "\n")
-    counts = {status: sum(c.status == status for c in cases) for status in sorted({c.status for c in cases})}
-    print("summary: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    return EXIT_FAIL if any(c.status in ("precision-fail", "error") for c in cases) else EXIT_OK
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Verdicts for a saved bench result against the baseline and the history."""
+    from guard import baselines
+    from guard.checking import run_check
+    from guard.core import report
+    from guard.core.results import BenchResult
+    from guard.core.verdicts import Policy, exit_code
+    from guard.history import History
+    from guard.nightly import write_reports
+    from kernels.config_store import slugify
+
+    state = Path(args.state_dir)
+    if args.result:
+        result_path = Path(args.result)
+    else:
+        saved = sorted((state / "results").glob("bench-*.json"))
+        if not saved:
+            raise ValueError(f"--result: no saved bench result under {state / 'results'}; run `mamba2-guard bench`")
+        result_path = saved[-1]
+    result = BenchResult.from_dict(json.loads(result_path.read_text()))
+    gpu = result.fingerprint.get("gpu_name")
+    baseline_path = Path(args.baseline) if args.baseline else baselines.path_for(slugify(gpu) if gpu else "cpu")
+    baseline = baselines.load(baseline_path)
+    policy = Policy()
+    with History(state / "history.sqlite") as history:
+        result, verdicts = run_check(result, baseline, history, policy)
+        code = exit_code(verdicts, missing_fails=args.strict)
+        history.record(result, verdicts, datetime.datetime.now(datetime.timezone.utc), job="check",
+                       status="pass" if code == 0 else "fail")
+    paths = write_reports(state, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), result, verdicts, baseline, policy)
+    _console().print(report.rich_table(result, verdicts, baseline))
+    print(f"report: {paths['report_md']}")
+    return code
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    """One cycle, with what the guard can do today: fingerprint, suite, precision check."""
+    """One cycle: fingerprint, bench, check with confirming re-runs, drift, reports, history."""
+    from guard.nightly import CycleBusy, run_cycle
+
     state = Path(args.state_dir)
-    state.mkdir(parents=True, exist_ok=True)
     print(f"state directory: {state}")
-    cmd_fingerprint(argparse.Namespace(json=False))
-    cmd_list(args)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    args.json = str(state / "reports" / f"precision-{stamp}.json")
-    code = cmd_precision(args)
-    print(f"report: {args.json}")
-    return code
+    try:
+        outcome = run_cycle(state, _options(args), progress=_progress())
+    except CycleBusy as exc:
+        raise EnvironmentProblem(str(exc)) from exc
+    from guard.core import report
+
+    _console().print(report.rich_table(outcome.result, outcome.verdicts, None))
+    for name, path in outcome.paths.items():
+        print(f"{name}: {path}")
+    return outcome.exit_code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,16 +233,31 @@ def build_parser() -> argparse.ArgumentParser:
     selection(p, "default")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("precision", help="compare kernels with mamba-ssm and the fp64 reference")
+    def run_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--seed", type=int, default=0, help="input seed (recorded in the result)")
+        p.add_argument("--rounds", type=int, default=30, help="timed samples per implementation")
+        p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+
+    p = sub.add_parser("bench", help="precision and interleaved timing of kernels x shapes")
     selection(p, "default")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="PATH", help="write the cases as JSON")
-    p.set_defaults(func=cmd_precision)
+    run_options(p)
+    p.add_argument("--json", metavar="PATH", help="where to write the result (default: the state dir)")
+    p.add_argument("--update-baseline", action="store_true", help="write baselines/<gpu-slug>.yaml")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("check", help="verdicts for a bench result against baseline and history")
+    p.add_argument("--result", metavar="PATH", help="a bench result JSON (default: the latest in the state dir)")
+    p.add_argument("--baseline", metavar="PATH", help="default: baselines/<gpu-slug>.yaml")
+    p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+    p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the check")
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("nightly", help="one nightly cycle")
     selection(p, "default")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+    run_options(p)
+    p.add_argument("--no-confirm", action="store_true", help="do not re-run flagged cases")
+    p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the cycle")
+    p.add_argument("--update-baseline", action="store_true", help="also write baselines/<gpu-slug>.yaml")
     p.set_defaults(func=cmd_nightly)
     return parser
 

@@ -122,6 +122,9 @@ class TunedKernel:
             return kernel(*args)
         found = self.lookup(*args)
         kernel = self.helion_kernel(found.config, mode)
+        if found.config is None and not _env_true(AUTOTUNE_ENV):
+            # Pin Helion's default config explicitly: the same config, without its "implicit config" notice.
+            kernel = self.helion_kernel(dict(kernel.bind(args).config_spec.default_config()), mode)
         try:
             result = kernel(*args)
         except Exception as exc:
@@ -130,6 +133,7 @@ class TunedKernel:
             # A config from another helion version that the current config spec rejects: report it as
             # drift (counted, logged) and run on the default config rather than crash.
             config_store.note_fallback(self.name, str(key), device_slug(device), "invalid", found.key)
+            config_store.INVALID[(self.name, found.key)] = f"{type(exc).__name__}: {exc}"
             log.warning("%s: config for %s is invalid under this helion (%s); using the default", self.name,
                         found.key, exc)
             kernel = self.helion_kernel(None, mode)

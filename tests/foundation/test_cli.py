@@ -25,13 +25,42 @@ def test_fingerprint_json(capsys):
     assert {"gpu_name", "driver_version", "torch", "triton", "helion", "mamba_ssm", "kernels_source_hash"} <= set(data)
 
 
-def test_precision_reports_missing_kernels_and_writes_json(tmp_path, capsys, monkeypatch):
+def _without_helion(monkeypatch, name):
     from kernels import registry
 
-    entry = registry.get("chunk_state")
-    monkeypatch.setitem(registry.REGISTRY, "chunk_state", registry.KernelEntry(**{**entry.__dict__, "helion": None}))
-    out = tmp_path / "cases.json"
-    code = cli.main(["precision", "--shapes", "smoke", "--kernels", "chunk_state", "--json", str(out)])
+    entry = registry.get(name)
+    monkeypatch.setitem(registry.REGISTRY, name, registry.KernelEntry(**{**entry.__dict__, "helion": None}))
+
+
+def test_bench_reports_missing_kernels_and_check_exits_by_policy(tmp_path, monkeypatch, capsys):
+    _without_helion(monkeypatch, "chunk_state")
+    out = tmp_path / "result.json"
+    state = ["--state-dir", str(tmp_path / "state")]
+    code = cli.main(["bench", "--shapes", "smoke", "--kernels", "chunk_state", "bmm_chunk", "--json", str(out), *state])
     assert code == cli.EXIT_OK
-    cases = json.loads(out.read_text())
-    assert [(c["kernel"], c["status"]) for c in cases] == [("chunk_state", "missing-kernel")]
+    cases = {c["kernel"]: c for c in json.loads(out.read_text())["cases"]}
+    assert cases["chunk_state"]["missing"] is True and cases["chunk_state"]["precision"] is None
+    assert cases["bmm_chunk"]["precision"]["ok"] is True and cases["bmm_chunk"]["timings_meaningful"] is False
+    # a missing kernel is reported, never passing; it fails the check only with --strict
+    assert cli.main(["check", "--result", str(out), *state]) == cli.EXIT_OK
+    assert cli.main(["check", "--result", str(out), "--strict", *state]) == cli.EXIT_FAIL
+    report = sorted((tmp_path / "state" / "reports").glob("*-report.md"))[-1].read_text()
+    assert "missing-kernel" in report and "chunk_state" in report
+
+
+def test_nightly_on_cpu_records_history_and_reports(tmp_path, capsys):
+    state = tmp_path / "state"
+    assert cli.main(["nightly", "--kernels", "chunk_cumsum", "--state-dir", str(state)]) == cli.EXIT_OK
+    printed = capsys.readouterr()
+    assert "CPU interpret mode" in printed.out + printed.err
+    from guard.history import History
+
+    with History(state / "history.sqlite") as history:
+        runs = history.runs()
+    assert [(r["job"], r["status"], r["n_cases"]) for r in runs] == [("nightly", "pass", 1)]
+    assert len(list((state / "reports").glob("*-report.json"))) == 1
+
+
+def test_check_without_results_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["check", "--state-dir", str(tmp_path)]) == cli.EXIT_USAGE
+    assert "--result: no saved bench result" in capsys.readouterr().err

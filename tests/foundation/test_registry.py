@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guard.bench.runner import precision_case
+from guard.bench.run import bench_case
 from kernels import registry
 from kernels.registry import BaselineUnavailable, MissingImplementation
 
@@ -64,8 +64,9 @@ def test_missing_implementation_is_reported_never_passing(smoke_shape, monkeypat
     missing = registry.KernelEntry(**{**entry.__dict__, "helion": None})
     with pytest.raises(MissingImplementation):
         missing.run_helion(missing.inputs(smoke_shape, 0))
-    case = precision_case(missing, smoke_shape, 0, "cpu")
-    assert case.status == "missing-kernel" and not case.outputs
+    case = bench_case(missing, smoke_shape, seed=0, device=torch.device("cpu"), rounds=1, warmup=0, timer=None,
+                      nvml=None, peaks={})
+    assert case.missing and case.precision is None and not case.samples_ms.helion
 
 
 @pytest.mark.parametrize("name", [e.name for e in registry.ENTRIES if e.baseline_name == "mamba_ssm"])

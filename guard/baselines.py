@@ -1,0 +1,70 @@
+"""``baselines/<gpu-slug>.yaml``: read with validation, written atomically and stably by
+``mamba2-guard bench --update-baseline``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from guard import PROJECT_ROOT
+from guard.core.results import (
+    Baseline,
+    BenchResult,
+    SchemaError,
+    baseline_from_result,
+    fingerprint_hash,
+    load_baseline,
+)
+from kernels.config_store import atomic_write_text
+
+BASELINE_DIR = PROJECT_ROOT / "baselines"
+
+
+class BaselineFileError(ValueError):
+    """An unreadable baseline file; the message names the file and the key."""
+
+
+def path_for(slug: str, directory: Path | None = None) -> Path:
+    return (directory or BASELINE_DIR) / f"{slug}.yaml"
+
+
+def read_document(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise BaselineFileError(f"{path}: not valid YAML: {exc}") from exc
+    return doc
+
+
+def load(path: Path) -> Baseline | None:
+    """The baseline at ``path``, or None when there is none."""
+    doc = read_document(path)
+    if doc is None:
+        return None
+    try:
+        return load_baseline(doc)
+    except SchemaError as exc:
+        raise BaselineFileError(f"{path}: {exc}") from exc
+
+
+def update(path: Path, result: BenchResult) -> list[str]:
+    """Write the result's usable cases into the baseline at ``path``. Cases of other kernels or shapes
+    already there are kept when they were measured under the same fingerprint, dropped otherwise.
+    Returns the cases of ``result`` that could not go in."""
+    new = baseline_from_result(result)
+    old = read_document(path) or {}
+    if fingerprint_hash(old.get("fingerprint") or {}) != fingerprint_hash(new["fingerprint"]):
+        old = {}
+    merged = dict(new)
+    results: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (old.get("results") or {}).items()}
+    for kernel, shapes in new["results"].items():
+        results.setdefault(kernel, {}).update(shapes)
+    merged["results"] = {k: dict(sorted(v.items())) for k, v in sorted(results.items())}
+    load_baseline(merged)  # never write a file that would not load
+    atomic_write_text(path, yaml.safe_dump(merged, sort_keys=True, default_flow_style=None, width=120))
+    return [f"{c.kernel}/{c.shape}" for c in result.cases
+            if c.kernel not in new["results"] or c.shape not in new["results"][c.kernel]]

@@ -1,0 +1,176 @@
+"""``mamba2-guard bench``: every kernel x shape, precision and interleaved timing, into a ``BenchResult``.
+
+On a GPU: a per-GPU file lock (two runs never share a device), fresh seeded inputs, precision against
+mamba-ssm and the fp64 reference, Helion and mamba-ssm timed interleaved in rounds with L2 flushed
+before every call, roofline fractions against measured peaks, NVML clocks and throttle reasons before
+and after each case. Without a GPU: the smoke suite in CPU interpret mode, precision only; timings are
+marked meaningless.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+
+from guard.bench import peaks as peaks_mod
+from guard.bench.nvml import Nvml
+from guard.bench.precision import compare
+from guard.core.results import BenchResult, CaseResult, Precision, SamplesMs
+from kernels.registry import BaselineUnavailable, KernelEntry
+from kernels.suites import ShapeSpec
+
+Progress = Callable[[str], None]
+
+
+def _short_error(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)[-1:]
+    where = f" at {frames[0].filename}:{frames[0].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def gpu_lock(state_dir: Path, gpu_key: str, timeout_s: float = 3600) -> FileLock:
+    path = state_dir / "locks" / f"gpu-{gpu_key}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path), timeout=timeout_s)
+
+
+def _precision(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch.Tensor]) -> Precision:
+    ref64 = entry.run_reference(inputs)
+    try:
+        peer = entry.run_baseline(inputs)
+    except BaselineUnavailable:
+        peer = None
+    outputs = compare(ours, ref64, peer, entry.tolerance)
+    del ref64
+
+    def worst(name: str) -> float | None:
+        values = [getattr(o, name) for o in outputs if getattr(o, name) is not None]
+        return max(values) if values else None
+
+    return Precision(
+        mean_abs_diff_vs_mamba_ssm=worst("mean_abs_diff_vs_mamba_ssm"),
+        max_abs_diff_vs_mamba_ssm=worst("max_abs_diff_vs_mamba_ssm"),
+        max_rel_err_vs_fp64=worst("max_rel_err_vs_fp64"),
+        mamba_ssm_max_rel_err_vs_fp64=worst("mamba_ssm_max_rel_err_vs_fp64"),
+        allclose=all(o.allclose for o in outputs),
+        finite=all(o.finite for o in outputs),
+        ok=all(o.ok for o in outputs),
+        outputs=tuple(o.to_dict() for o in outputs),
+    )
+
+
+def _bound(entry: KernelEntry, fn: Callable[..., Any], inputs: dict[str, Any]) -> Callable[[], Any]:
+    args = tuple(inputs[a] for a in entry.args)
+    return lambda: fn(*args)
+
+
+def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch.device, rounds: int,
+               warmup: int, timer, nvml: Nvml | None, peaks: dict[str, Any]) -> CaseResult:
+    base = {"kernel": entry.name, "shape": shape.name, "phase": entry.phase, "seed": seed}
+    if not entry.has_helion:
+        return CaseResult(**base, missing=True)
+    on_gpu = device.type == "cuda"
+    try:
+        inputs = entry.inputs(shape, seed, device)
+        precision = _precision(entry, inputs, entry.run_helion(inputs))
+        if not on_gpu:
+            return CaseResult(**base, precision=precision, timings_meaningful=False)
+        before = nvml.state() if nvml else None
+        fns = {"helion": _bound(entry, entry.helion_fn(), inputs)}
+        with contextlib.suppress(BaselineUnavailable):  # no peer: Helion is timed alone
+            fns["mamba_ssm"] = _bound(entry, entry.baseline_fn(), inputs)
+        samples = timer.interleaved(fns, rounds=rounds, warmup=warmup)
+        after = nvml.state() if nvml else None
+        median = sorted(samples["helion"])[len(samples["helion"]) // 2]
+        throttled = bool((before and before.throttled) or (after and after.throttled))
+        return CaseResult(
+            **base, precision=precision,
+            samples_ms=SamplesMs(tuple(samples["helion"]), tuple(samples.get("mamba_ssm", ()))),
+            roofline_fraction=peaks_mod.roofline_fraction(entry.bytes_moved(shape), entry.flops(shape), median, peaks),
+            throttled=throttled,
+            extra={"clocks_before": before.to_dict() if before else None,
+                   "clocks_after": after.to_dict() if after else None},
+        )
+    except Exception as exc:  # one failing kernel must not stop the suite
+        return CaseResult(**base, error=_short_error(exc))
+    finally:
+        if on_gpu:
+            torch.cuda.empty_cache()
+
+
+def with_layer_shares(cases: Sequence[CaseResult]) -> list[CaseResult]:
+    """Each case's share of its shape's layer time, by mamba-ssm's medians (the fixed reference)."""
+    import dataclasses
+
+    totals: dict[str, float] = {}
+    for case in cases:
+        if case.mamba_ssm_median_ms is not None:
+            totals[case.shape] = totals.get(case.shape, 0.0) + case.mamba_ssm_median_ms
+    return [
+        dataclasses.replace(case, layer_share=case.mamba_ssm_median_ms / totals[case.shape])
+        if case.mamba_ssm_median_ms is not None and totals.get(case.shape) else case
+        for case in cases
+    ]
+
+
+def plain_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fingerprint: dict[str, Any],
+              fingerprint_digest: str, state_dir: Path, suite: str | None, seed: int = 0, rounds: int = 30,
+              warmup: int = 3, progress: Progress = plain_progress) -> BenchResult:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    cases: list[CaseResult] = []
+    total = len(entries) * len(shapes)
+    if device.type == "cuda":
+        from guard.bench.timing import Timer
+
+        index = torch.cuda.current_device()
+        lock = gpu_lock(state_dir, fingerprint.get("gpu_uuid") or str(index))
+        progress(f"waiting for the GPU lock {lock.lock_file}")
+        with lock:
+            peaks = peaks_mod.cached(state_dir, fingerprint_digest)
+            timer, nvml = Timer(device), Nvml(index)
+            for i, (shape, entry) in enumerate((s, e) for s in shapes for e in entries):
+                t0 = time.monotonic()
+                case = bench_case(entry, shape, seed=seed, device=device, rounds=rounds, warmup=warmup,
+                                  timer=timer, nvml=nvml, peaks=peaks)
+                progress(_line(i, total, case, time.monotonic() - t0))
+                cases.append(case)
+    else:
+        peaks = {}
+        progress("no GPU: CPU interpret mode; precision is checked, timings mean nothing")
+        for i, (shape, entry) in enumerate((s, e) for s in shapes for e in entries):
+            t0 = time.monotonic()
+            case = bench_case(entry, shape, seed=seed, device=device, rounds=1, warmup=0, timer=None, nvml=None,
+                              peaks=peaks)
+            progress(_line(i, total, case, time.monotonic() - t0))
+            cases.append(case)
+    return BenchResult(fingerprint=fingerprint, cases=tuple(with_layer_shares(cases)), device_peaks=peaks,
+                       suite=suite, started_at=started, extra={"seed": seed, "rounds": rounds,
+                                                               "device": str(device)})
+
+
+def _line(i: int, total: int, case: CaseResult, seconds: float) -> str:
+    if case.missing:
+        what = "missing-kernel"
+    elif case.error:
+        what = f"error: {case.error}"
+    elif case.timings_meaningful and case.speedup is not None:
+        what = (f"helion {case.helion_median_ms:.4f} ms, mamba-ssm {case.mamba_ssm_median_ms:.4f} ms, "
+                f"{case.speedup:.2f}x")
+    else:
+        ok = case.precision.ok if case.precision else None
+        what = f"precision {'ok' if ok else 'FAIL'} (max rel err vs fp64 {case.precision.max_rel_err_vs_fp64:.1e})"
+    return f"[{i + 1}/{total}] {case.shape} {case.kernel}: {what} ({seconds:.1f}s)"

@@ -1,0 +1,118 @@
+"""Helion ``state_passing_fwd``: drop-in for mamba-ssm's ``_state_passing_fwd``.
+
+out[:, c] = state entering chunk c (initial_states or 0 for c = 0); carry = exp(dA_chunk_cumsum[c]) * carry +
+states[:, c]; with seq_idx the carry is dropped (scale 0) where a chunk's last position is in another
+sequence than the previous chunk's (sequence 0 before chunk 0). Returns (out (b,c,h,dim) in out_dtype or
+states.dtype, final_states (b,h,dim) fp32).
+
+Two kernels, chosen by ``VARIANT``:
+  * ``loop`` (default): one program per (batch, head, block of dim), a sequential loop over chunks, as
+    mamba-ssm. Tunables: the dim block (mamba-ssm's BLOCK_SIZE 64..2048), warps, stages, loop unroll.
+  * ``scan``: the same programs, but all chunks in one tile and ``hl.associative_scan`` of the linear
+    recurrence (a1, b1), (a2, b2) -> (a1 a2, a2 b1 + b2) across them. Tunable: the dim block.
+Measured on the H200 (baselines/h200-forward-measurements.json); the faster one is the default
+(env ``MAMBA2_GUARD_STATE_PASSING_VARIANT`` or the ``variant`` argument override it).
+With seq_idx, the host turns dA_chunk_cumsum into -inf where the carry is dropped (exp(-inf) = 0).
+Shape key: ``dim`` (headdim * dstate), ``nheads``, ``dtype`` (out's), ``init`` (0/1), ``tokens`` =
+tokens_bucket(batch * nchunks * chunk_size) (chunk_size 256 assumed when not given).
+"""
+
+from __future__ import annotations
+
+import os
+
+import helion
+import helion.language as hl
+import torch
+
+from kernels._runtime import tuned_kernel
+from kernels.config_store import ShapeKey
+from kernels.ssd._keys import dtype_name, seq_last, seq_prev, tokens
+
+VARIANT = os.environ.get("MAMBA2_GUARD_STATE_PASSING_VARIANT", "loop")
+
+
+def _shape_key(states, dA_chunk_cumsum, initial_states, out, final_states, chunk_size) -> ShapeKey:
+    batch, nchunks, nheads, dim = states.shape
+    return ShapeKey.of(dim=dim, nheads=nheads, dtype=dtype_name(out.dtype), init=int(initial_states is not None),
+                       tokens=tokens(batch, nchunks * chunk_size))
+
+
+@tuned_kernel(name="state_passing", shape_key=_shape_key)
+def state_passing_loop_kernel(
+    states: torch.Tensor,
+    dA_chunk_cumsum: torch.Tensor,
+    initial_states: torch.Tensor | None,
+    out: torch.Tensor,
+    final_states: torch.Tensor,
+    chunk_size: int,
+) -> None:
+    batch, nchunks, nheads, dim = states.shape
+    block_d = hl.register_block_size(dim)
+    for tile_b, tile_h, tile_d in hl.tile([batch, nheads, dim], block_size=[1, 1, block_d]):
+        b = tile_b.begin
+        h = tile_h.begin
+        carry = hl.zeros([tile_d], dtype=torch.float32)
+        if initial_states is not None:
+            carry = initial_states[b, h, tile_d].to(torch.float32)
+        for tile_c in hl.tile(nchunks, block_size=1):
+            c = tile_c.begin
+            out[b, c, h, tile_d] = carry.to(out.dtype)
+            scale = torch.exp(dA_chunk_cumsum[b, h, c].to(torch.float32))
+            carry = scale * carry + states[b, c, h, tile_d].to(torch.float32)
+        final_states[b, h, tile_d] = carry
+
+
+def _combine(a1: torch.Tensor, b1: torch.Tensor, a2: torch.Tensor, b2: torch.Tensor):
+    return a1 * a2, a2 * b1 + b2
+
+
+@tuned_kernel(name="state_passing_scan", shape_key=_shape_key)
+def state_passing_scan_kernel(
+    states: torch.Tensor,
+    dA_chunk_cumsum: torch.Tensor,
+    initial_states: torch.Tensor | None,
+    out: torch.Tensor,
+    final_states: torch.Tensor,
+    chunk_size: int,
+) -> None:
+    batch, nchunks, nheads, dim = states.shape
+    block_d = hl.register_block_size(dim)
+    block_c = helion.next_power_of_2(nchunks)
+    for tile_b, tile_h, tile_d in hl.tile([batch, nheads, dim], block_size=[1, 1, block_d]):
+        b = tile_b.begin
+        h = tile_h.begin
+        for tile_c in hl.tile(nchunks, block_size=block_c):
+            s = states[b, tile_c, h, tile_d].to(torch.float32)  # (C, D)
+            a = torch.exp(dA_chunk_cumsum[b, h, tile_c].to(torch.float32))[:, None] + 0.0 * s
+            if initial_states is not None:
+                init = initial_states[b, h, tile_d].to(torch.float32)
+                s = s + torch.where(tile_c.index[:, None] == 0, a * init[None, :], 0.0)
+            _, run = hl.associative_scan(_combine, (a, s), dim=0)  # run[c] = state leaving chunk c
+            hl.store(out, [b, tile_c.index + 1, h, tile_d], run.to(out.dtype),
+                     extra_mask=(tile_c.index + 1 < nchunks)[:, None])
+            last = torch.sum(torch.where(tile_c.index[:, None] == nchunks - 1, run, 0.0), dim=0)
+            final_states[b, h, tile_d] = last
+            first = hl.zeros([tile_d], dtype=torch.float32)
+            if initial_states is not None:
+                first = initial_states[b, h, tile_d].to(torch.float32)
+            out[b, 0, h, tile_d] = first.to(out.dtype)
+
+
+def state_passing_fwd(states, dA_chunk_cumsum, initial_states=None, seq_idx=None, chunk_size=None,
+                      out_dtype=None, variant=None):
+    """Same arguments and results as mamba-ssm's ``_state_passing_fwd``."""
+    batch, nchunks, nheads, dim = states.shape
+    assert dA_chunk_cumsum.shape == (batch, nheads, nchunks)
+    if initial_states is not None:
+        assert initial_states.shape == (batch, nheads, dim)
+    if seq_idx is not None:
+        assert chunk_size is not None and seq_idx.shape[0] == batch
+        keep = seq_last(seq_idx, chunk_size) == seq_prev(seq_idx, chunk_size)  # (b, c)
+        dA_chunk_cumsum = dA_chunk_cumsum.masked_fill(~keep[:, None, :], float("-inf"))
+    out = torch.empty((batch, nchunks, nheads, dim), device=states.device,
+                      dtype=states.dtype if out_dtype is None else out_dtype)
+    final_states = torch.empty((batch, nheads, dim), device=states.device, dtype=torch.float32)
+    kernel = state_passing_scan_kernel if (variant or VARIANT) == "scan" else state_passing_loop_kernel
+    kernel(states, dA_chunk_cumsum, initial_states, out, final_states, int(chunk_size or 256))
+    return out, final_states

@@ -1,0 +1,160 @@
+"""guard.core.report: Markdown size and order, JSON round trip, the rich table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from guard.core.report import (
+    REPORT_SCHEMA_VERSION,
+    layer_shares,
+    parse_json,
+    render_json,
+    render_markdown,
+    rich_table,
+)
+from guard.core.results import BenchResult, CaseResult
+from guard.core.verdicts import FAILING, Policy, Verdict, check
+
+from .factories import FINGERPRINT, GOOD, baseline_of, make_case
+
+
+def _big_run(n_kernels=25, n_shapes=20, seed=0):
+    """500 cases; a handful fail in different ways, placed late so that order matters."""
+    rng = np.random.default_rng(seed)
+    base_cases, cur_cases = [], []
+    for k in range(n_kernels):
+        for s in range(n_shapes):
+            kw = dict(kernel=f"kernel_{k:02d}", shape=f"b{s}_l{1024 * (s + 1)}", n=12,
+                      phase="bwd" if k % 2 else "fwd")
+            base_cases.append(make_case(rng, **kw))
+            shift, extra = 1.0, {}
+            if (k, s) == (24, 19):
+                shift = 1.25
+            elif (k, s) == (23, 3):
+                extra = {"precision": replace(GOOD, allclose=False)}
+            elif (k, s) == (22, 7):
+                extra = {"error": "RuntimeError: | pipes | and\nnewlines " + "x" * 500}
+            elif (k, s) == (21, 0):
+                extra = {"missing": True}
+            cur_cases.append(make_case(rng, helion_shift=shift, **kw, **extra))
+    result = BenchResult({**FINGERPRINT, "hostname": "node-1"}, tuple(cur_cases), suite="nightly")
+    baseline = baseline_of(*base_cases)
+    return result, check(result, baseline), baseline
+
+
+@pytest.fixture(scope="module")
+def big():
+    return _big_run()
+
+
+def test_markdown_500_cases_under_64kb_failures_first(big):
+    result, verdicts, baseline = big
+    assert len(verdicts) == 500
+    failing = [v for v in verdicts if v.status in FAILING]
+    assert {v.status for v in failing} == {"regression", "precision-fail", "error", "missing-kernel"}
+    md = render_markdown(result, verdicts, baseline)
+    assert len(md.encode("utf-8")) <= 64_000
+    assert "4 of 500 cases failing" in md.splitlines()[0]
+    # the failures table comes before any per-kernel table, and lists every failure
+    fail_at = md.index("### Failures")
+    assert fail_at < md.index("### kernel_")
+    fail_table = md[fail_at: md.index("### kernel_")]
+    for v in failing:
+        assert f"| {v.kernel} | {v.shape} |" in fail_table
+    # precision failure ranks first
+    assert fail_table.index("kernel_23") < fail_table.index("kernel_24")
+    # kernels with failures get their tables first
+    first_kernel_table = md[md.index("### kernel_"):].splitlines()[0]
+    assert first_kernel_table in {f"### {v.kernel}" for v in failing}
+    # cells are escaped and capped
+    line = next(li for li in md.splitlines() if "RuntimeError" in li)
+    assert "\\|" in line and "\n" not in line and len(line) < 600
+
+
+def test_markdown_truncation_keeps_failures_and_says_what_was_cut(big):
+    result, verdicts, baseline = big
+    md = render_markdown(result, verdicts, baseline, max_bytes=8_000)
+    assert len(md.encode("utf-8")) <= 8_000
+    for v in verdicts:
+        if v.status in FAILING:
+            assert f"| {v.kernel} | {v.shape} |" in md
+    assert "_Truncated to fit 8000 bytes" in md and "passing rows" in md and "JSON report" in md
+
+
+def test_markdown_untruncated_when_it_fits():
+    rng = np.random.default_rng(1)
+    base = make_case(rng)
+    result = BenchResult(FINGERPRINT, (make_case(rng),))
+    baseline = baseline_of(base)
+    md = render_markdown(result, check(result, baseline), baseline)
+    assert "Truncated" not in md and "all 1 cases pass" in md
+    assert "<details><summary>Fingerprint</summary>" in md
+    assert "100%*" in md  # estimated share of the layer (only kernel of its shape)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 20_000))
+def test_markdown_never_exceeds_the_limit(limit):
+    result, verdicts, baseline = _small_run()
+    md = render_markdown(result, verdicts, baseline, max_bytes=limit)
+    assert len(md.encode("utf-8")) <= limit
+
+
+_SMALL = None
+
+
+def _small_run():
+    global _SMALL
+    if _SMALL is None:
+        _SMALL = _big_run(n_kernels=6, n_shapes=8, seed=2)
+    return _SMALL
+
+
+def test_layer_share_prefers_the_runner_value():
+    rng = np.random.default_rng(3)
+    a = make_case(rng, kernel="a", helion_ms=3.0)
+    b = make_case(rng, kernel="b", helion_ms=1.0, layer_share=0.4)
+    result = BenchResult(FINGERPRINT, (a, b))
+    shares = layer_shares(result)
+    assert shares[("a", "s")] == pytest.approx(0.75, abs=0.02)
+    md = render_markdown(result, check(result, None), None)
+    assert "| 40% |" in md and "75%*" in md
+
+
+def test_json_round_trip(big):
+    result, verdicts, baseline = big
+    doc = render_json(result, verdicts, baseline, Policy())
+    assert doc["schema_version"] == REPORT_SCHEMA_VERSION and doc["exit_code"] == 1
+    assert doc["summary"]["regression"] == 1
+    text = json.dumps(doc, allow_nan=False)  # strict JSON
+    back_result, back_verdicts = parse_json(json.loads(text))
+    assert back_result == result
+    assert [v.to_dict() for v in back_verdicts] == json.loads(json.dumps([v.to_dict() for v in verdicts]))
+    assert sum(len(shapes) for shapes in doc["baseline"]["results"].values()) == 500
+    with pytest.raises(ValueError):
+        parse_json({**doc, "schema_version": 99})
+
+
+def test_json_replaces_non_finite_numbers():
+    result = BenchResult(FINGERPRINT, (CaseResult("k", "s", precision=GOOD),))
+    v = Verdict("k", "s", "ok", effect=float("inf"), evidence={"x": float("nan")})
+    doc = render_json(result, [v])
+    json.dumps(doc, allow_nan=False)
+    assert doc["verdicts"][0]["effect"] is None
+
+
+def test_rich_table(big):
+    result, verdicts, baseline = big
+    table = rich_table(result, verdicts, baseline)
+    assert table.row_count == 500
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(table)
+    text = console.export_text()
+    assert "precision-fail" in text and text.index("precision-fail") < text.index("ok")

@@ -1,0 +1,101 @@
+"""``kernels.mamba_chunk_scan_combined``: the forward drop-in on CPU (Helion ref mode) against the fp64
+reference, its argument checks, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels.ssd import naive
+from kernels.testing import execution_mode
+
+
+def _problem(b=2, L=80, h=4, p=16, g=2, n=16, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+    return {
+        "x": randn(b, L, h, p), "dt": randn(b, L, h, scale=0.5) - 3.0,
+        "A": -torch.rand(h, generator=gen) * 4 - 0.5, "B": randn(b, L, g, n), "C": randn(b, L, g, n),
+    }
+
+
+OPTIONS = [
+    {},
+    {"D": "head", "dt_bias": True, "dt_softplus": True},
+    {"D": "dim", "z": True, "dt_limit": (0.01, 0.5), "dt_bias": True, "dt_softplus": True},
+    {"initial_states": True, "return_final_states": True, "D": "head"},
+]
+
+
+def _arguments(base, options, gen_seed=1):
+    gen = torch.Generator().manual_seed(gen_seed)
+    b, L, h, p = base["x"].shape
+    n = base["B"].shape[-1]
+    kwargs = {}
+    if options.get("D") == "head":
+        kwargs["D"] = torch.randn(h, generator=gen)
+    elif options.get("D") == "dim":
+        kwargs["D"] = torch.randn(h, p, generator=gen)
+    if options.get("z"):
+        kwargs["z"] = torch.randn(b, L, h, p, generator=gen)
+    if options.get("dt_bias"):
+        kwargs["dt_bias"] = torch.rand(h, generator=gen) - 2.0
+    if options.get("initial_states"):
+        kwargs["initial_states"] = torch.randn(b, h, p, n, generator=gen)
+    for key in ("dt_softplus", "dt_limit", "return_final_states"):
+        if key in options:
+            kwargs[key] = options[key]
+    return kwargs
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(sorted(o)) or "plain")
+@pytest.mark.parametrize(("L", "g"), [(80, 2), (64, 1), (64, 4)])
+def test_forward_matches_fp64_reference(options, L, g):
+    base = _problem(L=L, g=g)
+    kwargs = _arguments(base, options)
+    with execution_mode("ref"):
+        ours = kernels.mamba_chunk_scan_combined(**base, chunk_size=32, **kwargs)
+    ref = naive.ssd_chunked_ref(**{k: v.double() for k, v in base.items()}, chunk_size=32,
+                                **{k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+    ours, ref = (ours, ref) if isinstance(ours, tuple) else ((ours,), (ref,))
+    for mine, theirs in zip(ours, ref, strict=True):
+        assert mine.dtype in (torch.float32,) and torch.isfinite(mine).all()
+        torch.testing.assert_close(mine.double(), theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_unsupported_arguments_are_refused_by_name():
+    base = _problem()
+    with pytest.raises(NotImplementedError, match="cu_seqlens"):
+        kernels.mamba_chunk_scan_combined(**base, chunk_size=32, cu_seqlens=torch.tensor([0, 80]))
+    with pytest.raises(NotImplementedError, match="return_varlen_states"):
+        kernels.mamba_chunk_scan_combined(**base, chunk_size=32, return_varlen_states=True)
+
+
+def test_backward_raises_until_it_lands():
+    base = _problem(b=1, L=32)
+    base["x"].requires_grad_(True)
+    with execution_mode("ref"):
+        out = kernels.mamba_chunk_scan_combined(**base, chunk_size=32)
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"dt": torch.zeros(2, 80, 3)}, r"dt: expected \(2, 80, 4\)"),
+    ({"A": torch.zeros(3)}, r"A: expected \(4,\)"),
+    ({"C": torch.zeros(2, 80, 2, 8)}, "C: expected the shape of B"),
+    ({"B": torch.zeros(2, 80, 3, 16), "C": torch.zeros(2, 80, 3, 16)}, r"ngroups \(3\) must divide nheads"),
+    ({"D": torch.zeros(5)}, "D: expected"),
+    ({"chunk_size": 0}, "chunk_size: expected a positive int"),
+    ({"initial_states": torch.zeros(2, 4, 16, 8)}, "initial_states: expected"),
+    ({"seq_idx": torch.zeros(2, 81, dtype=torch.int32)}, "seq_idx: expected"),
+    ({"dt_limit": (1.0, 0.0)}, "dt_limit: expected"),
+])
+def test_bad_arguments_are_named(change, message):
+    arguments = {**_problem(), "chunk_size": 32, **change}
+    with pytest.raises(ValueError, match=message):
+        kernels.mamba_chunk_scan_combined(**arguments)
