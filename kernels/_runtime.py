@@ -98,8 +98,8 @@ class TunedKernel:
             options: dict[str, Any] = {"static_shapes": True, "ref_mode": _ref_mode(mode), **settings}
             if config is not None:
                 options["config"] = helion.Config(**config)
-            elif not _env_true(AUTOTUNE_ENV):
-                options["autotune_effort"] = "none"
+            elif "autotune_effort" not in settings and not _env_true(AUTOTUNE_ENV):
+                options["autotune_effort"] = "none"  # never autotune unless asked
             kernel = helion.kernel(self.fn, **options)
             self._kernels[cache_key] = kernel
         return kernel

@@ -29,8 +29,10 @@ def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
     _expect(isinstance(x, torch.Tensor) and x.dim() == 4, f"x: expected (batch, seqlen, nheads, headdim), got "
             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     batch, seqlen, nheads, headdim = x.shape
-    _expect(isinstance(chunk_size, int) and chunk_size > 0, f"chunk_size: expected a positive int, got {chunk_size!r}")
-    _expect(tuple(dt.shape) == (batch, seqlen, nheads), f"dt: expected {(batch, seqlen, nheads)}, got {tuple(dt.shape)}")
+    _expect(isinstance(chunk_size, int) and chunk_size > 0,
+            f"chunk_size: expected a positive int, got {chunk_size!r}")
+    _expect(tuple(dt.shape) == (batch, seqlen, nheads),
+            f"dt: expected {(batch, seqlen, nheads)}, got {tuple(dt.shape)}")
     _expect(tuple(A.shape) == (nheads,), f"A: expected ({nheads},), got {tuple(A.shape)}")
     _expect(B.dim() == 4 and B.shape[:2] == (batch, seqlen),
             f"B: expected (batch={batch}, seqlen={seqlen}, ngroups, dstate), got {tuple(B.shape)}")
@@ -49,7 +51,8 @@ def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
         _expect(tuple(initial_states.shape) == expected,
                 f"initial_states: expected {expected}, got {tuple(initial_states.shape)}")
     if seq_idx is not None:
-        _expect(tuple(seq_idx.shape) == (batch, seqlen), f"seq_idx: expected {(batch, seqlen)}, got {tuple(seq_idx.shape)}")
+        _expect(tuple(seq_idx.shape) == (batch, seqlen),
+                f"seq_idx: expected {(batch, seqlen)}, got {tuple(seq_idx.shape)}")
     _expect(len(dt_limit) == 2 and dt_limit[0] <= dt_limit[1],
             f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
 

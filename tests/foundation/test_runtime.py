@@ -85,3 +85,5 @@ def test_never_autotunes_unless_asked(store, monkeypatch):
         torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
     kernel = toy_exp_add.helion_kernel(None, "compiled")
     assert kernel.settings.autotune_effort == "none"
+    # the tuner asks explicitly, and gets what it asked for
+    assert toy_exp_add.helion_kernel(None, "compiled", autotune_effort="quick").settings.autotune_effort == "quick"
