@@ -65,6 +65,6 @@ def update(path: Path, result: BenchResult) -> list[str]:
         results.setdefault(kernel, {}).update(shapes)
     merged["results"] = {k: dict(sorted(v.items())) for k, v in sorted(results.items())}
     load_baseline(merged)  # never write a file that would not load
-    atomic_write_text(path, yaml.safe_dump(merged, sort_keys=True, default_flow_style=None, width=120))
+    atomic_write_text(path, yaml.safe_dump(merged, sort_keys=True, default_flow_style=False, width=120))
     return [f"{c.kernel}/{c.shape}" for c in result.cases
             if c.kernel not in new["results"] or c.shape not in new["results"][c.kernel]]

@@ -124,7 +124,8 @@ def _options(args: argparse.Namespace, **overrides):
     return CycleOptions(suite=args.suite, shapes=args.shapes or (), kernels=args.kernels or (), seed=args.seed,
                         rounds=args.rounds, confirm=not getattr(args, "no_confirm", False),
                         strict=getattr(args, "strict", False),
-                        update_baseline=getattr(args, "update_baseline", False), **overrides)
+                        update_baseline=getattr(args, "update_baseline", False), out_dir=getattr(args, "out", None),
+                        force_retune=getattr(args, "force_retune", False), **overrides)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -211,6 +212,138 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
+def _guard_config(args: argparse.Namespace):
+    from guard import config as guard_config
+
+    try:
+        return guard_config.load(getattr(args, "config", None), getattr(args, "state_dir", None))
+    except guard_config.GuardConfigError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+
+
+def cmd_drift(args: argparse.Namespace) -> int:
+    """The current fingerprint against the ones recorded with the configs and the baseline. Exit 1 when
+    drift that calls for an action (re-tune or re-baseline, by the guard config's policy) is found."""
+    import dataclasses
+
+    from guard import fingerprint
+    from guard.nightly import detect_drift, recorded_paths
+
+    cfg = _guard_config(args)
+    fp = fingerprint.collect()
+    slug = args.gpu_slug or fingerprint.gpu_slug(fp)
+    root = Path(args.root) if args.root else None
+    report = detect_drift(fp, policy=cfg.drift_policy, root=root, slug=slug)
+    report = dataclasses.replace(report, notes=report.notes + (
+        "stored configs are checked against the installed helion when kernels run (bench, nightly)",))
+    configs_path, baseline_path = recorded_paths(slug, root)
+    if args.json:
+        doc = {"gpu_slug": slug, "fingerprint_digest": fp.digest(), "configs": str(configs_path),
+               "baseline": str(baseline_path), "config": cfg.describe(), "policy": cfg.drift_policy.to_dict(),
+               "summary": report.summary(), **report.to_dict()}
+        print(json.dumps(doc, indent=2, sort_keys=True, default=str))
+    else:
+        print(f"configs: {configs_path}{'' if configs_path.exists() else ' (none)'}")
+        print(f"baseline: {baseline_path}{'' if baseline_path.exists() else ' (none)'}")
+        print(report.render_text())
+        if report.found:
+            print(f"action: {report.action} ({report.summary()})")
+    return EXIT_FAIL if report.found else EXIT_OK
+
+
+def cmd_autotune(args: argparse.Namespace) -> int:
+    """Tune kernels x shapes in child processes (sharded over the GPUs), validate each winner, write the
+    config store, then re-baseline. Exit 1 when a job failed or the budget left jobs undone."""
+    import torch
+
+    from guard import fingerprint
+    from guard.autotune import (
+        DEFAULT_TUNER,
+        TUNER_ENV,
+        AutotuneOptions,
+        rebaseline,
+        rich_bar,
+        run_autotune,
+        visible_devices,
+    )
+    from kernels import config_store, registry, suites
+
+    cfg = _guard_config(args)
+    tuner = args.tuner or os.environ.get(TUNER_ENV) or DEFAULT_TUNER
+    real = tuner == DEFAULT_TUNER
+    if real and not torch.cuda.is_available():
+        raise EnvironmentProblem("autotune needs a CUDA GPU and none is visible; run it on a GPU runner "
+                                 "(`mamba2-guard drift` says whether a re-tune is due)")
+    loaded = suites.load()
+    entries = registry.select(args.kernels or None)
+    missing = [e.name for e in entries if not e.has_helion]
+    if missing:
+        print(f"not implemented in Helion yet (skipped): {', '.join(missing)}", file=sys.stderr)
+    shapes = [loaded.shape(s).name for s in args.shapes] if args.shapes else [s.name for s in loaded.suite(args.suite)]
+    fp = fingerprint.collect()
+    slug = args.gpu_slug or fingerprint.gpu_slug(fp)
+    out = Path(args.out) if args.out else config_store.path_for(slug)
+    criteria = cfg.criteria
+    if args.margin is not None:
+        criteria = type(criteria)(**{**criteria.to_dict(), "margin": args.margin})
+    opts = AutotuneOptions(
+        kernels=[e.name for e in entries if e.has_helion], shapes=shapes, out=out, state_dir=Path(args.state_dir),
+        gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
+        effort=args.effort or cfg.autotune_value("effort", "quick"),
+        seed=args.seed if args.seed is not None else cfg.autotune_value("seed", 1234),
+        budget_seconds=args.budget_seconds or cfg.autotune_value("budget_seconds", 300),
+        total_budget_seconds=args.total_budget_seconds or cfg.autotune_value("total_budget_seconds", None),
+        job_timeout_seconds=args.job_timeout or cfg.autotune_value("job_timeout_seconds", None),
+        rounds=cfg.autotune_value("rounds", 30), max_attempts=cfg.autotune_value("max_attempts", 2),
+        criteria=criteria, devices=visible_devices(args.workers), tuner=tuner, fresh=args.fresh)
+    with rich_bar(sys.stderr.isatty()) as (on_start, on_job, log):
+        progress = log or _progress()
+        outcome = run_autotune(opts, progress, on_job=on_job, on_start=on_start)
+    s = outcome.summary
+    print(f"autotune: {s['ok']}/{s['jobs']} jobs ok, {s['failed']} failed, {s['not_run']} not run; "
+          f"{s['kept']} winner(s) kept, {s['rejected']} rejected (old config kept)")
+    print(f"configs: {outcome.out}" + (" (changed)" if outcome.changed else " (no config changed)"))
+    print(f"run directory (journal, logs): {outcome.run_dir}")
+    if outcome.changed and real and not args.no_rebaseline:
+        if out.resolve() != config_store.path_for(slug).resolve():
+            print("re-baseline skipped: --out is not the config store the kernels read")
+        else:
+            done = rebaseline(opts.kernels, shapes, Path(args.state_dir), progress)
+            failed = f" (failed: {', '.join(done['failed'])})" if done["failed"] else ""
+            print(f"baseline: {done['baseline']}{failed}")
+    elif outcome.changed and not real:
+        print("re-baseline skipped: a test tuner was used")
+    if args.json:
+        print(json.dumps(outcome.to_dict(), indent=1, sort_keys=True))
+    return EXIT_FAIL if s["failed"] or s["not_run"] else EXIT_OK
+
+
+def cmd_pr(args: argparse.Namespace) -> int:
+    """Open or update the config PR for this GPU (``--dry-run``: print body and diff, push nothing)."""
+    from guard import PROJECT_ROOT, fingerprint
+    from guard.prflow import run_pr
+
+    cfg = _guard_config(args)
+    fp = fingerprint.collect()
+    slug = args.gpu_slug or fingerprint.gpu_slug(fp)
+    try:
+        outcome = run_pr(Path(args.state_dir), cfg, fp.to_dict(), slug,
+                         root=Path(args.root) if args.root else PROJECT_ROOT, dry_run=args.dry_run)
+    except RuntimeError as exc:
+        print(f"mamba2-guard: pr: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    if args.json:
+        print(json.dumps(outcome.to_dict(), indent=1, sort_keys=True, default=str))
+        return EXIT_OK
+    print(f"title: {outcome.title}\nbranch: {outcome.branch} -> {outcome.base_branch} of {outcome.origin}\n")
+    print(outcome.body)
+    print("--- diff ---")
+    print(outcome.diff or "(no differences)")
+    for message in outcome.messages:
+        print(message)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mamba2-guard", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -258,7 +391,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-confirm", action="store_true", help="do not re-run flagged cases")
     p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the cycle")
     p.add_argument("--update-baseline", action="store_true", help="also write baselines/<gpu-slug>.yaml")
+    p.add_argument("--out", metavar="DIR", help="also copy report.md, report.json and result.json here")
+    p.add_argument("--force-retune", action="store_true", help="re-tune even without drift")
+    p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
     p.set_defaults(func=cmd_nightly)
+
+    from guard import daemon as daemon_mod
+    from guard import metrics as metrics_mod
+
+    p = sub.add_parser("daemon", help="scheduled nightly, drift watch and /metrics (APScheduler)")
+    daemon_mod.add_arguments(p)
+    p.set_defaults(func=daemon_mod.cmd_daemon)
+
+    p = sub.add_parser("metrics", help="export the last cycle's metrics: textfile | push | show")
+    metrics_mod.add_arguments(p)
+    p.set_defaults(func=metrics_mod.cmd_metrics)
+
+    def guard_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+        p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
+        p.add_argument("--gpu-slug", metavar="SLUG", help="config/baseline file name (default: this GPU's)")
+
+    p = sub.add_parser("drift", help="what changed since the configs and baseline were recorded (exit 1: drift)")
+    guard_options(p)
+    p.add_argument("--root", metavar="DIR", help="checkout holding kernels/configs and baselines (default: this one)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_drift)
+
+    p = sub.add_parser("autotune", help="tune, validate and store Helion configs (child processes, resumable)")
+    selection(p, "default")
+    guard_options(p)
+    p.add_argument("--effort", choices=("quick", "full"), help="Helion's autotune effort (default: quick)")
+    p.add_argument("--seed", type=int, help="autotuner random seed, recorded in the file (default: 1234)")
+    p.add_argument("--budget-seconds", type=float, metavar="N", help="per kernel x shape job (default: 300)")
+    p.add_argument("--total-budget-seconds", type=float, metavar="N", help="whole run: no job starts after it")
+    p.add_argument("--job-timeout", type=float, metavar="S", help="hard kill of a job (default: 2 x budget + 120)")
+    p.add_argument("--workers", type=int, metavar="N", help="parallel workers, one per GPU (default: all GPUs)")
+    p.add_argument("--margin", type=float, help="a winner must beat the committed config by this (default 0.02)")
+    p.add_argument("--out", metavar="PATH", help="config file (default: kernels/configs/<gpu-slug>.yaml)")
+    p.add_argument("--fresh", action="store_true", help="ignore the journal of an earlier run of the same plan")
+    p.add_argument("--no-rebaseline", action="store_true", help="do not bench and write the baseline afterwards")
+    p.add_argument("--json", action="store_true", help="also print the outcome as JSON")
+    p.add_argument("--tuner", help=argparse.SUPPRESS)  # module:function or file.py:function (tests)
+    p.set_defaults(func=cmd_autotune)
+
+    p = sub.add_parser("pr", help="open or update the config PR for this GPU")
+    guard_options(p)
+    p.add_argument("--root", metavar="DIR", help="checkout holding the files to propose (default: this one)")
+    p.add_argument("--dry-run", action="store_true", help="print the body and the diff; push nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_pr)
     return parser
 
 

@@ -7,6 +7,7 @@ On embedded defaults it runs on a laptop: without a GPU it benches the smoke sui
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -44,6 +45,11 @@ class CycleOptions:
     confirm: bool = True
     strict: bool = False  # missing kernels fail the run
     update_baseline: bool = False
+    out_dir: str | None = None  # also copy the reports here (CI artifacts)
+    force_retune: bool = False  # re-tune even without drift (the daemon's drift watch, workflow_dispatch)
+    config: str | None = None  # guard config file (default: <state>/guard.yaml if present, else defaults)
+    root: str | None = None  # checkout holding kernels/configs and baselines (default: this one)
+    pr: bool = True  # run the PR step when drift or a re-tune calls for it (also guard config pr.enabled)
     policy: Policy = field(default_factory=Policy)
 
 
@@ -54,6 +60,7 @@ class CycleOutcome:
     verdicts: list[Verdict]
     drift: drift_mod.DriftReport
     paths: dict[str, str]
+    steps: dict[str, Any] = field(default_factory=dict)  # retune / pr: what the follow-up steps did
 
 
 def _now() -> datetime.datetime:
@@ -70,13 +77,22 @@ def selection(options: CycleOptions, progress: Progress) -> tuple[str, list[regi
     return suite, registry.select(list(options.kernels) or None), shapes
 
 
-def detect_drift(fp: fingerprint.Fingerprint) -> drift_mod.DriftReport:
-    slug = fingerprint.gpu_slug(fp)
-    configs_path = config_store.path_for(slug)
+def recorded_paths(slug: str, root: Path | str | None = None) -> tuple[Path, Path]:
+    """``kernels/configs/<slug>.yaml`` and ``baselines/<slug>.yaml`` of a checkout (default: this one)."""
+    if root is None:
+        return config_store.path_for(slug), baselines.path_for(slug)
+    root = Path(root)
+    return config_store.path_for(slug, root / "kernels" / "configs"), baselines.path_for(slug, root / "baselines")
+
+
+def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | None = None,
+                 root: Path | str | None = None, slug: str | None = None) -> drift_mod.DriftReport:
+    slug = slug or fingerprint.gpu_slug(fp)
+    configs_path, baseline_path = recorded_paths(slug, root)
     configs_fp = config_store.load(configs_path).fingerprint if configs_path.exists() else None
-    baseline_doc = baselines.read_document(baselines.path_for(slug))
+    baseline_doc = baselines.read_document(baseline_path)
     baseline_fp = (baseline_doc or {}).get("fingerprint")
-    return drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, dict(config_store.INVALID))
+    return drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, dict(config_store.INVALID), policy)
 
 
 def rerun_on_device(options: CycleOptions) -> Any:
@@ -113,6 +129,27 @@ def write_reports(state_dir: Path, stamp: str, result: BenchResult, verdicts: li
     return {k: str(v) for k, v in paths.items()}
 
 
+def copy_reports(paths: dict[str, str], out_dir: Path) -> dict[str, str]:
+    """Stable names for CI: report.md, report.json, result.json."""
+    copies = {}
+    for key, name in (("report_md", "report.md"), ("report_json", "report.json"), ("result", "result.json")):
+        target = out_dir / name
+        atomic_write_text(target, Path(paths[key]).read_text())
+        copies[f"out_{key}"] = str(target)
+    return copies
+
+
+def daemon_cycle(state_dir: str | Path, reason: str | None = None, **options: Any) -> int:
+    """The daemon's entry point (run in a child process): options by keyword, the exit code back."""
+    known = {f.name for f in dataclasses.fields(CycleOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"daemon_cycle: unknown option(s) {unknown}; expected some of {sorted(known)}")
+    if reason:
+        plain_progress(f"cycle triggered by {reason}")
+    return run_cycle(Path(state_dir), CycleOptions(**options), job="retune" if reason else "nightly").exit_code
+
+
 def run_cycle(state_dir: Path, options: CycleOptions | None = None, progress: Progress = plain_progress,
               job: str = "nightly") -> CycleOutcome:
     options = options or CycleOptions()
@@ -145,22 +182,101 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     result = run_bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
                        state_dir=state_dir, suite=suite, seed=options.seed, rounds=options.rounds,
                        progress=progress)
-    drift = detect_drift(fp)  # after the bench: it also reports configs the installed helion rejected
+    from guard import config as guard_config
+
+    cfg = guard_config.load(options.config, state_dir)
+    policy = cfg.verdict_policy if options.policy == Policy() else options.policy
+    # After the bench: it also reports configs the installed helion rejected.
+    drift = detect_drift(fp, policy=cfg.drift_policy, root=options.root, slug=slug)
     progress(drift.render_text())
-    baseline_path = baselines.path_for(slug)
+    baseline_path = recorded_paths(slug, options.root)[1]
     baseline = baselines.load(baseline_path)
     with History(state_dir / "history.sqlite") as history:
         rerun = rerun_on_device(options) if options.confirm else None
-        result, verdicts = run_check(result, baseline, history, options.policy, rerun)
+        result, verdicts = run_check(result, baseline, history, policy, rerun)
         code = exit_code(verdicts, missing_fails=options.strict)
         history.record(result, verdicts, _now(), job=job, status="pass" if code == 0 else "fail")
-    paths = write_reports(state_dir, stamp, result, verdicts, baseline, options.policy)
+    paths = write_reports(state_dir, stamp, result, verdicts, baseline, policy)
+    if options.out_dir:
+        paths.update(copy_reports(paths, Path(options.out_dir)))
+    from guard import metrics
+
+    paths["metrics_snapshot"] = str(metrics.write_snapshot(state_dir, result, verdicts, fingerprint=fp.to_dict(),
+                                                           drift=drift.to_dict()))
     if options.update_baseline:
         left_out = baselines.update(baseline_path, result)
         paths["baseline"] = str(baseline_path)
         if left_out:
             progress(f"not written to the baseline: {', '.join(left_out)}")
-    if drift.action == "retune":
-        progress("drift policy asks for a re-tune: run `python scripts/autotune.py` on this GPU "
-                 "(the guard's own autotune command is not available yet)")
-    return CycleOutcome(code, result, verdicts, drift, paths)
+    steps = retune_and_propose(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress)
+    return CycleOutcome(code, result, verdicts, drift, paths, steps)
+
+
+def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint,
+                       slug: str, drift: drift_mod.DriftReport, entries: Sequence[registry.KernelEntry],
+                       shapes: Sequence, paths: dict[str, str], progress: Progress) -> dict[str, Any]:
+    """Re-tune where the drift policy says so (GPU only), then the PR step. Neither step can fail the
+    cycle: their problems are reported and recorded in the outcome's ``steps``."""
+    steps: dict[str, Any] = {}
+    configs_path, baseline_path = recorded_paths(slug, options.root)
+    produced = bool(options.update_baseline)
+    if drift.action == "retune" or options.force_retune:
+        why = drift.summary() if drift.action == "retune" else "forced"
+        if not torch.cuda.is_available():
+            message = (f"re-tune needed ({why}) but there is no GPU here: re-tune skipped; run "
+                       f"`mamba2-guard autotune` then `mamba2-guard pr` on a {slug} GPU runner")
+            progress(message)
+            steps["retune"] = {"status": "skipped", "detail": message}
+        else:
+            from guard import autotune
+
+            tuned = [e.name for e in entries if e.has_helion]
+            try:
+                opts = autotune.AutotuneOptions(
+                    kernels=tuned, shapes=[s.name for s in shapes], out=configs_path, state_dir=state_dir,
+                    gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
+                    effort=cfg.autotune_value("effort", "quick"), seed=cfg.autotune_value("seed", 1234),
+                    budget_seconds=cfg.autotune_value("budget_seconds", 300),
+                    total_budget_seconds=cfg.autotune_value("total_budget_seconds", None),
+                    job_timeout_seconds=cfg.autotune_value("job_timeout_seconds", None),
+                    rounds=cfg.autotune_value("rounds", 30), max_attempts=cfg.autotune_value("max_attempts", 2),
+                    criteria=cfg.criteria, devices=autotune.visible_devices())
+                progress(f"re-tune ({why}): {len(tuned)} kernels x {len(shapes)} shapes")
+                outcome = autotune.run_autotune(opts, progress)
+                steps["retune"] = {"status": "done", **outcome.to_dict()}
+                produced = produced or outcome.written
+                if outcome.changed:
+                    steps["rebaseline"] = autotune.rebaseline(tuned, [s.name for s in shapes], state_dir, progress,
+                                                              seed=options.seed, rounds=options.rounds,
+                                                              path=baseline_path)
+                    paths["baseline"] = str(baseline_path)
+            except Exception as exc:  # noqa: BLE001 (the cycle's verdicts stand; the re-tune is reported)
+                progress(f"re-tune failed: {type(exc).__name__}: {exc}")
+                steps["retune"] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
+    elif drift.action == "rebaseline" and not options.update_baseline:
+        progress("drift policy asks for a re-baseline: run `mamba2-guard nightly --update-baseline` on this GPU")
+    if not (options.pr and cfg.pr_enabled):
+        steps["pr"] = {"status": "disabled"}
+        return steps
+    if not (drift.found or produced):
+        return steps
+    from guard import prflow
+
+    dry = not produced
+    try:
+        pr = prflow.run_pr(state_dir, cfg, fp.to_dict(), slug, root=Path(options.root) if options.root else
+                           prflow.PROJECT_ROOT, dry_run=dry, drift=drift, progress=progress)
+    except Exception as exc:  # noqa: BLE001
+        progress(f"PR step failed: {type(exc).__name__}: {exc}")
+        steps["pr"] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
+        return steps
+    body_path = state_dir / "reports" / f"{stamp}-pr.md"
+    atomic_write_text(body_path, f"# {pr.title}\n\n{pr.body}\n\n```diff\n{pr.diff}```\n")
+    paths["pr_body"] = str(body_path)
+    if dry:
+        progress("PR step dry: nothing new was produced in this cycle to propose; body and diff in " + str(body_path))
+    for message in pr.messages:
+        progress(f"PR: {message}")
+    steps["pr"] = {"status": "dry-run" if dry else "done", "branch": pr.branch, "origin": pr.origin,
+                   "git": pr.git, "github": pr.github, "messages": pr.messages}
+    return steps

@@ -122,9 +122,6 @@ class TunedKernel:
             return kernel(*args)
         found = self.lookup(*args)
         kernel = self.helion_kernel(found.config, mode)
-        if found.config is None and not _env_true(AUTOTUNE_ENV):
-            # Pin Helion's default config explicitly: the same config, without its "implicit config" notice.
-            kernel = self.helion_kernel(dict(kernel.bind(args).config_spec.default_config()), mode)
         try:
             result = kernel(*args)
         except Exception as exc:

@@ -472,6 +472,7 @@ class Baseline:
     cases: dict[tuple[str, str], BaselineCase]
     device_peaks: dict[str, Any] = field(default_factory=dict)
     schema_version: int = BASELINE_SCHEMA_VERSION
+    recorded_at: str | None = None  # when the bench ran (ISO 8601): every number keeps its date
 
     def get(self, kernel: str, shape: str) -> BaselineCase | None:
         return self.cases.get((kernel, shape))
@@ -480,8 +481,8 @@ class Baseline:
         results: dict[str, dict[str, Any]] = {}
         for (kernel, shape), c in sorted(self.cases.items()):
             results.setdefault(kernel, {})[shape] = c.to_dict()
-        return {"schema_version": self.schema_version, "fingerprint": dict(self.fingerprint),
-                "device_peaks": dict(self.device_peaks), "results": results}
+        return {"schema_version": self.schema_version, "recorded_at": self.recorded_at,
+                "fingerprint": dict(self.fingerprint), "device_peaks": dict(self.device_peaks), "results": results}
 
 
 def baseline_skip_reason(case: CaseResult) -> str | None:
@@ -528,13 +529,14 @@ def baseline_from_result(result: BenchResult, *, strict: bool = False) -> dict[s
         )
     if strict and skipped:
         raise ValueError("cases cannot go into a baseline: " + "; ".join(skipped))
-    return Baseline(dict(result.fingerprint), cases, dict(result.device_peaks)).to_dict()
+    return Baseline(dict(result.fingerprint), cases, dict(result.device_peaks),
+                    recorded_at=result.started_at).to_dict()
 
 
 def load_baseline(doc: Any) -> Baseline:
     """Validate a parsed baseline document; errors name the bad key (``results.k.s.helion.median_ms``)."""
     d = _mapping(doc, "")
-    _check_keys(d, "", ("schema_version", "fingerprint", "device_peaks", "results"),
+    _check_keys(d, "", ("schema_version", "recorded_at", "fingerprint", "device_peaks", "results"),
                 required=("fingerprint", "results"))
     version = _int(d.get("schema_version", BASELINE_SCHEMA_VERSION), "schema_version")
     if version != BASELINE_SCHEMA_VERSION:
@@ -573,4 +575,5 @@ def load_baseline(doc: Any) -> Baseline:
         cases=cases,
         device_peaks=_dict(d.get("device_peaks"), "device_peaks"),
         schema_version=version,  # type: ignore[arg-type]
+        recorded_at=_str(d.get("recorded_at"), "recorded_at", optional=True),
     )

@@ -25,7 +25,7 @@ from kernels.config_store import ShapeKey
 from kernels.ssd._keys import dtype_name, seq_prev, tokens
 
 
-def _shape_key(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev_seq, d_kind) -> ShapeKey:
+def _shape_key(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev_seq, out, out_x, d_kind) -> ShapeKey:
     batch, seqlen, nheads, headdim = x.shape
     return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, dstate=C.shape[3], chunk_size=dt.shape[3],
                        hpg=nheads // C.shape[2], D=("none", "h", "hp")[d_kind], z=int(z is not None),
@@ -45,16 +45,16 @@ def chunk_scan_kernel(
     z: torch.Tensor | None,
     seq_idx: torch.Tensor | None,
     prev_seq: torch.Tensor | None,
+    out: torch.Tensor,
+    out_x: torch.Tensor | None,
     d_kind: hl.constexpr,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> None:
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
     ngroups = C.shape[2]
     dstate = C.shape[3]
     chunk_size = hl.specialize(chunk_size)
     ratio = nheads // ngroups
-    out = torch.empty_like(x)
-    out_x = torch.empty_like(x)  # written only when z is given; the caller drops it otherwise
     block_m = hl.register_block_size(chunk_size)
     block_n = hl.register_block_size(headdim)
     block_k = hl.register_block_size(chunk_size)
@@ -98,12 +98,11 @@ def chunk_scan_kernel(
                 acc = acc + x_m * D[h, tile_n].to(torch.float32)[None, :]
             else:
                 acc = acc + x_m * D[h].to(torch.float32)
-        if z is not None:
+        if out_x is not None:
             hl.store(out_x, [b, pos_m, h, tile_n], acc.to(x.dtype), extra_mask=valid_m[:, None])
             z_m = hl.load(z, [b, pos_m, h, tile_n], extra_mask=valid_m[:, None]).to(torch.float32)
             acc = acc * z_m * torch.sigmoid(z_m)
         hl.store(out, [b, pos_m, h, tile_n], acc.to(x.dtype), extra_mask=valid_m[:, None])
-    return out, out_x
 
 
 def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None):
@@ -127,5 +126,7 @@ def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None
     if seq_idx is not None:
         assert seq_idx.shape == (batch, seqlen)
         prev = seq_prev(seq_idx, chunk_size)
-    out, out_x = chunk_scan_kernel(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev, d_kind)
-    return out, (out_x if z is not None else None)
+    out = torch.empty_like(x)
+    out_x = torch.empty_like(x) if z is not None else None
+    chunk_scan_kernel(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev, out, out_x, d_kind)
+    return out, out_x

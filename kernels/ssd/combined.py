@@ -2,8 +2,12 @@
 composed from the Helion SSD stages (chunk_cumsum -> chunk_state -> state_passing -> bmm_chunk ->
 chunk_scan).
 
-Forward only for now: gradients through it raise until the backward kernels land. Arguments it does
-not support (``cu_seqlens``, ``return_varlen_states``) raise ``NotImplementedError`` naming them.
+Autograd: gradients for x, dt, A, B, C, D, z, dt_bias and initial_states (and through final_states)
+with mamba-ssm's recomputation policy: the forward saves its inputs and the output (pre-gate output
+when z is given); the backward recomputes chunk_cumsum, bmm_chunk, chunk_state and state_passing, then
+runs the Helion backward kernels in the order of mamba-ssm's ``_mamba_chunk_scan_combined_bwd``.
+Arguments it does not support (``cu_seqlens``, ``return_varlen_states``) raise ``NotImplementedError``
+naming them.
 """
 
 from __future__ import annotations
@@ -11,10 +15,21 @@ from __future__ import annotations
 import torch
 
 from kernels.ssd.bmm_chunk import bmm_chunk_fwd
+from kernels.ssd.bmm_chunk_bwd import bmm_chunk_bwd
 from kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
 from kernels.ssd.chunk_scan import chunk_scan_fwd
+from kernels.ssd.chunk_scan_bwd import (
+    chunk_scan_bwd_dC,
+    chunk_scan_bwd_dcb,
+    chunk_scan_bwd_ddAcs_stable,
+    chunk_scan_bwd_dstates,
+    chunk_scan_bwd_dz,
+)
+from kernels.ssd.chunk_scan_chunk_state_bwd import chunk_scan_chunk_state_bwd_dx
 from kernels.ssd.chunk_state import chunk_state_fwd
+from kernels.ssd.chunk_state_bwd import chunk_cumsum_bwd, chunk_state_bwd_db
 from kernels.ssd.state_passing import state_passing_fwd
+from kernels.ssd.state_passing_bwd import state_passing_bwd
 
 INF = float("inf")
 
@@ -76,20 +91,77 @@ def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initia
     return out, out_x, dt, dA_cumsum, states, final_states
 
 
-class _ForwardOnly(torch.autograd.Function):
+def ssd_backward(dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                 dfinal_states=None, seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF)):
+    """mamba-ssm's ``_mamba_chunk_scan_combined_bwd`` on the Helion kernels. ``out`` is the forward's
+    pre-gate output when z is given, else its output. Returns (dx, ddt, dA, dB, dC, dD, dz, ddt_bias,
+    dinitial_states)."""
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    dt_in = dt
+    dA_cumsum, dt = chunk_cumsum_fwd(dt_in, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                     dt_limit=dt_limit)
+    CB = bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
+    states = chunk_state_fwd(B, x, dt, dA_cumsum, seq_idx=seq_idx, states_in_fp32=True)
+    flat_initial = initial_states.reshape(batch, nheads, headdim * dstate) if initial_states is not None else None
+    states, _ = state_passing_fwd(states.reshape(*states.shape[:3], headdim * dstate), dA_cumsum[:, :, :, -1],
+                                  initial_states=flat_initial, seq_idx=seq_idx, chunk_size=chunk_size)
+    states = states.reshape(*states.shape[:3], headdim, dstate)
+    dz = dD = None
+    if z is not None:
+        dz, dout, dD = chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=False, D=D)
+    dstates = chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
+    dstates, ddA_chunk_cumsum, dinitial_states, states = state_passing_bwd(
+        states.reshape(*states.shape[:3], headdim * dstate), dA_cumsum[:, :, :, -1],
+        dstates.reshape(*dstates.shape[:3], headdim * dstate),
+        dfinal_states=dfinal_states.reshape(batch, nheads, headdim * dstate) if dfinal_states is not None else None,
+        seq_idx=seq_idx, has_initial_states=initial_states is not None, dstates_dtype=x.dtype,
+        states_dtype=x.dtype, chunk_size=chunk_size)
+    states = states.reshape(*states.shape[:3], headdim, dstate)
+    dstates = dstates.reshape(*dstates.shape[:3], headdim, dstate)
+    if dinitial_states is not None:
+        dinitial_states = dinitial_states.reshape(batch, nheads, headdim, dstate)
+    dx, ddt, dD_from_x = chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=D,
+                                                       seq_idx=seq_idx)
+    dB, ddA_next = chunk_state_bwd_db(x, dt, dA_cumsum, dstates, seq_idx=seq_idx, B=B, ngroups=ngroups)
+    dC, ddA_cumsum_prev = chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C, ngroups=ngroups)
+    dCB = chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=seq_idx, ngroups=ngroups)
+    dB = bmm_chunk_bwd(C, dCB, residual=dB).to(B.dtype)
+    dC = bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC).to(C.dtype)
+    if z is None:
+        dD = dD_from_x
+    ddA_cumsum_prev[..., -1] += ddA_chunk_cumsum
+    ddA_prev = ddA_cumsum_prev.flip([-1]).cumsum(dim=-1).flip([-1])
+    ddA = chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, CB)
+    ddA += ddA_next + ddA_prev
+    ddt, dA, ddt_bias = chunk_cumsum_bwd(ddA, ddt, dt_in, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                         dt_limit=dt_limit)
+    return dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states
+
+
+class _MambaChunkScanCombinedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
                 return_final_states):
-        out, _, _, _, _, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
-                                                    seq_idx, dt_softplus, dt_limit)
+        out, out_x, _, _, _, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                                                        seq_idx, dt_softplus, dt_limit)
+        ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
+        ctx.chunk_size = chunk_size
+        ctx.dt_softplus = dt_softplus
+        ctx.dt_limit = dt_limit
+        ctx.return_final_states = return_final_states
         return (out, final_states) if return_final_states else out
 
     @staticmethod
-    def backward(ctx, *grad_outputs):
-        raise NotImplementedError(
-            "kernels.mamba_chunk_scan_combined: the backward pass is not implemented yet (forward only). "
-            "Train with mamba_ssm's mamba_chunk_scan_combined until the Helion backward kernels land."
-        )
+    def backward(ctx, dout, *rest):
+        out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
+        dfinal_states = rest[0] if ctx.return_final_states else None
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
+            dout, x, dt, A, B, C, out, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+            dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=ctx.dt_softplus, dt_limit=ctx.dt_limit)
+        return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None)
 
 
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -107,5 +179,5 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     if return_varlen_states:
         raise NotImplementedError("return_varlen_states: not supported by the Helion kernels yet")
     check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
-    return _ForwardOnly.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus,
-                              tuple(dt_limit), return_final_states)
+    return _MambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                           dt_softplus, tuple(dt_limit), return_final_states)

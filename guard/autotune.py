@@ -1,0 +1,380 @@
+"""``mamba2-guard autotune``: the offline config generator.
+
+One job per registry kernel x suite shape, each in a child process (``python -m guard.autotune_worker``)
+in its own session with a hard timeout: a candidate that crashes or hangs costs that job only (recorded
+as failed, with its log), never the run. Jobs are sharded over the host's GPUs, one worker thread per
+GPU driving its children with ``CUDA_VISIBLE_DEVICES`` set to that GPU; the assignment is static
+(``guard.core.tuneplan.assign``) and results are merged by plan order, so any number of GPUs gives the
+file a sequential run gives.
+
+State, under ``<state>/autotune/<slug>-<run id>/`` (the run id hashes the plan, so a rerun of the same
+plan resumes it, and ``--fresh`` starts over)::
+
+    plan.json        the plan and its settings (seed, effort, budgets, criteria)
+    base.yaml        the config file as it was when the run started: the incumbents, and what the merge
+                     starts from (so a resumed run measures against the committed configs, not its own)
+    journal.jsonl    one line per finished job attempt, appended and fsynced when the job ends
+    jobs/            each job's spec and result JSON
+    logs/<job>.log   the child's stdout/stderr; logs/<job>.* Helion's autotune logs (HELION_AUTOTUNE_LOG)
+
+After every job the config file is rebuilt from ``base.yaml`` + the journal and written atomically (temp
+file, fsync, rename): a kill at any moment leaves the previous or the next complete file. A winner is
+kept only when ``guard.core.tuneplan.decide`` says so (precision passes, faster than the incumbent by the
+margin, interleaved samples); otherwise the committed config stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from guard import PROJECT_ROOT
+from guard.core import tuneplan
+from guard.core.tuneplan import Criteria, Job
+from kernels import config_store
+from kernels.config_store import atomic_write_text
+
+DEFAULT_TUNER = "guard.autotune_worker:helion_tuner"
+TUNER_ENV = "MAMBA2_GUARD_TUNER"
+Progress = Callable[[str], None]
+
+
+@dataclass
+class AutotuneOptions:
+    kernels: Sequence[str]
+    shapes: Sequence[str]
+    out: Path
+    state_dir: Path
+    gpu_slug: str
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    fingerprint_digest: str = ""
+    effort: str = "quick"
+    seed: int = 1234
+    budget_seconds: float = 300.0  # per job (Helion's budget, split over the job's launches)
+    total_budget_seconds: float | None = None  # no job starts after it; running ones are cut at it
+    job_timeout_seconds: float | None = None  # hard kill; default 2 x budget + 120 s (compile, validation)
+    rounds: int = 30
+    max_attempts: int = 2
+    criteria: Criteria = field(default_factory=Criteria)
+    devices: Sequence[str] = ("0",)  # CUDA_VISIBLE_DEVICES value of each worker
+    tuner: str = DEFAULT_TUNER
+    fresh: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # handed to the tuner (tests)
+
+    @property
+    def job_timeout(self) -> float:
+        if self.job_timeout_seconds is not None:
+            return float(self.job_timeout_seconds)
+        return 2 * float(self.budget_seconds) + 120.0
+
+
+@dataclass
+class AutotuneOutcome:
+    run_dir: Path
+    out: Path
+    jobs: list[Job]
+    entries: list[dict[str, Any]]
+    summary: dict[str, Any]
+    changed: bool  # the kernels section differs from the committed one
+    written: bool  # the config file was (re)written by this run
+    skipped: list[str] = field(default_factory=list)  # not started: the overall budget ran out
+
+    @property
+    def complete(self) -> bool:
+        return self.summary["ok"] == self.summary["jobs"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "out": str(self.out), "summary": self.summary,
+                "changed": self.changed, "written": self.written, "skipped": self.skipped,
+                "complete": self.complete}
+
+
+def visible_devices(workers: int | None = None) -> list[str]:
+    """One CUDA_VISIBLE_DEVICES value per GPU of the host (as this process sees them)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in env.split(",") if d.strip()][:count] if env else [str(i) for i in range(count)]
+    ids = ids or ["0"]
+    if workers is not None:
+        ids = [ids[i % len(ids)] for i in range(workers)] if workers > len(ids) else ids[:workers]
+    return ids
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._@=-]+", "_", name)
+
+
+class Run:
+    """One run directory: plan, base, journal; the rebuild of the config file from them."""
+
+    def __init__(self, opts: AutotuneOptions, progress: Progress):
+        self.opts = opts
+        self.progress = progress
+        self.jobs = tuneplan.plan_jobs(opts.kernels, opts.shapes)
+        self.order = {j.id: j.index for j in self.jobs}
+        self.plan = {"jobs": [j.id for j in self.jobs], "effort": opts.effort, "seed": opts.seed,
+                     "budget_seconds": opts.budget_seconds, "fingerprint_digest": opts.fingerprint_digest,
+                     "gpu_slug": opts.gpu_slug, "out": str(Path(opts.out).resolve()), "tuner": opts.tuner,
+                     "criteria": opts.criteria.to_dict(), "rounds": opts.rounds}
+        self.id = tuneplan.run_id(self.plan)
+        self.dir = Path(opts.state_dir) / "autotune" / f"{_safe(opts.gpu_slug)}-{self.id}"
+        self.journal = self.dir / "journal.jsonl"
+        self.lock = threading.Lock()
+        if opts.fresh and self.dir.exists():
+            aside = self.dir.with_name(self.dir.name + time.strftime("-old-%Y%m%dT%H%M%S"))
+            self.dir.rename(aside)
+            progress(f"--fresh: previous run moved to {aside}")
+        (self.dir / "jobs").mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        if not (self.dir / "plan.json").exists():
+            atomic_write_text(self.dir / "plan.json", json.dumps(self.plan, indent=1, sort_keys=True) + "\n")
+        base_path = self.dir / "base.yaml"
+        if not base_path.exists():
+            out = Path(opts.out)
+            current = config_store.load(out) if out.exists() else config_store.ConfigFile()
+            config_store.save(base_path, current)
+        self.base_path = base_path
+        self.base = config_store.load(base_path)
+
+    def entries(self) -> list[dict[str, Any]]:
+        return tuneplan.parse_journal(self.journal.read_text()) if self.journal.exists() else []
+
+    def append(self, entry: dict[str, Any]) -> None:
+        line = json.dumps(entry, sort_keys=True, default=str, allow_nan=False)
+        fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            # A torn line from a killed append is skipped by the parser; start on a fresh line anyway.
+            size = os.fstat(fd).st_size
+            prefix = ""
+            if size:
+                with open(self.journal, "rb") as handle:
+                    handle.seek(size - 1)
+                    prefix = "" if handle.read(1) == b"\n" else "\n"
+            os.write(fd, (prefix + line + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def rebuild(self, entries: list[dict[str, Any]]) -> tuple[config_store.ConfigFile, bool]:
+        """The config file for the journal so far; and whether its kernels differ from the base."""
+        winners = tuneplan.accepted(entries, self.order)
+        kernels = tuneplan.merge(self.base.kernels, winners)
+        summary = tuneplan.summary(self.jobs, entries)
+        complete = summary["ok"] == summary["jobs"]
+        # The configs carry the environment they were tuned (or re-validated) under: the new one once
+        # every job finished, or when the file had none; else the old one stays, so drift stays visible.
+        fingerprint = self.opts.fingerprint if (complete or not self.base.fingerprint) else self.base.fingerprint
+        spent = sum(float(e.get("seconds") or 0) for e in entries)
+        tuned = {"date": datetime.date.today().isoformat(), "effort": self.opts.effort, "seed": self.opts.seed,
+                 "budget_s": self.opts.budget_seconds, "tool": "mamba2-guard autotune", "run": self.id,
+                 "seconds_spent": round(spent, 1), "jobs_ok": summary["ok"], "jobs_failed": summary["failed"],
+                 "jobs": summary["jobs"]}
+        cf = config_store.ConfigFile(fingerprint=dict(fingerprint), tuned=tuned, kernels=kernels)
+        return cf, kernels != tuneplan.merge(self.base.kernels, ())
+
+    def save(self) -> bool:
+        with self.lock:
+            cf, changed = self.rebuild(self.entries())
+            config_store.save(Path(self.opts.out), cf)
+            return changed
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _signal_name(rc: int) -> str:
+    if rc < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-rc).name}"
+    return f"exit code {rc}"
+
+
+def run_job(run: Run, job: Job, device: str, worker: int, timeout: float,
+            children: set[subprocess.Popen]) -> dict[str, Any]:
+    """One job in a child process; returns its journal entry (decisions included)."""
+    opts = run.opts
+    name = _safe(job.id)
+    spec_path, result_path = run.dir / "jobs" / f"{name}.spec.json", run.dir / "jobs" / f"{name}.result.json"
+    log_path = run.dir / "logs" / f"{name}.log"
+    result_path.unlink(missing_ok=True)
+    spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
+            "budget_seconds": opts.budget_seconds, "rounds": opts.rounds, "base_configs": str(run.base_path),
+            "result": str(result_path), "gpu_slug": opts.gpu_slug, "device": device, "worker": worker,
+            "parent_pid": os.getpid(), "extra": opts.extra}
+    atomic_write_text(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=device, HELION_AUTOTUNE_LOG=str(run.dir / "logs" / name),
+               PYTHONUNBUFFERED="1")
+    entry: dict[str, Any] = {"job": job.id, "kernel": job.kernel, "shape": job.shape, "index": job.index,
+                             "worker": worker, "device": device, "log": str(log_path)}
+    t0 = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "guard.autotune_worker", str(spec_path)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(PROJECT_ROOT),
+                                start_new_session=True)
+        children.add(proc)
+        try:
+            rc = proc.wait(timeout=max(1.0, timeout))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc = None
+        finally:
+            children.discard(proc)
+    entry["seconds"] = round(time.monotonic() - t0, 3)
+    if rc is None:
+        return {**entry, "status": tuneplan.FAILED, "reason": "timeout",
+                "detail": f"hard timeout after {timeout:.0f}s; killed (log {log_path})"}
+    if rc != 0 or not result_path.exists():
+        tail = _tail(log_path)
+        return {**entry, "status": tuneplan.FAILED, "reason": "crash",
+                "detail": f"worker {_signal_name(rc)}" + (f": {tail}" if tail else "") + f" (log {log_path})"}
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return {**entry, "status": tuneplan.FAILED, "reason": "crash", "detail": f"unreadable result: {exc}"}
+    launches = []
+    for launch in result.get("launches") or ():
+        decision = tuneplan.decide(launch, opts.criteria)
+        launches.append({**launch, "decision": decision.to_dict()})
+    return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds")}
+
+
+def _tail(path: Path, lines: int = 1) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])[-300:]
+
+
+def describe(entry: dict[str, Any]) -> str:
+    if entry["status"] != tuneplan.OK:
+        return f"{entry['job']}: FAILED ({entry.get('reason')}) {entry.get('detail', '')}"
+    parts = []
+    for launch in entry.get("launches") or ():
+        d = launch.get("decision") or {}
+        parts.append(f"{launch.get('kernel')}[{launch.get('key')}] {'kept' if d.get('keep') else 'kept old'}: "
+                     f"{d.get('reason')}")
+    return f"{entry['job']}: " + ("; ".join(parts) if parts else "no Helion launches")
+
+
+def run_autotune(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, Any]], None] | None = None,
+                 on_start: Callable[[int, int], None] | None = None) -> AutotuneOutcome:
+    run = Run(opts, progress)
+    entries = run.entries()
+    todo = tuneplan.pending(run.jobs, entries, opts.max_attempts)
+    done = len(run.jobs) - len(todo)
+    progress(f"autotune run {run.id}: {len(run.jobs)} jobs, {done} already finished ({run.dir}); "
+             f"{len(opts.devices)} worker(s) on CUDA_VISIBLE_DEVICES {', '.join(opts.devices)}")
+    if on_start:
+        on_start(len(run.jobs), done)
+    shards = tuneplan.assign(todo, len(opts.devices))
+    deadline = time.monotonic() + opts.total_budget_seconds if opts.total_budget_seconds else None
+    skipped: list[str] = []
+    children: set[subprocess.Popen] = set()
+    if entries:
+        run.save()  # a resumed run: bring the file in step with the journal first
+
+    def worker(index: int, jobs: list[Job]) -> None:
+        for job in jobs:
+            timeout = opts.job_timeout
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    skipped.append(job.id)
+                    continue
+                timeout = min(timeout, left)
+            entry = run_job(run, job, opts.devices[index], index, timeout, children)
+            run.append(entry)
+            run.save()
+            progress(describe(entry))
+            if on_job:
+                on_job(entry)
+
+    threads = [threading.Thread(target=worker, args=(i, shard), name=f"autotune-worker-{i}", daemon=True)
+               for i, shard in enumerate(shards) if shard]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    except BaseException:
+        for proc in list(children):
+            _kill_group(proc, grace=1.0)
+        raise
+    entries = run.entries()
+    changed = run.save() if entries else False
+    summary = tuneplan.summary(run.jobs, entries)
+    skipped = sorted(skipped, key=lambda j: run.order[j])
+    if skipped:
+        progress(f"overall budget spent: {len(skipped)} job(s) not started ({', '.join(skipped)}); "
+                 "rerun the same command to resume")
+    outcome = AutotuneOutcome(run.dir, Path(opts.out), run.jobs, entries, summary, bool(changed), bool(entries),
+                              skipped)
+    atomic_write_text(run.dir / "summary.json", json.dumps(outcome.to_dict(), indent=1, sort_keys=True) + "\n")
+    return outcome
+
+
+@contextlib.contextmanager
+def rich_bar(enabled: bool):
+    """(on_start, on_job, log) callbacks driving a rich progress bar on stderr (log prints above the bar);
+    (None, None, None) when disabled."""
+    if not enabled:
+        yield None, None, None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("autotune"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=Console(stderr=True), transient=False)
+    task = bar.add_task("", total=1)
+
+    def on_start(total: int, done: int) -> None:
+        bar.update(task, total=total, completed=done)
+
+    def on_job(entry: dict[str, Any]) -> None:
+        bar.update(task, advance=1, description=f"{entry['job']} {entry['status']}")
+
+    with bar:
+        yield on_start, on_job, bar.console.print
+
+
+def rebaseline(kernels: Sequence[str], shapes: Sequence[str], state_dir: Path, progress: Progress,
+               seed: int = 0, rounds: int = 30, path: Path | None = None) -> dict[str, Any]:
+    """Bench the tuned kernels x shapes (GPU) and write them into ``baselines/<slug>.yaml``."""
+    from guard import baselines, fingerprint
+    from guard.bench.run import run_bench
+    from kernels import registry, suites
+
+    fp = fingerprint.collect()
+    loaded = suites.load()
+    entries = [registry.get(k) for k in kernels]
+    shape_specs = [loaded.shape(s) for s in shapes]
+    result = run_bench(entries, shape_specs, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
+                       state_dir=state_dir, suite=None, seed=seed, rounds=rounds, progress=progress)
+    path = path or baselines.path_for(fingerprint.gpu_slug(fp))
+    left_out = baselines.update(path, result)
+    bad = [f"{c.kernel}/{c.shape}" for c in result.cases if c.error or (c.precision and c.precision.ok is False)]
+    return {"baseline": str(path), "left_out": left_out, "failed": bad}

@@ -1,0 +1,198 @@
+"""One autotune job in a child process: ``python -m guard.autotune_worker SPEC.json``.
+
+The orchestrator (``guard.autotune``) starts this in its own session with ``CUDA_VISIBLE_DEVICES`` set to
+one GPU and a hard timeout; a crash or a hang here costs this job only. The spec names the tuner
+(``module:function`` or ``/path/file.py:function``; tests pass a fake one), the job and the settings; the
+tuner returns ``{"launches": [...]}`` (see ``guard.core.tuneplan.decide`` for a launch's fields), which
+is written atomically to ``spec["result"]``. If the orchestrator dies (kill -9), a watch thread kills
+this process group, Helion's own benchmark workers included.
+
+``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public
+function, and for each distinct (kernel, shape key) runs Helion's autotuner (effort, recorded random
+seed, the job's budget split over its launches, warm-started from the committed config where the
+installed helion still accepts it), then measures what the keep-or-reject decision needs: the public
+function's precision with the winner (against mamba-ssm and fp64, the bench's criterion) and the winner
+against the incumbent, interleaved (``guard.bench.timing.Timer``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def load_tuner(ref: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    target, sep, attr = ref.rpartition(":")
+    if not sep or not target or not attr:
+        raise ValueError(f"tuner: expected 'module:function' or '/path/file.py:function', got {ref!r}")
+    if target.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"_mamba2_guard_tuner_{abs(hash(target))}", target)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"tuner: cannot load {target}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    return getattr(module, attr)
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit with the whole process group when the orchestrator is gone (re-parented)."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(0.2)
+            if os.getppid() != parent:
+                with contextlib.suppress(OSError):
+                    os.killpg(os.getpgid(0), signal.SIGKILL)
+                os._exit(3)
+
+    threading.Thread(target=loop, name="parent-watch", daemon=True).start()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m guard.autotune_worker SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    if spec.get("parent_pid"):
+        _watch_parent(int(spec["parent_pid"]))
+    started = time.monotonic()
+    tuner = load_tuner(spec["tuner"])
+    result = tuner(spec)
+    result = dict(result or {})
+    result.setdefault("launches", [])
+    result["seconds"] = round(time.monotonic() - started, 3)
+    _write_atomic(Path(spec["result"]), json.dumps(result, sort_keys=True, default=str, allow_nan=False) + "\n")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The real tuner (GPU)
+
+
+@contextlib.contextmanager
+def pinned(tk, key, config: dict[str, Any]):
+    """Make ``tk`` use ``config`` for shape key ``key`` (and the normal lookup elsewhere) inside the block."""
+    from kernels import config_store
+
+    original = type(tk).lookup
+
+    def lookup(*args: Any):
+        if tk.shape_key(*args) == key:
+            return config_store.Lookup(dict(config), "exact", str(key))
+        return original(tk, *args)
+
+    tk._dispatch.clear()
+    tk.lookup = lookup
+    try:
+        yield
+    finally:
+        del tk.lookup
+        tk._dispatch.clear()
+
+
+def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
+    import helion
+    import torch
+
+    from guard.bench.run import _precision
+    from guard.bench.timing import Timer
+    from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
+    from kernels import config_store, registry, suites
+    from kernels._runtime import capture_launches, validate_config
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("helion_tuner needs a CUDA GPU")
+    device = torch.device("cuda")
+    job = spec["job"]
+    entry = registry.get(job["kernel"])
+    shape = suites.load().shape(job["shape"])
+    seed, effort, rounds = int(spec["seed"]), spec["effort"], int(spec.get("rounds", 30))
+    deadline = time.monotonic() + float(spec["budget_seconds"])
+    base_path = spec.get("base_configs")
+    base = config_store.load(Path(base_path)) if base_path and Path(base_path).exists() else config_store.ConfigFile()
+
+    inputs = entry.inputs(shape, seed, device)
+    with capture_launches() as captured:
+        entry.run_helion(inputs)
+    launches, seen = [], set()
+    for tk, kargs in captured:
+        key = tk.shape_key(*kargs)
+        if (tk.name, str(key)) not in seen:
+            seen.add((tk.name, str(key)))
+            launches.append((tk, kargs, key))
+    timer = Timer(device)
+    out = []
+    for i, (tk, kargs, key) in enumerate(launches):
+        record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name}
+        found = config_store.find(base, tk.name, key)
+        incumbent_kind, incumbent = DEFAULT, None
+        if found.config is not None:
+            why = validate_config(tk, kargs, found.config)
+            if why is None:
+                incumbent_kind = COMMITTED if found.source == "exact" else NEAREST
+                incumbent = dict(found.config)
+            else:
+                record["committed_invalid"] = why
+        default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
+        record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
+        budget = max(10, int((deadline - time.monotonic()) / (len(launches) - i)))
+        settings: dict[str, Any] = {"autotune_effort": effort, "autotune_random_seed": seed,
+                                    "autotune_budget_seconds": budget}
+        if incumbent is not None:
+            settings["autotune_seed_configs"] = [helion.Config(**incumbent)]
+        record["settings"] = {k: v for k, v in settings.items() if k != "autotune_seed_configs"}
+        record["warm_start"] = incumbent is not None
+        t0 = time.monotonic()
+        try:
+            tuner = tk.helion_kernel(None, "compiled", **settings)
+            best = dict(tuner.autotune(kargs, force=True))
+        except Exception as exc:  # one launch failing must not lose the others
+            record.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:])
+            out.append(record)
+            continue
+        record.update(config=best, tune_seconds=round(time.monotonic() - t0, 1))
+        try:
+            with pinned(tk, key, best):
+                precision = _precision(entry, inputs, entry.run_helion(inputs))
+            record["precision"] = {"ok": precision.ok,
+                                   "detail": "" if precision.ok else json.dumps(precision.to_dict(), default=str)[:500],
+                                   "max_rel_err_vs_fp64": precision.max_rel_err_vs_fp64,
+                                   "max_abs_diff_vs_mamba_ssm": precision.max_abs_diff_vs_mamba_ssm}
+            old = tk.helion_kernel(incumbent or default, "compiled")
+            new = tk.helion_kernel(best, "compiled")
+            samples = timer.interleaved({"incumbent": lambda old=old, a=kargs: old(*a),
+                                         "candidate": lambda new=new, a=kargs: new(*a)}, rounds=rounds, warmup=3)
+            record["samples_ms"] = samples
+        except Exception as exc:
+            record.update(error=f"validation: {type(exc).__name__}: {exc}",
+                          traceback=traceback.format_exc()[-3000:])
+        out.append(record)
+        torch.cuda.empty_cache()
+    return {"launches": out}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,286 @@
+"""The autotune run as data: the job list, its sharding over workers, resume from the journal, the
+keep-or-reject decision for a winner, and the deterministic merge of results into the configs.
+
+Pure: names, plain dicts and sample lists in, plain values out. No GPU, process, file or clock; the I/O
+lives in ``guard.autotune`` (orchestrator) and ``guard.autotune_worker`` (one job in a child process).
+
+Vocabulary
+----------
+*job*      one registry kernel x one suite shape (``<kernel>@<shape>``), run in one child process. Inside,
+           the public function is run once while its Helion launches are recorded; every distinct
+           (Helion kernel, shape key) among them is one *launch* to tune.
+*winner*   the autotuner's best config for one launch.
+*incumbent* what the run-time lookup would use for that launch before this run: the committed config
+           (``committed``: exact key, or ``nearest`` key) when the installed helion accepts it, else
+           Helion's default config (``default``).
+*journal*  one JSON line per finished job attempt (``journal.jsonl`` in the run directory): the
+           source of truth for resume and for the config file, which is rebuilt from it after every job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from guard.core import stats
+
+OK = "ok"
+FAILED = "failed"
+STATUSES = (OK, FAILED)
+COMMITTED, NEAREST, DEFAULT = "committed", "nearest", "default"
+INCUMBENTS = (COMMITTED, NEAREST, DEFAULT)
+
+
+# ----------------------------------------------------------------------------------------------
+# Jobs and sharding
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int  # position in the plan: the order of merging, whatever order jobs finish in
+    kernel: str  # registry entry name
+    shape: str  # suite shape name
+
+    @property
+    def id(self) -> str:
+        return f"{self.kernel}@{self.shape}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "kernel": self.kernel, "shape": self.shape, "id": self.id}
+
+
+def plan_jobs(kernels: Sequence[str], shapes: Sequence[str]) -> list[Job]:
+    """Shape-major (as ``bench``), each in the given order; duplicates dropped, first kept."""
+    kernels = list(dict.fromkeys(kernels))
+    shapes = list(dict.fromkeys(shapes))
+    return [Job(i, k, s) for i, (s, k) in enumerate((s, k) for s in shapes for k in kernels)]
+
+
+def assign(jobs: Sequence[Job], workers: int) -> list[list[Job]]:
+    """Static round-robin by plan index: job i goes to worker ``i % workers``. Deterministic (no
+    dependence on timing), and neighbours in the plan (the same shape) are spread over the GPUs."""
+    if workers < 1:
+        raise ValueError(f"workers: expected >= 1, got {workers}")
+    shards: list[list[Job]] = [[] for _ in range(workers)]
+    for job in sorted(jobs, key=lambda j: j.index):
+        shards[job.index % workers].append(job)
+    return shards
+
+
+def run_id(plan: Mapping[str, Any]) -> str:
+    """A short stable id of what a run is (jobs, effort, seed, environment digest, target): a rerun with
+    the same plan resumes the same journal; any change starts a new one."""
+    return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------------------------
+# Journal and resume
+
+
+def parse_journal(text: str) -> list[dict[str, Any]]:
+    """Entries of a journal; a torn last line (a kill during the append) and blank lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("job"), str) and entry.get("status") in STATUSES:
+            out.append(entry)
+    return out
+
+
+def latest_by_job(entries: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The last attempt of each job; an ``ok`` attempt is never replaced by a later failed one."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for entry in entries:
+        previous = out.get(entry["job"])
+        if previous is not None and previous.get("status") == OK and entry.get("status") != OK:
+            continue
+        out[entry["job"]] = entry
+    return out
+
+
+def attempts(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry["job"]] = counts.get(entry["job"], 0) + 1
+    return counts
+
+
+def pending(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]], max_attempts: int = 2) -> list[Job]:
+    """Jobs still to run: those without an ``ok`` attempt and with fewer than ``max_attempts`` failed
+    ones. A finished job is never redone; a failed one is retried by a later run until the limit."""
+    done = latest_by_job(entries)
+    tries = attempts(entries)
+    out = []
+    for job in jobs:
+        last = done.get(job.id)
+        if last is not None and last.get("status") == OK:
+            continue
+        if tries.get(job.id, 0) >= max_attempts:
+            continue
+        out.append(job)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Keep or reject one winner
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """When a winner replaces the incumbent.
+
+    * ``margin = 0.02``: against a committed config the winner must be at least 2 % faster by the
+      median of interleaved samples; below that, churn in the config files is not worth a PR (and
+      autotuner winners within 2 % are often the same config measured twice).
+    * ``alpha = 0.01``: and the speed-up must be significant (two-sided Mann-Whitney on the paired
+      interleaved samples, as the nightly's verdicts) with the whole one-sided ``confidence`` bound of
+      the shift on the faster side: a noisy "win" is rejected, so a slower config is never shipped.
+    * ``min_samples = 10``: fewer samples cannot reach such a p; the winner is then rejected.
+    * against Helion's default config (no valid committed config) the winner only has to be no slower
+      (median not above the default's): the run-time would otherwise use that default.
+    """
+
+    margin: float = 0.02
+    alpha: float = 0.01
+    confidence: float = 0.95
+    min_samples: int = 10
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.margin < 1):
+            raise ValueError(f"autotune.margin: expected 0 <= margin < 1, got {self.margin!r}")
+        if not (0 < self.alpha < 1):
+            raise ValueError(f"autotune.alpha: expected 0 < alpha < 1, got {self.alpha!r}")
+        if not (0.5 <= self.confidence < 1):
+            raise ValueError(f"autotune.confidence: expected 0.5 <= confidence < 1, got {self.confidence!r}")
+        if self.min_samples < 2:
+            raise ValueError(f"autotune.min_samples: expected >= 2, got {self.min_samples!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"margin": self.margin, "alpha": self.alpha, "confidence": self.confidence,
+                "min_samples": self.min_samples}
+
+
+@dataclass(frozen=True)
+class Decision:
+    keep: bool
+    reason: str
+    effect: float | None = None  # median(candidate) / median(incumbent) - 1; negative = faster
+    p_value: float | None = None
+    upper: float | None = None  # upper confidence bound of that relative shift
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"keep": self.keep, "reason": self.reason, "effect": _finite(self.effect),
+                "p_value": _finite(self.p_value), "upper": _finite(self.upper)}
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
+
+
+def decide(launch: Mapping[str, Any], criteria: Criteria = Criteria()) -> Decision:
+    """Keep the launch's winner or keep the incumbent. ``launch`` is what the worker reports:
+    ``config`` (the winner or None), ``error``, ``incumbent`` (kind), ``incumbent_config``,
+    ``precision`` ({ok, detail}) of the public function run with the winner, and
+    ``samples_ms`` {incumbent: [...], candidate: [...]} measured interleaved."""
+    if launch.get("error"):
+        return Decision(False, f"tuning failed: {launch['error']}")
+    config = launch.get("config")
+    if not isinstance(config, Mapping) or not config:
+        return Decision(False, "no winner")
+    incumbent = launch.get("incumbent") or DEFAULT
+    if incumbent not in INCUMBENTS:
+        return Decision(False, f"unknown incumbent kind {incumbent!r}")
+    if incumbent == COMMITTED and dict(config) == dict(launch.get("incumbent_config") or {}):
+        return Decision(False, "the winner is the committed config")
+    precision = launch.get("precision") or {}
+    if precision.get("ok") is not True:
+        why = precision.get("detail") or "not checked"
+        return Decision(False, f"precision: {why}")
+    samples = launch.get("samples_ms") or {}
+    c = stats.compare(samples.get("incumbent"), samples.get("candidate"), min_samples=criteria.min_samples,
+                      confidence=criteria.confidence)
+    if c.effect is None:
+        return Decision(False, "no timing samples")
+    base = {"effect": c.effect, "p_value": c.p_value, "upper": c.upper}
+    if incumbent == DEFAULT:
+        if c.effect <= 0:
+            return Decision(True, f"no slower than Helion's default config ({c.effect:+.1%})", **base)
+        return Decision(False, f"slower than Helion's default config ({c.effect:+.1%})", **base)
+    if c.p_value is None:
+        return Decision(False, f"too few samples to show a speed-up ({c.n_baseline}/{c.n_current})", **base)
+    if c.effect > -criteria.margin:
+        return Decision(False, f"{c.effect:+.1%} vs the {incumbent} config: not faster by the "
+                               f"{criteria.margin:.0%} margin", **base)
+    if c.p_value >= criteria.alpha:
+        return Decision(False, f"{c.effect:+.1%} but not significant (p={c.p_value:.3g})", **base)
+    if c.upper is None or c.upper >= 0:
+        return Decision(False, f"{c.effect:+.1%} but the {criteria.confidence:.0%} bound reaches no change",
+                        **base)
+    return Decision(True, f"{c.effect:+.1%} vs the {incumbent} config (p={c.p_value:.2g})", **base)
+
+
+# ----------------------------------------------------------------------------------------------
+# Merge
+
+
+@dataclass(frozen=True)
+class Accepted:
+    kernel: str  # Helion kernel name (the config-store section)
+    key: str
+    config: Mapping[str, Any]
+    job: str
+
+
+def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> list[Accepted]:
+    """Kept winners of the jobs' last attempts, in plan order; a (kernel, key) tuned by several jobs
+    (two entries launching the same Helion kernel at the same key) goes to the first job in the plan,
+    so the result never depends on which worker finished first."""
+    latest = latest_by_job(entries)
+    out: dict[tuple[str, str], Accepted] = {}
+    for job_id in sorted(latest, key=lambda j: (order.get(j, math.inf), j)):
+        entry = latest[job_id]
+        if entry.get("status") != OK:
+            continue
+        for launch in entry.get("launches") or ():
+            decision = launch.get("decision") or {}
+            if not decision.get("keep"):
+                continue
+            slot = (str(launch["kernel"]), str(launch["key"]))
+            if slot not in out:
+                out[slot] = Accepted(slot[0], slot[1], dict(launch["config"]), job_id)
+    return list(out.values())
+
+
+def merge(base: Mapping[str, Mapping[str, Mapping[str, Any]]] | None,
+          winners: Iterable[Accepted]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The ``kernels`` section: the committed one with the accepted winners written over it."""
+    out = {k: {key: dict(cfg) for key, cfg in v.items()} for k, v in (base or {}).items()}
+    for w in winners:
+        out.setdefault(w.kernel, {})[w.key] = dict(w.config)
+    return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
+
+
+def summary(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Counts for the report: jobs ok / failed / not run, winners kept / rejected."""
+    latest = latest_by_job(entries)
+    ok = [j for j in jobs if (latest.get(j.id) or {}).get("status") == OK]
+    failed = [j for j in jobs if (latest.get(j.id) or {}).get("status") == FAILED]
+    kept = rejected = 0
+    for j in ok:
+        for launch in latest[j.id].get("launches") or ():
+            if (launch.get("decision") or {}).get("keep"):
+                kept += 1
+            else:
+                rejected += 1
+    return {"jobs": len(jobs), "ok": len(ok), "failed": len(failed), "not_run": len(jobs) - len(ok) - len(failed),
+            "kept": kept, "rejected": rejected, "failed_jobs": [j.id for j in failed]}

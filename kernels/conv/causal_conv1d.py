@@ -1,0 +1,191 @@
+"""Causal depthwise conv1d in Helion, forward and backward, with ``causal_conv1d.causal_conv1d_fn``'s
+semantics (the references are in ``kernels/conv/naive.py``):
+
+    out[b, d, t] = act(bias[d] + sum_k weight[d, k] * x[b, d, t - (width - 1 - k)])
+
+x (batch, dim, seqlen) with unit stride along seqlen, weight (dim, width) with width 2..4, optional bias
+(dim,), optional seq_idx (batch, seqlen) int: a tap never reads across a change of sequence index.
+activation None or "silu"/"swish". The causal left padding is done by masked loads inside the kernels.
+
+Backward: each program owns one (batch, dim tile, time tile) block. It recomputes the pre-activation at
+t + s for s = 0..width-1 from shifted loads (cache hits), forms g = dout * act'(pre) there, and writes
+dx[t] = sum_s weight[width-1-s] * g[t+s]. dweight/dbias are fp32 partial sums per (batch, time tile),
+summed afterwards on the host side: deterministic, no atomics. The time tile is a tuned block size.
+"""
+
+from __future__ import annotations
+
+import helion
+import helion.language as hl
+import torch
+
+from kernels._runtime import tuned_kernel
+from kernels.config_store import ShapeKey, tokens_bucket
+
+__all__ = ["causal_conv1d_fwd", "causal_conv1d_bwd", "causal_conv1d_fn", "causal_conv1d_fwd_kernel",
+           "causal_conv1d_bwd_kernel"]
+
+ACTIVATIONS = (None, "silu", "swish")
+
+
+def _key(x, weight, bias, seq_idx, silu) -> ShapeKey:
+    # Every argument that changes the generated code is in the key, so one key never mixes variants.
+    return ShapeKey.of(dtype=str(x.dtype).removeprefix("torch."), width=int(weight.shape[1]),
+                       bias=int(bias is not None), silu=int(bool(silu)), seq_idx=int(seq_idx is not None),
+                       tokens=tokens_bucket(x.shape[0] * x.shape[2]))
+
+
+def _fwd_key(x, weight, bias, seq_idx, silu) -> ShapeKey:
+    return _key(x, weight, bias, seq_idx, silu)
+
+
+def _bwd_key(x, weight, bias, dout, seq_idx, silu) -> ShapeKey:
+    return _key(x, weight, bias, seq_idx, silu)
+
+
+@tuned_kernel(name="causal_conv1d_fwd", shape_key=_fwd_key)
+def causal_conv1d_fwd_kernel(
+    x: torch.Tensor,  # (batch, dim, seqlen)
+    weight: torch.Tensor,  # (dim, width)
+    bias: torch.Tensor | None,  # (dim,)
+    seq_idx: torch.Tensor | None,  # (batch, seqlen) int32
+    silu: hl.constexpr,
+) -> torch.Tensor:
+    B, D, L = x.size()
+    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32  # compute dtype
+    W = hl.specialize(weight.size(1))
+    out = torch.empty_like(x)
+    for tile_b, tile_d, tile_t in hl.tile([B, D, L]):
+        acc = hl.zeros([tile_b, tile_d, tile_t], dtype=cdt)
+        if bias is not None:
+            acc = acc + bias[tile_d].to(cdt)[None, :, None]
+        if seq_idx is not None:
+            seq_here = seq_idx[tile_b, tile_t]
+        for k in hl.static_range(W):
+            src = tile_t.index - (W - 1 - k)
+            xs = hl.load(x, [tile_b, tile_d, src], extra_mask=(src >= 0)[None, None, :]).to(cdt)
+            if seq_idx is not None:
+                seq_src = hl.load(seq_idx, [tile_b, src], extra_mask=(src >= 0)[None, :])
+                xs = torch.where((seq_src == seq_here)[:, None, :], xs, 0.0)
+            acc = acc + weight[tile_d, k].to(cdt)[None, :, None] * xs
+        if silu:
+            acc = acc * torch.sigmoid(acc)
+        out[tile_b, tile_d, tile_t] = acc.to(out.dtype)
+    return out
+
+
+@tuned_kernel(name="causal_conv1d_bwd", shape_key=_bwd_key)
+def causal_conv1d_bwd_kernel(
+    x: torch.Tensor,  # (batch, dim, seqlen)
+    weight: torch.Tensor,  # (dim, width)
+    bias: torch.Tensor | None,  # (dim,)
+    dout: torch.Tensor,  # (batch, dim, seqlen)
+    seq_idx: torch.Tensor | None,  # (batch, seqlen) int32
+    silu: hl.constexpr,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, D, L = x.size()
+    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32  # compute dtype
+    W = hl.specialize(weight.size(1))
+    t_block = hl.register_block_size(L)
+    nt = helion.cdiv(L, t_block)
+    dx = torch.empty_like(x)
+    dw_part = torch.empty([B, nt, D, W], dtype=cdt, device=x.device)
+    db_part = torch.empty([B, nt, D], dtype=cdt, device=x.device)
+    for tile_b, tile_d, tile_t in hl.tile([B, D, L], block_size=[1, None, t_block]):
+        if seq_idx is not None:
+            seq_here = seq_idx[tile_b, tile_t]
+        acc_dx = hl.zeros([tile_b, tile_d, tile_t], dtype=cdt)
+        for s in hl.static_range(W):
+            # g at position t + s (zero past the end), and its contribution to dx[t]
+            pos = tile_t.index + s
+            inside = pos < L
+            g = hl.load(dout, [tile_b, tile_d, pos], extra_mask=inside[None, None, :]).to(cdt)
+            if seq_idx is not None:
+                seq_pos = hl.load(seq_idx, [tile_b, pos], extra_mask=inside[None, :])
+            if silu:
+                pre = hl.zeros([tile_b, tile_d, tile_t], dtype=cdt)
+                if bias is not None:
+                    pre = pre + bias[tile_d].to(cdt)[None, :, None]
+                for k in hl.static_range(W):
+                    src = pos - (W - 1 - k)
+                    ok = (src >= 0) & (src < L)
+                    xs = hl.load(x, [tile_b, tile_d, src], extra_mask=ok[None, None, :]).to(cdt)
+                    if seq_idx is not None:
+                        seq_src = hl.load(seq_idx, [tile_b, src], extra_mask=ok[None, :])
+                        xs = torch.where((seq_src == seq_pos)[:, None, :], xs, 0.0)
+                    pre = pre + weight[tile_d, k].to(cdt)[None, :, None] * xs
+                sig = torch.sigmoid(pre)
+                g = g * sig * (1.0 + pre * (1.0 - sig))
+            if seq_idx is not None:
+                g = torch.where((seq_pos == seq_here)[:, None, :], g, 0.0)
+            acc_dx = acc_dx + weight[tile_d, W - 1 - s].to(cdt)[None, :, None] * g
+            if s == 0:
+                db_part[tile_b, tile_t.id, tile_d] = torch.sum(g, dim=2)
+                for k in hl.static_range(W):
+                    src = tile_t.index - (W - 1 - k)
+                    xs = hl.load(x, [tile_b, tile_d, src], extra_mask=(src >= 0)[None, None, :]).to(cdt)
+                    if seq_idx is not None:
+                        seq_src = hl.load(seq_idx, [tile_b, src], extra_mask=(src >= 0)[None, :])
+                        xs = torch.where((seq_src == seq_here)[:, None, :], xs, 0.0)
+                    dw_part[tile_b, tile_t.id, tile_d, k] = torch.sum(g * xs, dim=2)
+        dx[tile_b, tile_d, tile_t] = acc_dx.to(dx.dtype)
+    # The partial sums' shape depends on the config; their sum does not (autotuner accuracy checks).
+    return dx, dw_part.sum(0).sum(0), db_part.sum(0).sum(0)
+
+
+def _prepare(x, weight, bias, seq_idx, activation):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected None, 'silu' or 'swish', got {activation!r}")
+    if x.dim() != 3:
+        raise ValueError(f"x: expected (batch, dim, seqlen), got shape {tuple(x.shape)}")
+    batch, dim, seqlen = x.shape
+    if weight.dim() != 2 or weight.shape[0] != dim or not 2 <= weight.shape[1] <= 4:
+        raise ValueError(f"weight: expected (dim={dim}, width in 2..4), got shape {tuple(weight.shape)}")
+    if bias is not None and bias.shape != (dim,):
+        raise ValueError(f"bias: expected shape ({dim},), got {tuple(bias.shape)}")
+    if x.stride(2) != 1:
+        x = x.contiguous()
+    weight = weight.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    if seq_idx is not None:
+        if seq_idx.shape != (batch, seqlen):
+            raise ValueError(f"seq_idx: expected shape ({batch}, {seqlen}), got {tuple(seq_idx.shape)}")
+        seq_idx = seq_idx.to(torch.int32).contiguous()
+    return x, weight, bias, seq_idx, activation is not None
+
+
+def causal_conv1d_fwd(x, weight, bias=None, seq_idx=None, activation=None):
+    x, weight, bias, seq_idx, silu = _prepare(x, weight, bias, seq_idx, activation)
+    return causal_conv1d_fwd_kernel(x, weight, bias, seq_idx, silu)
+
+
+def causal_conv1d_bwd(x, weight, bias, dout, seq_idx=None, activation=None):
+    """(dx, dweight, dbias); dbias is None when bias is None."""
+    x, weight, bias, seq_idx, silu = _prepare(x, weight, bias, seq_idx, activation)
+    if dout.shape != x.shape:
+        raise ValueError(f"dout: expected shape {tuple(x.shape)}, got {tuple(dout.shape)}")
+    if dout.stride(2) != 1:
+        dout = dout.contiguous()
+    dx, dweight, dbias = causal_conv1d_bwd_kernel(x, weight, bias, dout, seq_idx, silu)
+    dweight = dweight.to(weight.dtype)
+    dbias = dbias.to(bias.dtype) if bias is not None else None
+    return dx, dweight, dbias
+
+
+class CausalConv1dFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias=None, seq_idx=None, activation=None):
+        ctx.save_for_backward(x, weight, bias, seq_idx)
+        ctx.activation = activation
+        return causal_conv1d_fwd(x, weight, bias, seq_idx, activation)
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, bias, seq_idx = ctx.saved_tensors
+        dx, dweight, dbias = causal_conv1d_bwd(x, weight, bias, dout, seq_idx, ctx.activation)
+        return dx, dweight, dbias, None, None
+
+
+def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, activation=None):
+    """Drop-in for ``causal_conv1d.causal_conv1d_fn`` (no initial/final states), differentiable."""
+    return CausalConv1dFn.apply(x, weight, bias, seq_idx, activation)

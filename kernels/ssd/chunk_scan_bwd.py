@@ -1,0 +1,427 @@
+"""Helion backward kernels of the chunk_scan stage: drop-ins for mamba-ssm's ``_chunk_scan_bwd_dz``,
+``_chunk_scan_bwd_dstates``, ``_chunk_scan_bwd_dC``, ``_chunk_scan_bwd_dcb`` and
+``_chunk_scan_bwd_ddAcs_stable`` (same arguments, outputs and dtypes as kernels/ssd/naive.py).
+
+Deterministic: no atomics. Where mamba-ssm accumulates across programs with atomic adds (dD, dC and
+dCB over head splits), each program writes a partial sum and the host adds them.
+Tunables: block sizes (mamba-ssm's autotune lists), warps, stages, indexing, and for dC / dCB the number
+of heads one program handles (``heads_per_program``: a divisor of nheads // ngroups; mamba-ssm derives
+it from the SM count).
+Shape keys: ``dtype`` (x's or dout's), ``headdim``, ``dstate``, ``chunk_size``, ``hpg`` (heads per
+group), flags for optional arguments, ``tokens`` = tokens_bucket(batch * seqlen).
+"""
+
+from __future__ import annotations
+
+import helion
+import helion.language as hl
+import torch
+from helion.autotuner import EnumFragment
+
+from kernels._runtime import tuned_kernel
+from kernels.config_store import ShapeKey
+from kernels.ssd._keys import dtype_name, seq_prev, tokens
+
+
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def _pow2_chunk(name: str, chunk_size: int) -> None:
+    if chunk_size & (chunk_size - 1):
+        raise NotImplementedError(f"{name}: chunk_size {chunk_size} is not a power of two")
+
+
+# ---------------------------------------------------------------------------------------------------
+# dz: backward of the silu(z) gate
+
+
+def _dz_key(x, z, out, dout, D, outz, chunk_size, has_ddAcs, recompute_output, d_kind) -> ShapeKey:
+    batch, seqlen, nheads, headdim = x.shape
+    return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, chunk_size=chunk_size,
+                       D=("none", "h", "hp")[d_kind], ddA=int(bool(has_ddAcs)),
+                       outz=int(bool(recompute_output)), tokens=tokens(batch, seqlen))
+
+
+@tuned_kernel(name="chunk_scan_bwd_dz", shape_key=_dz_key)
+def chunk_scan_bwd_dz_kernel(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    out: torch.Tensor,
+    dout: torch.Tensor,
+    D: torch.Tensor | None,
+    outz: torch.Tensor,
+    chunk_size: hl.constexpr,
+    has_ddAcs: hl.constexpr,
+    recompute_output: hl.constexpr,
+    d_kind: hl.constexpr,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, seqlen, nheads, headdim = x.shape
+    nchunks = (seqlen + chunk_size - 1) // chunk_size
+    dz = torch.empty_like(z)
+    dout_x = torch.empty_like(dout)
+    block_m = hl.register_block_size(chunk_size)
+    block_p = hl.register_block_size(headdim)
+    nblocks_m = (chunk_size + block_m - 1) // block_m
+    dD_part = torch.empty([batch, nchunks, nheads, nblocks_m, headdim], dtype=torch.float32, device=x.device)
+    ddA = torch.empty([batch, nheads, nchunks, chunk_size], dtype=torch.float32, device=x.device)
+    for tile_b, tile_c, tile_h, tile_m in hl.tile([batch, nchunks, nheads, chunk_size],
+                                                  block_size=[1, 1, 1, block_m]):
+        b = tile_b.begin
+        c = tile_c.begin
+        h = tile_h.begin
+        pos = c * chunk_size + tile_m.index
+        valid = pos < seqlen
+        acc_dA = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_p in hl.tile(headdim, block_size=block_p):
+            x_m = hl.load(x, [b, pos, h, tile_p], extra_mask=valid[:, None]).to(torch.float32)
+            z_m = hl.load(z, [b, pos, h, tile_p], extra_mask=valid[:, None]).to(torch.float32)
+            o_m = hl.load(out, [b, pos, h, tile_p], extra_mask=valid[:, None]).to(torch.float32)
+            do_m = hl.load(dout, [b, pos, h, tile_p], extra_mask=valid[:, None]).to(torch.float32)
+            sig = torch.sigmoid(z_m)
+            dz_m = do_m * o_m * sig * (1.0 + z_m * (1.0 - sig))
+            dox = do_m * z_m * sig
+            hl.store(dz, [b, pos, h, tile_p], dz_m.to(dz.dtype), extra_mask=valid[:, None])
+            hl.store(dout_x, [b, pos, h, tile_p], dox.to(dout_x.dtype), extra_mask=valid[:, None])
+            if recompute_output:
+                hl.store(outz, [b, pos, h, tile_p], (o_m * z_m * sig).to(outz.dtype), extra_mask=valid[:, None])
+            if D is not None:
+                dD_part[b, c, h, tile_m.id, tile_p] = torch.sum(dox * x_m, dim=0)
+                if has_ddAcs:
+                    if d_kind == 2:
+                        o_m = o_m - x_m * D[h, tile_p].to(torch.float32)[None, :]
+                    else:
+                        o_m = o_m - x_m * D[h].to(torch.float32)
+            if has_ddAcs:
+                acc_dA = acc_dA + torch.sum(dox * o_m, dim=1)
+        if has_ddAcs:
+            ddA[b, h, c, tile_m] = torch.where(valid, acc_dA, 0.0)
+    return dz, dout_x, dD_part, ddA
+
+
+def chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=True, D=None, dz=None, recompute_output=False):
+    """Same arguments and results as mamba-ssm's ``_chunk_scan_bwd_dz``: (dz, dout_x, dD[, ddA_cumsum]
+    [, outz]). ``out`` is the pre-gate output. A given ``dz`` buffer is filled and returned."""
+    batch, seqlen, nheads, headdim = x.shape
+    assert z.shape == out.shape == dout.shape == x.shape
+    d_kind = 0
+    if D is not None:
+        assert D.shape in ((nheads,), (nheads, headdim))
+        d_kind = 2 if D.dim() == 2 else 1
+    outz = torch.empty_like(x) if recompute_output else torch.empty(0, device=x.device, dtype=x.dtype)
+    dz_, dout_x, dD_part, ddA = chunk_scan_bwd_dz_kernel(x, z, out, dout, D, outz, int(chunk_size),
+                                                         bool(has_ddAcs), bool(recompute_output), d_kind)
+    if dz is not None:
+        dz_ = dz.copy_(dz_)
+    dD = None
+    if D is not None:
+        dD = dD_part.sum(dim=(0, 1, 3))
+        dD = (dD.sum(-1) if d_kind == 1 else dD).to(D.dtype)
+    vals = (dz_, dout_x, dD)
+    if has_ddAcs:
+        vals = (*vals, ddA)
+    if recompute_output:
+        vals = (*vals, outz)
+    return vals
+
+
+# ---------------------------------------------------------------------------------------------------
+# dstates: gradient of the states entering each chunk
+
+
+def _dstates_key(C, dA_cumsum, dout, seq_idx, prev_seq, dstates) -> ShapeKey:
+    batch, seqlen, nheads, headdim = dout.shape
+    return ShapeKey.of(dtype=dtype_name(dout.dtype), out=dtype_name(dstates.dtype), headdim=headdim,
+                       dstate=C.shape[3], chunk_size=dA_cumsum.shape[3], hpg=nheads // C.shape[2],
+                       seq=int(seq_idx is not None), tokens=tokens(batch, seqlen))
+
+
+@tuned_kernel(name="chunk_scan_bwd_dstates", shape_key=_dstates_key)
+def chunk_scan_bwd_dstates_kernel(
+    C: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    dout: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    prev_seq: torch.Tensor | None,
+    dstates: torch.Tensor,
+) -> None:
+    batch, seqlen, nheads, headdim = dout.shape
+    _, _, nchunks, chunk_size = dA_cumsum.shape
+    ngroups = C.shape[2]
+    dstate = C.shape[3]
+    chunk_size = hl.specialize(chunk_size)
+    ratio = nheads // ngroups
+    block_m = hl.register_block_size(headdim)
+    block_n = hl.register_block_size(dstate)
+    block_k = hl.register_block_size(chunk_size)
+    for tile_b, tile_c, tile_h, tile_m, tile_n in hl.tile(
+        [batch, nchunks, nheads, headdim, dstate], block_size=[1, 1, 1, block_m, block_n]
+    ):
+        b = tile_b.begin
+        c = tile_c.begin
+        h = tile_h.begin
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(chunk_size, block_size=block_k):
+            pos = c * chunk_size + tile_k.index
+            valid = pos < seqlen
+            scale = torch.exp(dA_cumsum[b, h, c, tile_k].to(torch.float32))
+            if seq_idx is not None:
+                s = hl.load(seq_idx, [b, pos], extra_mask=valid)
+                scale = torch.where(s == prev_seq[b, c], scale, 0.0)
+            do_k = hl.load(dout, [b, pos, h, tile_m], extra_mask=valid[:, None]).to(torch.float32)
+            do_k = (do_k * scale[:, None]).to(dout.dtype)
+            C_k = hl.load(C, [b, pos, h // ratio, tile_n], extra_mask=valid[:, None]).to(dout.dtype)
+            acc = hl.dot(do_k.T, C_k, acc=acc)
+        dstates[b, c, h, tile_m, tile_n] = acc.to(dstates.dtype)
+
+
+def chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=None, dtype=None):
+    """Same arguments and result as mamba-ssm's ``_chunk_scan_bwd_dstates``: (b, c, h, p, n) in
+    ``dtype`` (default C.dtype)."""
+    batch, seqlen, nheads, headdim = dout.shape
+    _, _, nchunks, chunk_size = dA_cumsum.shape
+    assert C.shape[:2] == (batch, seqlen) and nheads % C.shape[2] == 0
+    prev = None
+    if seq_idx is not None:
+        assert seq_idx.shape == (batch, seqlen)
+        prev = seq_prev(seq_idx, chunk_size)
+    dstates = torch.empty((batch, nchunks, nheads, headdim, C.shape[3]), device=C.device,
+                          dtype=C.dtype if dtype is None else dtype)
+    chunk_scan_bwd_dstates_kernel(C, dA_cumsum, dout, seq_idx, prev, dstates)
+    return dstates
+
+
+# ---------------------------------------------------------------------------------------------------
+# dC: gradient of C through the state term, and the matching ddA_cumsum
+
+
+def _dc_key(prev_states, dA_cumsum, dout, seq_idx, prev_seq, C, ngroups, hpg, has_C) -> ShapeKey:
+    batch, seqlen, nheads, headdim = dout.shape
+    return ShapeKey.of(dtype=dtype_name(dout.dtype), headdim=headdim, dstate=prev_states.shape[4],
+                       chunk_size=dA_cumsum.shape[3], hpg=hpg, seq=int(seq_idx is not None),
+                       ddA=int(bool(has_C)), tokens=tokens(batch, seqlen))
+
+
+@tuned_kernel(name="chunk_scan_bwd_dC", shape_key=_dc_key)
+def chunk_scan_bwd_dC_kernel(
+    prev_states: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    dout: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    prev_seq: torch.Tensor | None,
+    C: torch.Tensor,
+    ngroups: int,
+    hpg: hl.constexpr,
+    has_C: hl.constexpr,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, seqlen, nheads, headdim = dout.shape
+    _, _, nchunks, chunk_size = dA_cumsum.shape
+    dstate = prev_states.size(4)
+    chunk_size = hl.specialize(chunk_size)
+    hpp = hl.register_tunable("heads_per_program", EnumFragment(_divisors(hpg)))
+    nsplits = hpg // hpp
+    block_m = hl.register_block_size(chunk_size)
+    block_n = hl.register_block_size(dstate)
+    block_k = hl.register_block_size(headdim)
+    nblocks_n = (dstate + block_n - 1) // block_n
+    dC_part = torch.empty([batch, seqlen, nsplits, ngroups, dstate], dtype=torch.float32, device=dout.device)
+    ddA_part = torch.empty([batch, nheads, nchunks, chunk_size, nblocks_n], dtype=torch.float32,
+                           device=dout.device)
+    for tile_b, tile_c, tile_gs, tile_m, tile_n in hl.tile(
+        [batch, nchunks, ngroups * nsplits, chunk_size, dstate], block_size=[1, 1, 1, block_m, block_n]
+    ):
+        b = tile_b.begin
+        c = tile_c.begin
+        g = tile_gs.begin // nsplits
+        split = tile_gs.begin % nsplits
+        pos = c * chunk_size + tile_m.index
+        valid = pos < seqlen
+        keep = valid
+        if seq_idx is not None:
+            s = hl.load(seq_idx, [b, pos], extra_mask=valid)
+            keep = valid & (s == prev_seq[b, c])
+        C_m = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        if has_C:
+            C_m = hl.load(C, [b, pos, g, tile_n], extra_mask=valid[:, None]).to(torch.float32)
+        acc_C = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for hi in hl.grid(hpp):
+            h = g * hpg + split * hpp + hi
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(headdim, block_size=block_k):
+                do_k = hl.load(dout, [b, pos, h, tile_k], extra_mask=valid[:, None])
+                st = prev_states[b, c, h, tile_k, tile_n].to(dout.dtype)
+                acc = hl.dot(do_k, st, acc=acc)
+            scale = torch.where(keep, torch.exp(dA_cumsum[b, h, c, tile_m].to(torch.float32)), 0.0)
+            acc = acc * scale[:, None]
+            acc_C = acc_C + acc
+            if has_C:
+                ddA_part[b, h, c, tile_m, tile_n.id] = torch.sum(acc * C_m, dim=1)
+        hl.store(dC_part, [b, pos, split, g, tile_n], acc_C, extra_mask=valid[:, None])
+    return dC_part, ddA_part
+
+
+def chunk_scan_bwd_dC(prev_states, dA_cumsum, dout, seq_idx=None, C=None, ngroups=1):
+    """Same arguments and results as mamba-ssm's ``_chunk_scan_bwd_dC``: dC (b, L, g, n) fp32, or
+    (dC, ddA_cumsum_prev (b, h, c, Q) fp32) when C is given."""
+    batch, nchunks, nheads, headdim, dstate = prev_states.shape
+    _, seqlen, _, _ = dout.shape
+    chunk_size = dA_cumsum.shape[-1]
+    assert nheads % ngroups == 0
+    prev = None
+    if seq_idx is not None:
+        assert seq_idx.shape == (batch, seqlen)
+        prev = seq_prev(seq_idx, chunk_size)
+    dC_part, ddA_part = chunk_scan_bwd_dC_kernel(prev_states, dA_cumsum, dout, seq_idx, prev,
+                                                 C if C is not None else prev_states, int(ngroups),
+                                                 nheads // ngroups, C is not None)
+    dC = dC_part[:, :, 0] if dC_part.shape[2] == 1 else dC_part.sum(2)
+    if C is None:
+        return dC
+    return dC, (ddA_part[..., 0] if ddA_part.shape[-1] == 1 else ddA_part.sum(-1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# dCB: gradient of C B^T within each chunk
+
+
+def _dcb_key(x, dt, dA_cumsum, dout, seq_idx, ngroups, hpg) -> ShapeKey:
+    batch, seqlen, nheads, headdim = x.shape
+    return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, chunk_size=dA_cumsum.shape[3], hpg=hpg,
+                       seq=int(seq_idx is not None), tokens=tokens(batch, seqlen))
+
+
+@tuned_kernel(name="chunk_scan_bwd_dcb", shape_key=_dcb_key)
+def chunk_scan_bwd_dcb_kernel(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    dout: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    ngroups: int,
+    hpg: hl.constexpr,
+) -> torch.Tensor:
+    batch, seqlen, nheads, headdim = x.shape
+    _, _, nchunks, chunk_size = dA_cumsum.shape
+    chunk_size = hl.specialize(chunk_size)
+    hpp = hl.register_tunable("heads_per_program", EnumFragment(_divisors(hpg)))
+    nsplits = hpg // hpp
+    block_m = hl.register_block_size(chunk_size)
+    block_n = hl.register_block_size(chunk_size)
+    block_k = hl.register_block_size(headdim)
+    dcb = torch.empty([batch, nchunks, nsplits, ngroups, chunk_size, chunk_size], dtype=torch.float32,
+                      device=x.device)
+    for tile_b, tile_c, tile_gs, tile_m, tile_n in hl.tile(
+        [batch, nchunks, ngroups * nsplits, chunk_size, chunk_size], block_size=[1, 1, 1, block_m, block_n]
+    ):
+        b = tile_b.begin
+        c = tile_c.begin
+        g = tile_gs.begin // nsplits
+        split = tile_gs.begin % nsplits
+        pos_m = c * chunk_size + tile_m.index
+        pos_n = c * chunk_size + tile_n.index
+        valid_m = pos_m < seqlen
+        valid_n = pos_n < seqlen
+        acc_cb = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for hi in hl.grid(hpp):
+            h = g * hpg + split * hpp + hi
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(headdim, block_size=block_k):
+                do_k = hl.load(dout, [b, pos_m, h, tile_k], extra_mask=valid_m[:, None]).to(x.dtype)
+                x_k = hl.load(x, [b, pos_n, h, tile_k], extra_mask=valid_n[:, None])
+                acc = hl.dot(do_k, x_k.T, acc=acc)
+            dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
+            dA_n = dA_cumsum[b, h, c, tile_n].to(torch.float32)
+            seg = dA_m[:, None] - dA_n[None, :]
+            w = torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
+            acc_cb = acc_cb + acc * w
+        keep = tile_m.index[:, None] >= tile_n.index[None, :]
+        if seq_idx is not None:
+            s_m = hl.load(seq_idx, [b, pos_m], extra_mask=valid_m)
+            s_n = hl.load(seq_idx, [b, pos_n], extra_mask=valid_n)
+            keep = keep & (s_m[:, None] == s_n[None, :])
+        dcb[b, c, split, g, tile_m, tile_n] = torch.where(keep, acc_cb, 0.0)
+    return dcb
+
+
+def chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1):
+    """Same arguments and result as mamba-ssm's ``_chunk_scan_bwd_dcb`` with CB=None (the only way its
+    combined backward calls it): dCB (b, c, g, Q, Q) fp32, lower triangle only."""
+    if CB is not None:
+        raise NotImplementedError("chunk_scan_bwd_dcb: CB (the fused intra-chunk ddA) is not supported; "
+                                  "use chunk_scan_bwd_ddAcs_stable")
+    batch, seqlen, nheads, headdim = x.shape
+    assert nheads % ngroups == 0
+    if seq_idx is not None:
+        assert seq_idx.shape == (batch, seqlen)
+    part = chunk_scan_bwd_dcb_kernel(x, dt, dA_cumsum, dout, seq_idx, int(ngroups), nheads // ngroups)
+    return part[:, :, 0] if part.shape[2] == 1 else part.sum(2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# ddA through the intra-chunk decay
+
+
+def _ddacs_key(x, dt, dA_cumsum, dout, cb) -> ShapeKey:
+    batch, seqlen, nheads, headdim = x.shape
+    return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, chunk_size=dA_cumsum.shape[3],
+                       hpg=nheads // cb.shape[2], tokens=tokens(batch, seqlen))
+
+
+@tuned_kernel(name="chunk_scan_bwd_ddAcs_stable", shape_key=_ddacs_key)
+def chunk_scan_bwd_ddAcs_stable_kernel(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    dout: torch.Tensor,
+    cb: torch.Tensor,
+) -> torch.Tensor:
+    batch, seqlen, nheads, headdim = x.shape
+    _, _, nchunks, chunk_size = dA_cumsum.shape
+    ngroups = cb.size(2)
+    chunk_size = hl.specialize(chunk_size)
+    ratio = nheads // ngroups
+    ddA = torch.empty([batch, nheads, nchunks, chunk_size], dtype=torch.float32, device=x.device)
+    block_q = helion.next_power_of_2(chunk_size)
+    block_m = hl.register_block_size(chunk_size)
+    block_k = hl.register_block_size(headdim)
+    for tile_b, tile_c, tile_h in hl.tile([batch, nchunks, nheads], block_size=[1, 1, 1]):
+        b = tile_b.begin
+        c = tile_c.begin
+        h = tile_h.begin
+        for tile_q in hl.tile(chunk_size, block_size=block_q):  # every column s of the chunk
+            pos_q = c * chunk_size + tile_q.index
+            valid_q = pos_q < seqlen
+            dA_q = dA_cumsum[b, h, c, tile_q].to(torch.float32)
+            dt_q = dt[b, h, c, tile_q].to(torch.float32)
+            acc = hl.zeros([tile_q], dtype=torch.float32)
+            for tile_m in hl.tile(chunk_size, block_size=block_m):  # rows l, in blocks
+                pos_m = c * chunk_size + tile_m.index
+                valid_m = pos_m < seqlen
+                m = hl.zeros([tile_m, tile_q], dtype=torch.float32)
+                for tile_k in hl.tile(headdim, block_size=block_k):
+                    do_k = hl.load(dout, [b, pos_m, h, tile_k], extra_mask=valid_m[:, None]).to(x.dtype)
+                    x_k = hl.load(x, [b, pos_q, h, tile_k], extra_mask=valid_q[:, None])
+                    m = hl.dot(do_k, x_k.T, acc=m)
+                dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
+                seg = dA_m[:, None] - dA_q[None, :]
+                m = m * cb[b, c, h // ratio, tile_m, tile_q].to(torch.float32)
+                m = m * torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt_q[None, :]
+                m = torch.where(tile_m.index[:, None] > tile_q.index[None, :], m, 0.0)
+                # row prefix sums: cs[l, s] = sum_{s' <= s} M[l, s'] goes to ddA[s + 1] for rows l >= s + 1
+                cs = torch.cumsum(m, dim=1)
+                cs = torch.where(tile_m.index[:, None] > tile_q.index[None, :], cs, 0.0)
+                acc = acc + torch.sum(cs, dim=0)
+            hl.store(ddA, [b, h, c, tile_q.index + 1], acc, extra_mask=tile_q.index + 1 < chunk_size)
+            hl.store(ddA, [b, h, c, tile_q.index], hl.zeros([tile_q], dtype=torch.float32),
+                     extra_mask=tile_q.index == 0)
+    return ddA
+
+
+def chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb):
+    """Same arguments and result as mamba-ssm's ``_chunk_scan_bwd_ddAcs_stable``: ddA (b, h, c, Q) fp32,
+    summed over its row blocks in-kernel (one program per (batch, chunk, head))."""
+    batch, seqlen, nheads, headdim = x.shape
+    _, _, nchunks, chunk_size = dt.shape
+    assert cb.shape == (batch, nchunks, cb.shape[2], chunk_size, chunk_size) and nheads % cb.shape[2] == 0
+    _pow2_chunk("chunk_scan_bwd_ddAcs_stable", chunk_size)
+    return chunk_scan_bwd_ddAcs_stable_kernel(x, dt, dA_cumsum, dout, cb)

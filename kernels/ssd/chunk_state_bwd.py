@@ -1,0 +1,192 @@
+"""Helion backward kernels of the chunk_cumsum and chunk_state stages: drop-ins for mamba-ssm's
+``_chunk_state_bwd_db`` and ``_chunk_cumsum_bwd`` (same arguments, outputs and dtypes as naive.py).
+
+``chunk_state_bwd_db``: db_head[l, n] = exp(min(dA_cs[last] - dA_cs[l], 0)) dt[l] sum_p x[l, p]
+dstates[c][p, n] (seq_idx: only l in the sequence of the chunk's last position); dB (b, L, g, n) fp32
+sums the heads of each group. With B given also ddA (b, h, c, Q) fp32, the exclusive cumsum over the
+chunk of t[l] = sum_n db_head[l, n] B[l, n]. One program per (batch, chunk, group x head split, row
+block, dstate block) loops over ``heads_per_program`` heads (a tunable divisor of nheads // ngroups;
+mamba-ssm derives it from the SM count); head splits and dstate blocks write partial sums that the host
+adds (deterministic, no atomics), then takes the exclusive cumsum.
+
+``chunk_cumsum_bwd``: ddt = (ddA A + ddt_out) masked by dt_limit and times softplus' (sigmoid), dA =
+sum ddA dt_out, ddt_bias = sum ddt. One program per (batch, chunk, head block) over the whole chunk;
+dA and ddt_bias are per-(batch, chunk) partials added on the host.
+"""
+
+from __future__ import annotations
+
+import helion
+import helion.language as hl
+import torch
+from helion.autotuner import EnumFragment
+
+from kernels._runtime import tuned_kernel
+from kernels.config_store import ShapeKey
+from kernels.ssd._keys import dtype_name, seq_last, tokens
+
+
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def _db_key(x, dt, dA_cumsum, dstates, seq_idx, last_seq, B, ngroups, hpg, has_B) -> ShapeKey:
+    batch, seqlen, nheads, headdim = x.shape
+    return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, dstate=dstates.shape[4],
+                       chunk_size=dt.shape[3], hpg=hpg, seq=int(seq_idx is not None), ddA=int(bool(has_B)),
+                       tokens=tokens(batch, seqlen))
+
+
+@tuned_kernel(name="chunk_state_bwd_db", shape_key=_db_key)
+def chunk_state_bwd_db_kernel(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    dA_cumsum: torch.Tensor,
+    dstates: torch.Tensor,
+    seq_idx: torch.Tensor | None,
+    last_seq: torch.Tensor | None,
+    B: torch.Tensor,
+    ngroups: int,
+    hpg: hl.constexpr,
+    has_B: hl.constexpr,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, seqlen, nheads, headdim = x.shape
+    _, _, nchunks, chunk_size = dt.shape
+    dstate = dstates.size(4)
+    chunk_size = hl.specialize(chunk_size)
+    hpp = hl.register_tunable("heads_per_program", EnumFragment(_divisors(hpg)))
+    nsplits = hpg // hpp
+    block_m = hl.register_block_size(chunk_size)
+    block_n = hl.register_block_size(dstate)
+    block_k = hl.register_block_size(headdim)
+    nblocks_n = (dstate + block_n - 1) // block_n
+    dB_part = torch.empty([batch, seqlen, nsplits, ngroups, dstate], dtype=torch.float32, device=x.device)
+    t_part = torch.empty([batch, nheads, nchunks, chunk_size, nblocks_n], dtype=torch.float32, device=x.device)
+    for tile_b, tile_c, tile_gs, tile_m, tile_n in hl.tile(
+        [batch, nchunks, ngroups * nsplits, chunk_size, dstate], block_size=[1, 1, 1, block_m, block_n]
+    ):
+        b = tile_b.begin
+        c = tile_c.begin
+        g = tile_gs.begin // nsplits
+        split = tile_gs.begin % nsplits
+        pos = c * chunk_size + tile_m.index
+        valid = pos < seqlen
+        keep = valid
+        if seq_idx is not None:
+            s = hl.load(seq_idx, [b, pos], extra_mask=valid)
+            keep = valid & (s == last_seq[b, c])
+        B_m = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        if has_B:
+            B_m = hl.load(B, [b, pos, g, tile_n], extra_mask=valid[:, None]).to(torch.float32)
+        acc_B = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for hi in hl.grid(hpp):
+            h = g * hpg + split * hpp + hi
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(headdim, block_size=block_k):
+                x_k = hl.load(x, [b, pos, h, tile_k], extra_mask=valid[:, None])
+                ds = dstates[b, c, h, tile_k, tile_n].to(x.dtype)
+                acc = hl.dot(x_k, ds, acc=acc)
+            dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
+            seg = dA_cumsum[b, h, c, chunk_size - 1].to(torch.float32) - dA_m
+            scale = torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_m].to(torch.float32)
+            acc = acc * torch.where(keep, scale, 0.0)[:, None]
+            acc_B = acc_B + acc
+            if has_B:
+                t_part[b, h, c, tile_m, tile_n.id] = torch.sum(acc * B_m, dim=1)
+        hl.store(dB_part, [b, pos, split, g, tile_n], acc_B, extra_mask=valid[:, None])
+    return dB_part, t_part
+
+
+def chunk_state_bwd_db(x, dt, dA_cumsum, dstates, seq_idx=None, B=None, ngroups=1):
+    """Same arguments and results as mamba-ssm's ``_chunk_state_bwd_db``: dB (b, L, g, n) fp32, or
+    (dB, ddA (b, h, c, Q) fp32) when B is given."""
+    batch, seqlen, nheads, headdim = x.shape
+    _, _, nchunks, chunk_size = dt.shape
+    assert nheads % ngroups == 0
+    assert dstates.shape[:4] == (batch, nchunks, nheads, headdim)
+    last = None
+    if seq_idx is not None:
+        assert seq_idx.shape == (batch, seqlen)
+        last = seq_last(seq_idx, chunk_size)
+    dB_part, t_part = chunk_state_bwd_db_kernel(x, dt, dA_cumsum, dstates, seq_idx, last,
+                                                B if B is not None else x, int(ngroups), nheads // ngroups,
+                                                B is not None)
+    dB = dB_part[:, :, 0] if dB_part.shape[2] == 1 else dB_part.sum(2)
+    if B is None:
+        return dB
+    t = t_part[..., 0] if t_part.shape[-1] == 1 else t_part.sum(-1)
+    return dB, torch.cumsum(t, dim=-1) - t  # exclusive cumsum
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def _cumsum_key(ddA, ddt_out, dt, A, dt_bias, ddt, dt_softplus, dt_min, dt_max) -> ShapeKey:
+    batch, seqlen, nheads = dt.shape
+    return ShapeKey.of(dtype=dtype_name(dt.dtype), nheads=nheads, chunk_size=ddA.shape[3],
+                       bias=int(dt_bias is not None), softplus=int(bool(dt_softplus)),
+                       tokens=tokens(batch, seqlen))
+
+
+@tuned_kernel(name="chunk_cumsum_bwd", shape_key=_cumsum_key)
+def chunk_cumsum_bwd_kernel(
+    ddA: torch.Tensor,
+    ddt_out: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    dt_bias: torch.Tensor | None,
+    ddt: torch.Tensor,
+    dt_softplus: hl.constexpr,
+    dt_min: float,
+    dt_max: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, seqlen, nheads = dt.shape
+    _, _, nchunks, chunk_size = ddA.shape
+    chunk_size = hl.specialize(chunk_size)
+    dA_part = torch.empty([batch, nchunks, nheads], dtype=torch.float32, device=dt.device)
+    dbias_part = torch.empty([batch, nchunks, nheads], dtype=torch.float32, device=dt.device)
+    block_h = hl.register_block_size(nheads)
+    block_q = helion.next_power_of_2(chunk_size)
+    for tile_b, tile_c, tile_h in hl.tile([batch, nchunks, nheads], block_size=[1, 1, block_h]):
+        b = tile_b.begin
+        c = tile_c.begin
+        for tile_q in hl.tile(chunk_size, block_size=block_q):
+            pos = c * chunk_size + tile_q.index
+            valid = pos < seqlen
+            pre = hl.load(dt, [b, pos, tile_h], extra_mask=valid[:, None]).to(torch.float32)
+            if dt_bias is not None:
+                pre = pre + dt_bias[tile_h].to(torch.float32)[None, :]
+            soft = pre
+            if dt_softplus:
+                # softplus as chunk_cumsum_fwd (identity above 20; log1p by its series for tiny exp)
+                u = torch.exp(pre)
+                sp = torch.where(pre < -5.0, u * (1.0 - u * (0.5 - u * (1.0 / 3.0))), torch.log(1.0 + u))
+                soft = torch.where(pre <= 20.0, sp, pre)
+            dA_v = ddA[b, tile_h, c, tile_q].to(torch.float32).T  # (q, h)
+            dA_v = torch.where(valid[:, None], dA_v, 0.0)
+            g = dA_v * A[tile_h].to(torch.float32)[None, :] + ddt_out[b, tile_h, c, tile_q].to(torch.float32).T
+            g = torch.where((soft < dt_min) | (soft > dt_max), 0.0, g)
+            if dt_softplus:
+                g = torch.where(pre <= 20.0, g * torch.sigmoid(pre), g)
+            g = torch.where(valid[:, None], g, 0.0)
+            hl.store(ddt, [b, pos, tile_h], g.to(ddt.dtype), extra_mask=valid[:, None])
+            clamped = torch.where(soft < dt_min, dt_min, soft)
+            clamped = torch.where(clamped > dt_max, dt_max, clamped)
+            dA_part[b, c, tile_h] = torch.sum(dA_v * clamped, dim=0)
+            dbias_part[b, c, tile_h] = torch.sum(g, dim=0)
+    return dA_part, dbias_part
+
+
+def chunk_cumsum_bwd(ddA, ddt_out, dt, A, dt_bias=None, dt_softplus=False, dt_limit=(0.0, float("inf")), ddt=None):
+    """Same arguments and results as mamba-ssm's ``_chunk_cumsum_bwd``: (ddt (b, L, h) dt.dtype, dA (h)
+    fp32, ddt_bias (h) fp32 or None). A given ``ddt`` buffer is filled and returned."""
+    batch, seqlen, nheads = dt.shape
+    assert A.shape == (nheads,) and ddA.shape[:2] == (batch, nheads) and ddt_out.shape == ddA.shape
+    if dt_bias is not None:
+        assert dt_bias.shape == (nheads,)
+    out = torch.empty_like(dt) if ddt is None else ddt
+    dA_part, dbias_part = chunk_cumsum_bwd_kernel(ddA, ddt_out, dt, A, dt_bias, out, bool(dt_softplus),
+                                                  float(dt_limit[0]), float(dt_limit[1]))
+    dA = dA_part.sum(dim=(0, 1))
+    ddt_bias = dbias_part.sum(dim=(0, 1)) if dt_bias is not None else None
+    return out, dA, ddt_bias

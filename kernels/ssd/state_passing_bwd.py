@@ -1,0 +1,153 @@
+"""Helion ``state_passing_bwd``: drop-in for mamba-ssm's ``_state_passing_bwd``.
+
+Going backward over chunks: dstates[c] = g_c with g_{nchunks-1} = dfinal_states (or 0) and
+g_{c-1} = exp(dA_chunk_cumsum[c]) g_c + dout[c]; ddA_chunk_cumsum[c] = exp(dA[c]) sum_dim states[c] g_c
+(0 for c = 0 without initial states); dinitial_states = g_{-1}. ``states`` is the forward's *output*
+(the states entering each chunk). With ``states_dtype`` given, the states are also returned converted
+(to dstates_dtype when the dtypes differ, as mamba-ssm).
+
+Two kernels, chosen by ``VARIANT`` (env ``MAMBA2_GUARD_STATE_PASSING_BWD_VARIANT``, or ``variant=``):
+  * ``loop`` (default): one program per (batch, head, block of dim), a reverse sequential loop over
+    chunks, as mamba-ssm.
+  * ``scan``: the same programs with all chunks in one tile and a reverse ``hl.associative_scan`` of
+    the linear recurrence; its inputs are read shifted by one chunk so that the scan yields g_c itself.
+ddA_chunk_cumsum is summed over the dim blocks on the host (one partial per block; no atomics).
+With seq_idx, the host turns dA_chunk_cumsum into -inf where the carry is dropped (exp(-inf) = 0).
+Tunables: the dim block (mamba-ssm's BLOCK_SIZE 64..2048), warps, stages.
+Shape key: ``dim``, ``nheads``, ``dtype`` (dout's), ``out`` (dstates'), ``init`` (0/1), ``dfinal``
+(0/1), ``convert`` (0/1), ``tokens`` = tokens_bucket(batch * nchunks * chunk_size).
+"""
+
+from __future__ import annotations
+
+import os
+
+import helion
+import helion.language as hl
+import torch
+
+from kernels._runtime import tuned_kernel
+from kernels.config_store import ShapeKey
+from kernels.ssd._keys import dtype_name, seq_last, seq_prev, tokens
+
+VARIANT = os.environ.get("MAMBA2_GUARD_STATE_PASSING_BWD_VARIANT", "loop")
+
+
+def _shape_key(states, dA_chunk_cumsum, dout, dfinal_states, dstates, dinitial_states, states_converted,
+               chunk_size) -> ShapeKey:
+    batch, nchunks, nheads, dim = states.shape
+    return ShapeKey.of(dim=dim, nheads=nheads, dtype=dtype_name(dout.dtype), out=dtype_name(dstates.dtype),
+                       init=int(dinitial_states is not None), dfinal=int(dfinal_states is not None),
+                       convert=int(states_converted is not None), tokens=tokens(batch, nchunks * chunk_size))
+
+
+@tuned_kernel(name="state_passing_bwd", shape_key=_shape_key)
+def state_passing_bwd_loop_kernel(
+    states: torch.Tensor,
+    dA_chunk_cumsum: torch.Tensor,
+    dout: torch.Tensor,
+    dfinal_states: torch.Tensor | None,
+    dstates: torch.Tensor,
+    dinitial_states: torch.Tensor | None,
+    states_converted: torch.Tensor | None,
+    chunk_size: int,
+) -> torch.Tensor:
+    batch, nchunks, nheads, dim = states.shape
+    block_d = hl.register_block_size(dim)
+    nblocks_d = (dim + block_d - 1) // block_d
+    ddA_part = torch.empty([batch, nheads, nchunks, nblocks_d], dtype=torch.float32, device=states.device)
+    for tile_b, tile_h, tile_d in hl.tile([batch, nheads, dim], block_size=[1, 1, block_d]):
+        b = tile_b.begin
+        h = tile_h.begin
+        grad = hl.zeros([tile_d], dtype=torch.float32)
+        if dfinal_states is not None:
+            grad = dfinal_states[b, h, tile_d].to(torch.float32)
+        for tile_c in hl.tile(nchunks, block_size=1):
+            c = nchunks - 1 - tile_c.begin
+            dstates[b, c, h, tile_d] = grad.to(dstates.dtype)
+            st = states[b, c, h, tile_d]
+            if states_converted is not None:
+                states_converted[b, c, h, tile_d] = st.to(states_converted.dtype)
+            scale = torch.exp(dA_chunk_cumsum[b, h, c].to(torch.float32))
+            ddA_part[b, h, c, tile_d.id] = torch.sum(st.to(torch.float32) * grad, dim=0) * scale
+            grad = scale * grad + dout[b, c, h, tile_d].to(torch.float32)
+        if dinitial_states is not None:
+            dinitial_states[b, h, tile_d] = grad.to(dinitial_states.dtype)
+    return ddA_part
+
+
+def _combine(a1: torch.Tensor, b1: torch.Tensor, a2: torch.Tensor, b2: torch.Tensor):
+    return a1 * a2, a2 * b1 + b2
+
+
+@tuned_kernel(name="state_passing_bwd_scan", shape_key=_shape_key)
+def state_passing_bwd_scan_kernel(
+    states: torch.Tensor,
+    dA_chunk_cumsum: torch.Tensor,
+    dout: torch.Tensor,
+    dfinal_states: torch.Tensor | None,
+    dstates: torch.Tensor,
+    dinitial_states: torch.Tensor | None,
+    states_converted: torch.Tensor | None,
+    chunk_size: int,
+) -> torch.Tensor:
+    batch, nchunks, nheads, dim = states.shape
+    block_d = hl.register_block_size(dim)
+    block_c = helion.next_power_of_2(nchunks)
+    nblocks_d = (dim + block_d - 1) // block_d
+    ddA_part = torch.empty([batch, nheads, nchunks, nblocks_d], dtype=torch.float32, device=states.device)
+    for tile_b, tile_h, tile_d in hl.tile([batch, nheads, dim], block_size=[1, 1, block_d]):
+        b = tile_b.begin
+        h = tile_h.begin
+        for tile_c in hl.tile(nchunks, block_size=block_c):
+            nxt = tile_c.index + 1
+            has_next = nxt < nchunks
+            # Element c of the scan: (a, u) = (exp(dA[c + 1]), dout[c + 1]), and (0, dfinal) for the last.
+            u = hl.load(dout, [b, nxt, h, tile_d], extra_mask=has_next[:, None]).to(torch.float32)
+            a_next = torch.exp(hl.load(dA_chunk_cumsum, [b, h, nxt], extra_mask=has_next).to(torch.float32))
+            a = torch.where(has_next, a_next, 0.0)[:, None] + 0.0 * u
+            if dfinal_states is not None:
+                fin = dfinal_states[b, h, tile_d].to(torch.float32)
+                u = u + torch.where(tile_c.index[:, None] == nchunks - 1, fin[None, :], 0.0)
+            _, grad = hl.associative_scan(_combine, (a, u), dim=0, reverse=True)  # grad[c] = g_c
+            dstates[b, tile_c, h, tile_d] = grad.to(dstates.dtype)
+            st = states[b, tile_c, h, tile_d]
+            if states_converted is not None:
+                states_converted[b, tile_c, h, tile_d] = st.to(states_converted.dtype)
+            scale = torch.exp(dA_chunk_cumsum[b, h, tile_c].to(torch.float32))
+            ddA_part[b, h, tile_c, tile_d.id] = torch.sum(st.to(torch.float32) * grad, dim=1) * scale
+            if dinitial_states is not None:
+                first = torch.sum(torch.where(tile_c.index[:, None] == 0, grad * scale[:, None], 0.0), dim=0)
+                dinitial_states[b, h, tile_d] = (first + dout[b, 0, h, tile_d].to(torch.float32)).to(
+                    dinitial_states.dtype)
+    return ddA_part
+
+
+def state_passing_bwd(states, dA_chunk_cumsum, dout, dfinal_states=None, seq_idx=None, has_initial_states=None,
+                      dstates_dtype=None, states_dtype=None, chunk_size=None, variant=None):
+    """Same arguments and results as mamba-ssm's ``_state_passing_bwd``: (dstates, ddA_chunk_cumsum,
+    dinitial_states or None[, states_converted])."""
+    batch, nchunks, nheads, dim = states.shape
+    assert dA_chunk_cumsum.shape == (batch, nheads, nchunks)
+    assert dout.shape == states.shape
+    if dfinal_states is not None:
+        assert dfinal_states.shape == (batch, nheads, dim)
+    if seq_idx is not None:
+        assert chunk_size is not None and seq_idx.shape[0] == batch
+        keep = seq_last(seq_idx, chunk_size) == seq_prev(seq_idx, chunk_size)  # (b, c)
+        dA_chunk_cumsum = dA_chunk_cumsum.masked_fill(~keep[:, None, :], float("-inf"))
+    dst_dtype = dout.dtype if dstates_dtype is None else dstates_dtype
+    dstates = torch.empty((batch, nchunks, nheads, dim), device=states.device, dtype=dst_dtype)
+    dinit = torch.empty((batch, nheads, dim), device=states.device, dtype=dst_dtype) if has_initial_states else None
+    convert = states_dtype is not None and states_dtype != states.dtype
+    states_converted = torch.empty_like(states, dtype=dst_dtype) if convert else None
+    kernel = state_passing_bwd_scan_kernel if (variant or VARIANT) == "scan" else state_passing_bwd_loop_kernel
+    part = kernel(states, dA_chunk_cumsum, dout, dfinal_states, dstates, dinit, states_converted,
+                  int(chunk_size or 256))
+    ddA = part[..., 0] if part.shape[-1] == 1 else part.sum(-1)
+    if not has_initial_states:
+        ddA[..., 0] = 0.0
+    vals = (dstates, ddA, dinit)
+    if states_dtype is None:
+        return vals
+    return (*vals, states if not convert else states_converted)

@@ -1,0 +1,48 @@
+"""A fake tuner for the autotune tests: no GPU, no Helion; behaviour from ``spec["extra"]`` or env.
+
+Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
+  ``sleep``     seconds to sleep before answering;
+  ``crash``     die by SIGSEGV (a candidate that takes the process down);
+  ``hang``      sleep forever (a hung compile or kernel);
+  ``launches``  the launch records to return (see guard.core.tuneplan.decide); default: one winner that
+                is 10 % faster than Helion's default config, precision ok.
+Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id and pid) when that is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+FASTER = [0.90 + 0.001 * (i % 7) for i in range(30)]
+BASE = [1.00 + 0.001 * (i % 7) for i in range(30)]
+
+
+def default_launch(job: dict) -> dict:
+    return {"kernel": f"{job['kernel']}_k", "key": f"shape={job['shape']}",
+            "config": {"block_sizes": [16 * (1 + job["index"] % 4)], "num_warps": 4},
+            "incumbent": "default", "incumbent_config": {"block_sizes": [16], "num_warps": 2},
+            "precision": {"ok": True}, "samples_ms": {"incumbent": BASE, "candidate": FASTER}}
+
+
+def tune(spec: dict) -> dict:
+    job = spec["job"]
+    extra = dict(spec.get("extra") or {})
+    if not extra and os.environ.get("FAKE_TUNE_EXTRA"):
+        extra = json.loads(os.environ["FAKE_TUNE_EXTRA"])
+    behaviour = {**extra.get("default", {}), **extra.get("jobs", {}).get(job["id"], {})}
+    calls = os.environ.get("FAKE_TUNE_CALLS")
+    if calls:
+        fd = os.open(calls, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, f"{job['id']} {os.getpid()} {spec.get('device')}\n".encode())
+        os.close(fd)
+    time.sleep(float(behaviour.get("sleep", 0)))
+    if behaviour.get("crash"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if behaviour.get("hang"):
+        while True:
+            time.sleep(1)
+    launches = behaviour.get("launches")
+    return {"launches": launches if launches is not None else [default_launch(job)]}

@@ -1,0 +1,158 @@
+"""The autotune orchestrator with a fake tuner: child processes, hard timeouts, resume, sharding,
+never shipping a slower config. No GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from guard.autotune import AutotuneOptions, run_autotune
+from guard.core import tuneplan
+from kernels import config_store
+
+FAKE = str(Path(__file__).with_name("fake_tuner.py")) + ":tune"
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = ["chunk_cumsum", "chunk_state", "state_passing"]
+SHAPES = ["smoke", "mamba2-default"]
+BASE = [1.00 + 0.002 * (i % 9) for i in range(30)]
+
+
+def options(tmp_path: Path, **kw) -> AutotuneOptions:
+    defaults = dict(kernels=KERNELS, shapes=SHAPES, out=tmp_path / "configs" / "fake.yaml",
+                    state_dir=tmp_path / "state", gpu_slug="fake", fingerprint={"helion": "9.9"},
+                    fingerprint_digest="d" * 64, budget_seconds=5, tuner=FAKE, devices=("0",))
+    defaults.update(kw)
+    return AutotuneOptions(**defaults)
+
+
+def quiet(_message: str) -> None:
+    pass
+
+
+def test_crash_and_hang_are_recorded_as_failed_and_the_run_continues(tmp_path):
+    extra = {"jobs": {"chunk_state@smoke": {"crash": True}, "state_passing@smoke": {"hang": True}}}
+    t0 = time.monotonic()
+    outcome = run_autotune(options(tmp_path, extra=extra, job_timeout_seconds=3), quiet)
+    assert time.monotonic() - t0 < 30
+    by_job = {e["job"]: e for e in outcome.entries}
+    assert by_job["chunk_state@smoke"]["status"] == "failed" and by_job["chunk_state@smoke"]["reason"] == "crash"
+    assert "SIGSEGV" in by_job["chunk_state@smoke"]["detail"]
+    assert by_job["state_passing@smoke"]["status"] == "failed"
+    assert by_job["state_passing@smoke"]["reason"] == "timeout"
+    assert outcome.summary["ok"] == 4 and outcome.summary["failed"] == 2
+    cf = config_store.load(outcome.out)
+    assert set(cf.kernels) == {"chunk_cumsum_k", "chunk_state_k", "state_passing_k"}
+    assert "shape=smoke" not in cf.kernels["chunk_state_k"]
+    # An incomplete run keeps a fingerprint only where the file had none: here it had none.
+    assert cf.fingerprint == {"helion": "9.9"} and cf.tuned["jobs_failed"] == 2
+    # A rerun retries the failed jobs (up to max_attempts), not the finished ones.
+    calls = tmp_path / "calls"
+    os.environ["FAKE_TUNE_CALLS"] = str(calls)
+    try:
+        again = run_autotune(options(tmp_path), quiet)  # no crash/hang this time (extra is not in the plan id)
+    finally:
+        del os.environ["FAKE_TUNE_CALLS"]
+    assert sorted(line.split()[0] for line in calls.read_text().splitlines()) == [
+        "chunk_state@smoke", "state_passing@smoke"]
+    assert again.complete and again.summary["failed"] == 0
+
+
+def test_never_ship_a_slower_config(tmp_path):
+    out = tmp_path / "configs" / "fake.yaml"
+    committed = {"num_warps": 4}
+    base = config_store.ConfigFile(fingerprint={"helion": "1.0"}, tuned={}, kernels={
+        "k": {f"case={n}": dict(committed) for n in ("slower", "faster", "marginal", "imprecise", "same")}})
+    config_store.save(out, base)
+
+    def job(case, factor, ok=True, config=None):
+        return {"launches": [{"kernel": "k", "key": f"case={case}", "config": config or {"num_warps": 8},
+                              "incumbent": "committed", "incumbent_config": committed, "precision": {"ok": ok},
+                              "samples_ms": {"incumbent": BASE, "candidate": [x * factor for x in BASE]}}]}
+
+    extra = {"jobs": {"chunk_cumsum@smoke": job("slower", 1.08), "chunk_state@smoke": job("faster", 0.9),
+                      "state_passing@smoke": job("marginal", 0.995),
+                      "chunk_cumsum@mamba2-default": job("imprecise", 0.5, ok=False),
+                      "chunk_state@mamba2-default": job("same", 0.9, config=committed),
+                      "state_passing@mamba2-default": {"launches": []}}}
+    outcome = run_autotune(options(tmp_path, extra=extra), quiet)
+    cf = config_store.load(out)
+    assert cf.kernels["k"]["case=faster"] == {"num_warps": 8}
+    for case in ("slower", "marginal", "imprecise", "same"):
+        assert cf.kernels["k"][f"case={case}"] == committed, case
+    assert outcome.changed and outcome.complete
+    assert outcome.summary["kept"] == 1 and outcome.summary["rejected"] == 4
+    reasons = {lc["key"]: lc["decision"]["reason"] for e in outcome.entries for lc in e.get("launches", [])}
+    assert "precision" in reasons["case=imprecise"] and "margin" in reasons["case=marginal"]
+    assert cf.fingerprint == {"helion": "9.9"}  # complete: the configs now carry the new environment
+
+
+@pytest.mark.parametrize("workers", [2, 5])
+def test_sharded_run_equals_sequential(tmp_path, workers):
+    seq = run_autotune(options(tmp_path / "seq"), quiet)
+    par = run_autotune(options(tmp_path / "par", devices=tuple(str(i) for i in range(workers))), quiet)
+    assert config_store.load(seq.out).kernels == config_store.load(par.out).kernels
+    assert {e["job"]: [lc["decision"] for lc in e["launches"]] for e in seq.entries} == {
+        e["job"]: [lc["decision"] for lc in e["launches"]] for e in par.entries}
+    for e in par.entries:  # one worker per GPU, by the static assignment
+        assert e["worker"] == e["index"] % workers and e["device"] == str(e["worker"])
+
+
+def _journal(state: Path) -> list[dict]:
+    found = list(state.glob("autotune/*/journal.jsonl"))
+    return tuneplan.parse_journal(found[0].read_text()) if found else []
+
+
+def test_resume_after_kill_9(tmp_path):
+    state, out, calls = tmp_path / "state", tmp_path / "configs" / "fake.yaml", tmp_path / "calls"
+    cmd = [sys.executable, "-m", "guard", "autotune", "--tuner", FAKE, "--kernels", *KERNELS, "--shapes", *SHAPES,
+           "--state-dir", str(state), "--out", str(out), "--gpu-slug", "fake", "--budget-seconds", "5",
+           "--workers", "1"]
+    env = dict(os.environ, FAKE_TUNE_CALLS=str(calls), FAKE_TUNE_EXTRA=json.dumps({"default": {"sleep": 0.6}}))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    reads = 0
+    try:
+        while len(_journal(state)) < 2:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline
+            if out.exists():  # every observed version of the file is complete
+                config_store.load(out)
+                reads += 1
+            time.sleep(0.05)
+        time.sleep(0.3)  # the third job is in flight
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    finished = {e["job"] for e in _journal(state)}
+    assert 2 <= len(finished) < 6
+    cf = config_store.load(out)
+    assert sum(len(v) for v in cf.kernels.values()) == len(finished)
+    # The orphaned child kills itself when its parent is gone.
+    pids = [int(line.split()[1]) for line in calls.read_text().splitlines()]
+    time.sleep(1.0)
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "zombie" in status.read_text() or "State:\tZ" in status.read_text()
+
+    env["FAKE_TUNE_EXTRA"] = json.dumps({"default": {"sleep": 0}})
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6/6 jobs ok" in done.stdout
+    called = [line.split()[0] for line in calls.read_text().splitlines()]
+    for job in finished:
+        assert called.count(job) == 1, (job, called)  # finished jobs are never redone
+    assert sorted(set(called)) == sorted(f"{k}@{s}" for k in KERNELS for s in SHAPES)
+    cf = config_store.load(out)
+    assert sum(len(v) for v in cf.kernels.values()) == 6
+    assert not list(out.parent.glob(".*.tmp"))
+    logs = list(state.glob("autotune/*/logs/*.log"))
+    assert len(logs) == 6

@@ -1,0 +1,126 @@
+"""The pure planning and selection logic of the autotune run (guard.core.tuneplan)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from guard.core import tuneplan
+from guard.core.tuneplan import Criteria, decide
+
+BASE = [1.00 + 0.002 * (i % 9) for i in range(30)]
+
+
+def scaled(factor, samples=BASE):
+    return [x * factor for x in samples]
+
+
+def launch(candidate, incumbent=BASE, kind="committed", ok=True, config=None):
+    return {"kernel": "k", "key": "tokens=1", "config": config or {"num_warps": 8}, "incumbent": kind,
+            "incumbent_config": {"num_warps": 4}, "precision": {"ok": ok, "detail": "rel err 1e-1"},
+            "samples_ms": {"incumbent": incumbent, "candidate": candidate}}
+
+
+def test_plan_is_shape_major_and_deduplicated():
+    jobs = tuneplan.plan_jobs(["a", "b", "a"], ["s1", "s2"])
+    assert [j.id for j in jobs] == ["a@s1", "b@s1", "a@s2", "b@s2"]
+    assert [j.index for j in jobs] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("workers", range(1, 9))
+def test_assignment_is_deterministic_and_complete(workers):
+    jobs = tuneplan.plan_jobs([f"k{i}" for i in range(5)], ["s1", "s2", "s3"])
+    shards = tuneplan.assign(jobs, workers)
+    assert len(shards) == workers
+    assert sorted(j.id for s in shards for j in s) == sorted(j.id for j in jobs)
+    assert shards == tuneplan.assign(list(reversed(jobs)), workers)  # order of the input does not matter
+    for w, shard in enumerate(shards):
+        assert all(j.index % workers == w for j in shard)
+        assert [j.index for j in shard] == sorted(j.index for j in shard)
+
+
+@pytest.mark.parametrize("workers", range(1, 9))
+def test_merge_equals_sequential_whatever_the_completion_order(workers):
+    jobs = tuneplan.plan_jobs(["a", "b", "c"], ["s1", "s2"])
+    order = {j.id: j.index for j in jobs}
+
+    def entry(job):  # jobs a and b both launch the shared kernel "k" at the same key: first job must win
+        return {"job": job.id, "status": "ok", "launches": [
+            {"kernel": "k", "key": f"s={job.shape}", "config": {"by": job.id}, "decision": {"keep": True}},
+            {"kernel": job.kernel, "key": f"s={job.shape}", "config": {"w": job.index},
+             "decision": {"keep": job.index % 3 != 2}}]}
+
+    sequential = tuneplan.merge({"old": {"x": {"w": 1}}}, tuneplan.accepted([entry(j) for j in jobs], order))
+    rng = random.Random(workers)
+    finished = [entry(j) for shard in tuneplan.assign(jobs, workers) for j in shard]
+    rng.shuffle(finished)
+    assert tuneplan.merge({"old": {"x": {"w": 1}}}, tuneplan.accepted(finished, order)) == sequential
+    assert sequential["k"]["s=s1"] == {"by": "a@s1"}
+    assert "c" not in sequential or "s=s1" not in sequential["c"]  # job index 2 rejected
+
+
+def test_journal_skips_torn_lines_and_resume_never_redoes_finished_jobs():
+    jobs = tuneplan.plan_jobs(["a", "b", "c"], ["s"])
+    text = "\n".join([json.dumps({"job": "a@s", "status": "ok"}), json.dumps({"job": "b@s", "status": "failed"}),
+                      '{"job": "c@s", "stat'])  # a kill during the append
+    entries = tuneplan.parse_journal(text)
+    assert [e["job"] for e in entries] == ["a@s", "b@s"]
+    assert [j.id for j in tuneplan.pending(jobs, entries, max_attempts=2)] == ["b@s", "c@s"]
+    entries.append({"job": "b@s", "status": "failed"})
+    assert [j.id for j in tuneplan.pending(jobs, entries, max_attempts=2)] == ["c@s"]
+    # A later failure never hides an earlier success.
+    entries.append({"job": "a@s", "status": "failed"})
+    assert tuneplan.latest_by_job(entries)["a@s"]["status"] == "ok"
+
+
+def test_keep_a_clearly_faster_winner():
+    d = decide(launch(scaled(0.9)))
+    assert d.keep and d.effect == pytest.approx(-0.1, abs=0.01) and d.p_value < 0.01
+
+
+@pytest.mark.parametrize("factor", [1.10, 1.0, 0.99])
+def test_never_ship_a_slower_equal_or_marginal_winner(factor):
+    d = decide(launch(scaled(factor)))
+    assert not d.keep, d
+
+
+def test_noisy_win_is_rejected():
+    rng = random.Random(0)
+    incumbent = [1.0 + rng.uniform(0, 0.5) for _ in range(12)]
+    candidate = [0.95 + rng.uniform(0, 0.5) for _ in range(12)]
+    d = decide(launch(candidate, incumbent))
+    assert not d.keep and ("significant" in d.reason or "margin" in d.reason or "bound" in d.reason)
+
+
+def test_precision_failure_and_errors_are_rejected():
+    assert not decide(launch(scaled(0.5), ok=False)).keep
+    assert "precision" in decide(launch(scaled(0.5), ok=False)).reason
+    assert not decide({**launch(scaled(0.5)), "error": "boom"}).keep
+    assert not decide({**launch(scaled(0.5)), "config": None}).keep
+    assert not decide(launch(scaled(0.5), config={"num_warps": 4})).keep  # the committed config itself
+
+
+def test_too_few_samples_cannot_show_a_speedup():
+    assert not decide(launch(scaled(0.5, BASE[:4]), BASE[:4])).keep
+
+
+def test_against_the_default_config_no_slower_is_enough():
+    assert decide(launch(scaled(1.0), kind="default")).keep
+    assert not decide(launch(scaled(1.01), kind="default")).keep
+
+
+def test_margin_is_configurable_and_validated():
+    assert decide(launch(scaled(0.97)), Criteria(margin=0.02)).keep
+    assert not decide(launch(scaled(0.97)), Criteria(margin=0.05)).keep
+    with pytest.raises(ValueError, match="margin"):
+        Criteria(margin=-0.1)
+
+
+def test_summary_counts():
+    jobs = tuneplan.plan_jobs(["a", "b", "c"], ["s"])
+    entries = [{"job": "a@s", "status": "ok", "launches": [{"decision": {"keep": True}}, {"decision": {}}]},
+               {"job": "b@s", "status": "failed"}]
+    s = tuneplan.summary(jobs, entries)
+    assert (s["ok"], s["failed"], s["not_run"], s["kept"], s["rejected"]) == (1, 1, 1, 1, 1)
