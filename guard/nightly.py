@@ -139,6 +139,20 @@ def copy_reports(paths: dict[str, str], out_dir: Path) -> dict[str, str]:
     return copies
 
 
+def export_metrics(state_dir: Path, result: BenchResult, verdicts: list[Verdict], fp: fingerprint.Fingerprint,
+                   drift: drift_mod.DriftReport) -> dict[str, str]:
+    """The snapshot the daemon's /metrics serves, and the node-exporter textfile of a one-shot run."""
+    from guard import metrics
+    from guard.state import StateDir
+
+    snapshot = metrics.write_snapshot(state_dir, result, verdicts, fingerprint=fp.to_dict(), drift=drift.to_dict())
+    exporter = metrics.GuardMetrics()
+    exporter.load_snapshot(snapshot)
+    textfile = StateDir(state_dir).textfile
+    exporter.write_textfile(textfile)
+    return {"metrics_snapshot": str(snapshot), "metrics_textfile": str(textfile)}
+
+
 def daemon_cycle(state_dir: str | Path, reason: str | None = None, **options: Any) -> int:
     """The daemon's entry point (run in a child process): options by keyword, the exit code back."""
     known = {f.name for f in dataclasses.fields(CycleOptions)}
@@ -199,10 +213,7 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     paths = write_reports(state_dir, stamp, result, verdicts, baseline, policy)
     if options.out_dir:
         paths.update(copy_reports(paths, Path(options.out_dir)))
-    from guard import metrics
-
-    paths["metrics_snapshot"] = str(metrics.write_snapshot(state_dir, result, verdicts, fingerprint=fp.to_dict(),
-                                                           drift=drift.to_dict()))
+    paths.update(export_metrics(state_dir, result, verdicts, fp, drift))
     if options.update_baseline:
         left_out = baselines.update(baseline_path, result)
         paths["baseline"] = str(baseline_path)

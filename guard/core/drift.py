@@ -407,7 +407,10 @@ def classify(
     gpu_name = current_fp.get("gpu_name")
 
     # --- new-gpu -----------------------------------------------------------------------------
-    if recorded_configs_fp is None:
+    if gpu_name is None:
+        # CPU interpret mode: nothing runs compiled, so there are no configs to tune or to miss.
+        notes.append("no GPU: tuned configs do not apply (CPU interpret mode)")
+    elif recorded_configs_fp is None:
         items.append(
             DriftItem(
                 cls=NEW_GPU,

@@ -27,6 +27,13 @@ def test_new_gpu_when_no_configs():
     assert item.after == "NVIDIA H200" and item.before is None
 
 
+def test_no_gpu_is_not_a_new_gpu():
+    cpu = {**FP_OLD, "gpu_name": None, "gpu_uuid": None, "sm_count": None, "memory_bytes": None}
+    rep = classify(cpu, None, None, {})
+    assert not rep.by_class("new-gpu") and not rep.found
+    assert any("no GPU" in note for note in rep.notes)
+
+
 def test_new_gpu_when_configs_were_tuned_on_another_model():
     recorded = {**FP_OLD, "gpu_name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "memory_bytes": 85_000_000_000}
     rep = classify(FP_OLD, recorded, None, {})
