@@ -125,7 +125,7 @@ def _options(args: argparse.Namespace, **overrides):
                         rounds=args.rounds, confirm=not getattr(args, "no_confirm", False),
                         strict=getattr(args, "strict", False),
                         update_baseline=getattr(args, "update_baseline", False), out_dir=getattr(args, "out", None),
-                        force_retune=getattr(args, "force_retune", False), **overrides)
+                        force_retune=getattr(args, "force_retune", False), cuda_graphs=args.cuda_graphs, **overrides)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -146,7 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     fp = fingerprint.collect()
     state = Path(args.state_dir)
     result = run_bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), state_dir=state,
-                       suite=suite, seed=args.seed, rounds=args.rounds, progress=progress)
+                       suite=suite, seed=args.seed, rounds=args.rounds, progress=progress, cuda_graphs=args.cuda_graphs)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.json) if args.json else state / "results" / f"bench-{stamp}.json"
     atomic_write_text(out, json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
@@ -369,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     def run_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--seed", type=int, default=0, help="input seed (recorded in the result)")
         p.add_argument("--rounds", type=int, default=30, help="timed samples per implementation")
+        p.add_argument("--cuda-graphs", action="store_true",
+                       help="time CUDA-graph replays (L2 still flushed before each): device work without host overhead")
         p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
 
     p = sub.add_parser("bench", help="precision and interleaved timing of kernels x shapes")

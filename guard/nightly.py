@@ -47,6 +47,7 @@ class CycleOptions:
     update_baseline: bool = False
     out_dir: str | None = None  # also copy the reports here (CI artifacts)
     force_retune: bool = False  # re-tune even without drift (the daemon's drift watch, workflow_dispatch)
+    cuda_graphs: bool = False  # time CUDA-graph replays (guard.bench.timing.Timer.interleaved_graphs)
     config: str | None = None  # guard config file (default: <state>/guard.yaml if present, else defaults)
     root: str | None = None  # checkout holding kernels/configs and baselines (default: this one)
     pr: bool = True  # run the PR step when drift or a re-tune calls for it (also guard config pr.enabled)
@@ -108,7 +109,8 @@ def rerun_on_device(options: CycleOptions) -> Any:
 
     def rerun(case: CaseResult) -> CaseResult:
         return bench_case(registry.get(case.kernel), loaded.shape(case.shape), seed=options.seed + 1,
-                          device=device, rounds=options.rounds, warmup=3, timer=timer, nvml=nvml, peaks={})
+                          device=device, rounds=options.rounds, warmup=3, timer=timer, nvml=nvml, peaks={},
+                          cuda_graphs=options.cuda_graphs)
     return rerun
 
 
@@ -195,7 +197,7 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
              f"({sum(not e.has_helion for e in entries)} kernels not implemented yet)")
     result = run_bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
                        state_dir=state_dir, suite=suite, seed=options.seed, rounds=options.rounds,
-                       progress=progress)
+                       progress=progress, cuda_graphs=options.cuda_graphs)
     from guard import config as guard_config
 
     cfg = guard_config.load(options.config, state_dir)

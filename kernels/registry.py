@@ -62,6 +62,8 @@ class KernelEntry:
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
     # mamba-ssm's name for the baseline; other packages (causal-conv1d) are named by their module.
     baseline_name: str = "mamba_ssm"
+    # A whole call through autograd: the outputs are the gradients of these inputs for upstream "dout".
+    grad_of: tuple[str, ...] = ()
 
     @property
     def has_helion(self) -> bool:
@@ -73,8 +75,33 @@ class KernelEntry:
     def inputs(self, shape: ShapeSpec, seed: int, device: torch.device | str = "cpu") -> Inputs:
         return self.make_inputs(shape, seed, torch.device(device))
 
+    def bind(self, fn: Callable[..., Any], inputs: Inputs) -> Callable[[], Any]:
+        """``fn`` with this entry's arguments taken from ``inputs``: the call that gets timed.
+
+        ``args`` items are input names passed by position, or ``"keyword=name"`` passed by keyword.
+        With ``grad_of``, the call is a forward and a backward through autograd (``dout`` upstream)."""
+        positional = tuple(inputs[a] for a in self.args if "=" not in a)
+        keywords = {k: inputs[v] for k, v in (a.split("=", 1) for a in self.args if "=" in a)}
+        if not self.grad_of:
+            return lambda: fn(*positional, **keywords)
+        leaves = {name: inputs[name].detach().requires_grad_(True) for name in self.grad_of}
+        by_position = [name for name in self.args if "=" not in name]
+        positional = tuple(leaves.get(name, value) for name, value in zip(by_position, positional, strict=True))
+        keywords = {k: leaves.get(self._input_for(k), v) for k, v in keywords.items()}
+        wanted, dout = tuple(leaves.values()), inputs["dout"]
+
+        def forward_backward():
+            with torch.enable_grad():
+                out = fn(*positional, **keywords)
+                return torch.autograd.grad(out, wanted, dout)
+
+        return forward_backward
+
+    def _input_for(self, keyword: str) -> str:
+        return next(a.split("=", 1)[1] for a in self.args if a.startswith(f"{keyword}="))
+
     def _call(self, fn: Callable[..., Any], inputs: Inputs) -> Outputs:
-        result = fn(*(inputs[a] for a in self.args))
+        result = self.bind(fn, inputs)()
         if not isinstance(result, (tuple, list)):
             result = (result,)
         if len(result) < len(self.outputs):
@@ -434,6 +461,32 @@ ENTRIES: tuple[KernelEntry, ...] = (
            baseline_name="causal_conv1d", helion="kernels.conv.causal_conv1d:causal_conv1d_bwd"),
 )
 
+
+def _total(names: Sequence[str], model: str) -> Callable[[ShapeSpec], int]:
+    return lambda s: sum(getattr(REGISTRY[n], model)(s) for n in names)
+
+
+# The whole drop-in call, as a user makes it (x, dt, A, B, C, D per head, dt_bias with softplus, no z).
+_CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "dt_bias=dt_bias", "dt_softplus=dt_softplus")
+_FWD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan")
+_FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state", "state_passing",  # recomputed
+                   "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
+                   "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "bmm_chunk_bwd", "bmm_chunk_bwd",
+                   "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd")
+_COMBINED = f"{_mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined"
+CALLS: tuple[KernelEntry, ...] = (
+    _entry("ssd_combined_fwd", "ssd", "call_fwd", "mamba_chunk_scan_combined (forward)", inputs_chunk_cumsum,
+           _CALL_ARGS, ("out",), f"{_SSD}:ssd_chunked_ref", _COMBINED,
+           _total(_FWD_STAGES, "bytes_moved"), _total(_FWD_STAGES, "flops"),
+           helion="kernels.ssd.combined:mamba_chunk_scan_combined"),
+    _entry("ssd_combined_fwd_bwd", "ssd", "call_fwd_bwd", "mamba_chunk_scan_combined (forward + backward)",
+           inputs_chunk_cumsum, _CALL_ARGS, ("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"),
+           f"{_SSD}:ssd_chunked_ref", _COMBINED,
+           _total(_FWD_BWD_STAGES, "bytes_moved"), _total(_FWD_BWD_STAGES, "flops"),
+           helion="kernels.ssd.combined:mamba_chunk_scan_combined",
+           grad_of=("x", "dt_raw", "A", "B", "C", "D", "dt_bias")),
+)
+ENTRIES = ENTRIES + CALLS
 REGISTRY: dict[str, KernelEntry] = {e.name: e for e in ENTRIES}
 
 

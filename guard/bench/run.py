@@ -68,13 +68,8 @@ def _precision(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch
     )
 
 
-def _bound(entry: KernelEntry, fn: Callable[..., Any], inputs: dict[str, Any]) -> Callable[[], Any]:
-    args = tuple(inputs[a] for a in entry.args)
-    return lambda: fn(*args)
-
-
 def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch.device, rounds: int,
-               warmup: int, timer, nvml: Nvml | None, peaks: dict[str, Any]) -> CaseResult:
+               warmup: int, timer, nvml: Nvml | None, peaks: dict[str, Any], cuda_graphs: bool = False) -> CaseResult:
     base = {"kernel": entry.name, "shape": shape.name, "phase": entry.phase, "seed": seed}
     if not entry.has_helion:
         return CaseResult(**base, missing=True)
@@ -85,10 +80,11 @@ def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch
         if not on_gpu:
             return CaseResult(**base, precision=precision, timings_meaningful=False)
         before = nvml.state() if nvml else None
-        fns = {"helion": _bound(entry, entry.helion_fn(), inputs)}
+        fns = {"helion": entry.bind(entry.helion_fn(), inputs)}
         with contextlib.suppress(BaselineUnavailable):  # no peer: Helion is timed alone
-            fns["mamba_ssm"] = _bound(entry, entry.baseline_fn(), inputs)
-        samples = timer.interleaved(fns, rounds=rounds, warmup=warmup)
+            fns["mamba_ssm"] = entry.bind(entry.baseline_fn(), inputs)
+        timed = timer.interleaved_graphs if cuda_graphs else timer.interleaved
+        samples = timed(fns, rounds=rounds, warmup=warmup)
         after = nvml.state() if nvml else None
         median = sorted(samples["helion"])[len(samples["helion"]) // 2]
         throttled = bool((before and before.throttled) or (after and after.throttled))
@@ -108,16 +104,19 @@ def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch
 
 
 def with_layer_shares(cases: Sequence[CaseResult]) -> list[CaseResult]:
-    """Each case's share of its shape's layer time, by mamba-ssm's medians (the fixed reference)."""
+    """Each kernel's share of its shape's layer time, by mamba-ssm's medians (the fixed reference).
+    Whole calls (phase ``call_*``) contain the kernels, so they neither count nor get a share."""
     import dataclasses
 
+    cases = list(cases)
     totals: dict[str, float] = {}
     for case in cases:
-        if case.mamba_ssm_median_ms is not None:
+        if case.mamba_ssm_median_ms is not None and not case.phase.startswith("call"):
             totals[case.shape] = totals.get(case.shape, 0.0) + case.mamba_ssm_median_ms
     return [
         dataclasses.replace(case, layer_share=case.mamba_ssm_median_ms / totals[case.shape])
-        if case.mamba_ssm_median_ms is not None and totals.get(case.shape) else case
+        if case.mamba_ssm_median_ms is not None and totals.get(case.shape) and not case.phase.startswith("call")
+        else case
         for case in cases
     ]
 
@@ -128,7 +127,7 @@ def plain_progress(message: str) -> None:
 
 def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fingerprint: dict[str, Any],
               fingerprint_digest: str, state_dir: Path, suite: str | None, seed: int = 0, rounds: int = 30,
-              warmup: int = 3, progress: Progress = plain_progress) -> BenchResult:
+              warmup: int = 3, progress: Progress = plain_progress, cuda_graphs: bool = False) -> BenchResult:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     cases: list[CaseResult] = []
@@ -145,7 +144,7 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
             for i, (shape, entry) in enumerate((s, e) for s in shapes for e in entries):
                 t0 = time.monotonic()
                 case = bench_case(entry, shape, seed=seed, device=device, rounds=rounds, warmup=warmup,
-                                  timer=timer, nvml=nvml, peaks=peaks)
+                                  timer=timer, nvml=nvml, peaks=peaks, cuda_graphs=cuda_graphs)
                 progress(_line(i, total, case, time.monotonic() - t0))
                 cases.append(case)
     else:
@@ -159,7 +158,7 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
             cases.append(case)
     return BenchResult(fingerprint=fingerprint, cases=tuple(with_layer_shares(cases)), device_peaks=peaks,
                        suite=suite, started_at=started, extra={"seed": seed, "rounds": rounds,
-                                                               "device": str(device)})
+                                                               "device": str(device), "cuda_graphs": cuda_graphs})
 
 
 def _line(i: int, total: int, case: CaseResult, seconds: float) -> str:

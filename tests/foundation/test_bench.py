@@ -1,0 +1,49 @@
+"""Bench pieces that run without a GPU: whole-call entries, layer shares, argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from guard.bench.run import with_layer_shares
+from guard.bench.timing import _check_counts
+from guard.core.results import CaseResult, SamplesMs
+from kernels import registry
+from kernels.testing import execution_mode
+
+
+@pytest.mark.parametrize("name", ["ssd_combined_fwd", "ssd_combined_fwd_bwd"])
+def test_whole_call_entries_run_helion_against_fp64(name, smoke_shape):
+    entry = registry.get(name)
+    inputs = entry.inputs(smoke_shape, seed=5)
+    with execution_mode("ref"):
+        ours = entry.run_helion(inputs)
+    ref = entry.run_reference(inputs)
+    assert set(ours) == set(ref) == set(entry.outputs)
+    for output, value in ref.items():
+        torch.testing.assert_close(ours[output].double(), value, atol=1e-5, rtol=1e-4, msg=output)
+
+
+def test_gradient_entry_binds_a_forward_and_backward(smoke_shape):
+    entry = registry.get("ssd_combined_fwd_bwd")
+    inputs = entry.inputs(smoke_shape, seed=2)
+    with execution_mode("ref"):
+        grads = entry.bind(entry.helion_fn(), inputs)()
+    assert len(grads) == len(entry.grad_of)
+    for name, grad in zip(entry.grad_of, grads, strict=True):
+        assert grad.shape == inputs[name].shape, name
+    assert inputs["x"].grad is None and not inputs["x"].requires_grad  # the caller's tensors are untouched
+
+
+def _case(kernel, phase, mamba_ms):
+    return CaseResult(kernel=kernel, shape="s", phase=phase, samples_ms=SamplesMs((1.0,), (mamba_ms,)))
+
+
+def test_layer_shares_count_kernels_not_whole_calls():
+    cases = with_layer_shares([_case("a", "fwd_1", 1.0), _case("b", "fwd_2", 3.0), _case("call", "call_fwd", 4.0)])
+    assert [c.layer_share for c in cases] == [0.25, 0.75, None]
+
+
+def test_timing_counts_are_checked():
+    with pytest.raises(ValueError, match="rounds: expected >= 1"):
+        _check_counts(0, 3, 1)
