@@ -86,6 +86,11 @@ def recorded_paths(slug: str, root: Path | str | None = None) -> tuple[Path, Pat
     return config_store.path_for(slug, root / "kernels" / "configs"), baselines.path_for(slug, root / "baselines")
 
 
+def invalid_configs(slug: str) -> dict[tuple[str, str], str]:
+    """Stored configs of this GPU that the installed helion rejected while kernels ran in this process."""
+    return {(kernel, key): why for (where, kernel, key), why in config_store.INVALID.items() if where == slug}
+
+
 def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | None = None,
                  root: Path | str | None = None, slug: str | None = None) -> drift_mod.DriftReport:
     slug = slug or fingerprint.gpu_slug(fp)
@@ -93,7 +98,7 @@ def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | No
     configs_fp = config_store.load(configs_path).fingerprint if configs_path.exists() else None
     baseline_doc = baselines.read_document(baseline_path)
     baseline_fp = (baseline_doc or {}).get("fingerprint")
-    return drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, dict(config_store.INVALID), policy)
+    return drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(slug), policy)
 
 
 def rerun_on_device(options: CycleOptions) -> Any:

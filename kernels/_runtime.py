@@ -129,8 +129,9 @@ class TunedKernel:
                 raise
             # A config from another helion version that the current config spec rejects: report it as
             # drift (counted, logged) and run on the default config rather than crash.
-            config_store.note_fallback(self.name, str(key), device_slug(device), "invalid", found.key)
-            config_store.INVALID[(self.name, found.key)] = f"{type(exc).__name__}: {exc}"
+            slug = device_slug(device)
+            config_store.note_fallback(self.name, str(key), slug, "invalid", found.key)
+            config_store.INVALID[(slug, self.name, found.key)] = f"{type(exc).__name__}: {exc}"
             log.warning("%s: config for %s is invalid under this helion (%s); using the default", self.name,
                         found.key, exc)
             kernel = self.helion_kernel(None, mode)

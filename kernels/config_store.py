@@ -41,8 +41,9 @@ SCALED_FIELDS = frozenset({"tokens"})
 TOP_LEVEL_KEYS = ("fingerprint", "tuned", "kernels")
 
 FALLBACKS: Counter[tuple[str, str]] = Counter()
-# (kernel, shape key) -> why the installed helion rejected its stored config: drift, reported by the guard.
-INVALID: dict[tuple[str, str], str] = {}
+# (gpu slug, kernel, shape key) -> why the installed helion rejected that stored config: drift, which the
+# guard reports.
+INVALID: dict[tuple[str, str, str], str] = {}
 _warned: set[tuple[str, str, str]] = set()
 _lock = threading.Lock()
 

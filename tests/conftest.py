@@ -25,6 +25,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _forget_rejected_configs():
+    """Configs rejected during one test are drift for that test only (the record is process-wide)."""
+    from kernels import config_store
+
+    yield
+    config_store.INVALID.clear()
+
+
 @pytest.fixture
 def smoke_shape():
     from kernels import suites

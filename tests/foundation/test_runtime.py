@@ -64,6 +64,8 @@ def test_invalid_config_is_reported_not_fatal(store, caplog):
     with execution_mode("triton"), caplog.at_level("WARNING"):
         torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
     assert config_store.FALLBACKS[("toy_exp_add", "invalid")] == before + 1
+    (why,) = [v for (slug, name, _), v in config_store.INVALID.items() if (slug, name) == ("test-gpu", "toy_exp_add")]
+    assert "Too many values" in why  # recorded for the guard's drift report
     assert any("invalid under this helion" in r.message for r in caplog.records)
     assert "Too many values" in validate_config(toy_exp_add, (x, y), {"block_sizes": [16, 8, 4]})
     assert validate_config(toy_exp_add, (x, y), {"block_sizes": [16, 8]}) is None
