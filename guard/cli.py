@@ -318,12 +318,24 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     return EXIT_FAIL if s["failed"] or s["not_run"] else EXIT_OK
 
 
+def _with_pr_overrides(cfg, args: argparse.Namespace):
+    """The guard config with the PR target given on the command line (the workflow passes its own repo)."""
+    import dataclasses
+
+    if args.repo is not None and (args.repo.count("/") != 1 or not all(args.repo.split("/"))):
+        raise ValueError(f"--repo: expected OWNER/NAME, got {args.repo!r}")
+    github = {**cfg.github, **({"repo": args.repo} if args.repo else {}),
+              **({"base_url": args.api_url} if args.api_url else {})}
+    git = {**cfg.git, **({"origin": args.origin} if args.origin else {})}
+    return dataclasses.replace(cfg, github=github, git=git)
+
+
 def cmd_pr(args: argparse.Namespace) -> int:
     """Open or update the config PR for this GPU (``--dry-run``: print body and diff, push nothing)."""
     from guard import PROJECT_ROOT, fingerprint
     from guard.prflow import run_pr
 
-    cfg = _guard_config(args)
+    cfg = _with_pr_overrides(_guard_config(args), args)
     fp = fingerprint.collect()
     slug = args.gpu_slug or fingerprint.gpu_slug(fp)
     try:
@@ -442,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", metavar="DIR", help="checkout holding the files to propose (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the body and the diff; push nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--repo", metavar="OWNER/NAME", help="GitHub repository (overrides github.repo)")
+    p.add_argument("--origin", metavar="URL", help="git remote to push to (overrides git.origin)")
+    p.add_argument("--api-url", metavar="URL", help="GitHub REST base URL, for Enterprise (overrides github.base_url)")
     p.set_defaults(func=cmd_pr)
     return parser
 

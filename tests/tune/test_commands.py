@@ -118,3 +118,18 @@ def test_nightly_on_cpu_reports_drift_skips_retune_and_pr_is_dry(tmp_path, curre
     assert any("PR step dry" in m for m in messages)
     assert Path(outcome.paths["pr_body"]).read_text().count("mamba2-guard:gpu=cpu") == 1
     assert _branches(state / "pr" / "origin.git") == ["refs/heads/main"]
+
+
+def test_pr_target_from_the_command_line(tmp_path, capsys, current_fp):
+    root = make_root(tmp_path, current_fp)
+    bare = tmp_path / "elsewhere.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(bare)], check=True)
+    subprocess.run(["git", "push", "-q", str(bare), "HEAD:refs/heads/main"], check=True,
+                   cwd=Path(cli.__file__).resolve().parent.parent)
+    code, out, _ = run_cli(capsys, "pr", "--dry-run", "--json", "--root", str(root), "--state-dir",
+                           str(tmp_path / "state"), "--origin", str(bare), "--repo", "owner/name")
+    doc = json.loads(out)
+    assert code == 0 and doc["origin"] == str(bare) and _branches(bare) == ["refs/heads/main"]
+    code, _, err = run_cli(capsys, "pr", "--dry-run", "--root", str(root), "--state-dir", str(tmp_path / "s2"),
+                           "--repo", "no-slash")
+    assert code == 2 and "--repo: expected OWNER/NAME" in err
