@@ -14,7 +14,7 @@ import datetime
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,7 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
         with lock:
             peaks = peaks_mod.cached(state_dir, fingerprint_digest)
             timer, nvml = Timer(device), Nvml(index)
-            for i, (shape, entry) in enumerate((s, e) for s in shapes for e in entries):
+            for i, (shape, entry) in enumerate(_with_bar(((s, e) for s in shapes for e in entries), total)):
                 t0 = time.monotonic()
                 case = bench_case(entry, shape, seed=seed, device=device, rounds=rounds, warmup=warmup,
                                   timer=timer, nvml=nvml, peaks=peaks, cuda_graphs=cuda_graphs)
@@ -150,7 +150,7 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
     else:
         peaks = {}
         progress("no GPU: CPU interpret mode; precision is checked, timings mean nothing")
-        for i, (shape, entry) in enumerate((s, e) for s in shapes for e in entries):
+        for i, (shape, entry) in enumerate(_with_bar(((s, e) for s in shapes for e in entries), total)):
             t0 = time.monotonic()
             case = bench_case(entry, shape, seed=seed, device=device, rounds=1, warmup=0, timer=None, nvml=None,
                               peaks=peaks)
@@ -159,6 +159,16 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
     return BenchResult(fingerprint=fingerprint, cases=tuple(with_layer_shares(cases)), device_peaks=peaks,
                        suite=suite, started_at=started, extra={"seed": seed, "rounds": rounds,
                                                                "device": str(device), "cuda_graphs": cuda_graphs})
+
+
+def _with_bar(cases: Iterable[tuple[ShapeSpec, KernelEntry]], total: int) -> Iterable[tuple[ShapeSpec, KernelEntry]]:
+    """A rich progress bar on a terminal; CI logs get the plain per-case lines alone."""
+    if not sys.stderr.isatty():
+        return cases
+    from rich.console import Console
+    from rich.progress import track
+
+    return track(cases, total=total, description="bench", console=Console(stderr=True), transient=True)
 
 
 def _line(i: int, total: int, case: CaseResult, seconds: float) -> str:
