@@ -20,7 +20,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from guard import baselines, fingerprint
-from guard.bench.run import Progress, bench_case, plain_progress, run_bench
+from guard.bench.run import Progress, bench_case, plain_progress
 from guard.checking import run_check
 from guard.core import drift as drift_mod
 from guard.core import report
@@ -52,6 +52,9 @@ class CycleOptions:
     root: str | None = None  # checkout holding kernels/configs and baselines (default: this one)
     pr: bool = True  # run the PR step when drift or a re-tune calls for it (also guard config pr.enabled)
     policy: Policy = field(default_factory=Policy)
+    workers: int | str = 1  # bench workers, one per GPU: a number or "auto" (guard.bench.shard)
+    bench_fn: str | None = None  # module:function of the sharded bench's worker (tests: a fake one)
+    case_timeout_s: float = 1800.0  # a sharded worker with no finished case for this long is killed
 
 
 @dataclass
@@ -146,13 +149,30 @@ def copy_reports(paths: dict[str, str], out_dir: Path) -> dict[str, str]:
     return copies
 
 
+def tune_seconds_by_kernel(journal: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Seconds Helion's autotuner spent per kernel in one re-tune (from the autotune journal)."""
+    seconds: dict[str, float] = {}
+    for record in journal:
+        for launch in record.get("launches") or ():
+            if launch.get("tune_seconds") is not None:
+                seconds[launch["kernel"]] = seconds.get(launch["kernel"], 0.0) + float(launch["tune_seconds"])
+    return seconds
+
+
 def export_metrics(state_dir: Path, result: BenchResult, verdicts: list[Verdict], fp: fingerprint.Fingerprint,
-                   drift: drift_mod.DriftReport) -> dict[str, str]:
-    """The snapshot the daemon's /metrics serves, and the node-exporter textfile of a one-shot run."""
+                   drift: drift_mod.DriftReport, steps: dict[str, Any]) -> dict[str, str]:
+    """The snapshot the daemon's /metrics serves, and the node-exporter textfile of a one-shot run; drift and PR
+    events carry this moment's timestamp (the dashboard's annotations)."""
     from guard import metrics
     from guard.state import StateDir
 
-    snapshot = metrics.write_snapshot(state_dir, result, verdicts, fingerprint=fp.to_dict(), drift=drift.to_dict())
+    now = _now().timestamp()
+    events = {"drift": now} if drift.found else {}
+    for event in ("retune", "pr"):
+        if (steps.get(event) or {}).get("status") == "done":
+            events[event] = now
+    snapshot = metrics.write_snapshot(state_dir, result, verdicts, fingerprint=fp.to_dict(), drift=drift.to_dict(),
+                                      events=events, autotune_s=(steps.get("retune") or {}).get("autotune_s"))
     exporter = metrics.GuardMetrics()
     exporter.load_snapshot(snapshot)
     textfile = StateDir(state_dir).textfile
@@ -200,9 +220,12 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     suite, entries, shapes = selection(options, progress)
     progress(f"suite {suite}: {len(entries)} kernels x {len(shapes)} shapes "
              f"({sum(not e.has_helion for e in entries)} kernels not implemented yet)")
-    result = run_bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
-                       state_dir=state_dir, suite=suite, seed=options.seed, rounds=options.rounds,
-                       progress=progress, cuda_graphs=options.cuda_graphs)
+    from guard.bench import shard
+
+    result = shard.bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
+                         state_dir=state_dir, suite=suite, seed=options.seed, rounds=options.rounds,
+                         progress=progress, cuda_graphs=options.cuda_graphs, workers=options.workers,
+                         bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
     from guard import config as guard_config
 
     cfg = guard_config.load(options.config, state_dir)
@@ -213,20 +236,24 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     baseline_path = recorded_paths(slug, options.root)[1]
     baseline = baselines.load(baseline_path)
     with History(state_dir / "history.sqlite") as history:
-        rerun = rerun_on_device(options) if options.confirm else None
+        # A sharded result re-runs a flagged case on the GPU that measured it (guard.bench.shard).
+        rerun = (shard.rerun_on_measuring_gpu(
+            result, state_dir=state_dir, seed=options.seed, rounds=options.rounds, cuda_graphs=options.cuda_graphs,
+            fingerprint_digest=fp.digest(), progress=progress, bench_fn=options.bench_fn,
+            case_timeout_s=options.case_timeout_s) or rerun_on_device(options)) if options.confirm else None
         result, verdicts = run_check(result, baseline, history, policy, rerun)
         code = exit_code(verdicts, missing_fails=options.strict)
         history.record(result, verdicts, _now(), job=job, status="pass" if code == 0 else "fail")
     paths = write_reports(state_dir, stamp, result, verdicts, baseline, policy)
     if options.out_dir:
         paths.update(copy_reports(paths, Path(options.out_dir)))
-    paths.update(export_metrics(state_dir, result, verdicts, fp, drift))
     if options.update_baseline:
         left_out = baselines.update(baseline_path, result)
         paths["baseline"] = str(baseline_path)
         if left_out:
             progress(f"not written to the baseline: {', '.join(left_out)}")
     steps = retune_and_propose(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress)
+    paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))
     return CycleOutcome(code, result, verdicts, drift, paths, steps)
 
 
@@ -261,7 +288,8 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
                     criteria=cfg.criteria, devices=autotune.visible_devices())
                 progress(f"re-tune ({why}): {len(tuned)} kernels x {len(shapes)} shapes")
                 outcome = autotune.run_autotune(opts, progress)
-                steps["retune"] = {"status": "done", **outcome.to_dict()}
+                steps["retune"] = {"status": "done", **outcome.to_dict(),
+                                   "autotune_s": tune_seconds_by_kernel(outcome.entries)}
                 produced = produced or outcome.written
                 if outcome.changed:
                     steps["rebaseline"] = autotune.rebaseline(tuned, [s.name for s in shapes], state_dir, progress,

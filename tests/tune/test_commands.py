@@ -118,6 +118,10 @@ def test_nightly_on_cpu_reports_drift_skips_retune_and_pr_is_dry(tmp_path, curre
     assert any("PR step dry" in m for m in messages)
     assert Path(outcome.paths["pr_body"]).read_text().count("mamba2-guard:gpu=cpu") == 1
     assert _branches(state / "pr" / "origin.git") == ["refs/heads/main"]
+    # the metrics carry the drift as an event (a dashboard annotation); no re-tune or PR happened
+    snapshot = json.loads((state / "latest.json").read_text())
+    assert set(snapshot["events"]) == {"drift"} and snapshot["drift"]["found"] is True
+    assert "mamba2_guard_drift" in (state / "metrics" / "mamba2_guard.prom").read_text()
 
 
 def test_pr_target_from_the_command_line(tmp_path, capsys, current_fp):
