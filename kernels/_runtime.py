@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -91,11 +93,15 @@ class TunedKernel:
     def helion_kernel(self, config: dict[str, Any] | None, mode: str = "compiled", **settings: Any):
         """A ``helion.Kernel`` of this function pinned to ``config`` (None: Helion's default config)."""
         import helion
+        import helion.exc
 
         cache_key = (json.dumps(config, sort_keys=True), mode + json.dumps(settings, sort_keys=True, default=str))
         kernel = self._kernels.get(cache_key)
         if kernel is None:
-            options: dict[str, Any] = {"static_shapes": True, "ref_mode": _ref_mode(mode), **settings}
+            # Host code around our kernels (allocations, sums of per-program partials) is deliberate, so
+            # Helion's notice that such tensor ops are not fused into the kernel is noise here.
+            options: dict[str, Any] = {"static_shapes": True, "ref_mode": _ref_mode(mode),
+                                       "ignore_warnings": [helion.exc.TensorOperationInWrapper], **settings}
             if config is not None:
                 options["config"] = helion.Config(**config)
             elif "autotune_effort" not in settings and not _env_true(AUTOTUNE_ENV):
@@ -123,7 +129,8 @@ class TunedKernel:
         found = self.lookup(*args)
         kernel = self.helion_kernel(found.config, mode)
         try:
-            result = kernel(*args)
+            with _without_implicit_config_notice():
+                result = kernel(*args)
         except Exception as exc:
             if found.config is None or not _is_invalid_config(exc):
                 raise
@@ -135,9 +142,25 @@ class TunedKernel:
             log.warning("%s: config for %s is invalid under this helion (%s); using the default", self.name,
                         found.key, exc)
             kernel = self.helion_kernel(None, mode)
-            result = kernel(*args)
+            with _without_implicit_config_notice():
+                result = kernel(*args)
         self._dispatch[dispatch_key] = kernel
         return result
+
+
+@contextlib.contextmanager
+def _without_implicit_config_notice() -> Iterator[None]:
+    """Drop Helion's "Using implicit config" line (printed on stderr when a kernel binds to its default
+    config): the fallback is already logged once, and counted, by the config store. Everything else
+    Helion prints goes through."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    finally:
+        kept = [line for line in captured.getvalue().splitlines(keepends=True)
+                if not line.startswith("Using implicit config:")]
+        sys.stderr.write("".join(kept))
 
 
 def _ref_mode(mode: str):

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import os
 import types
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -28,8 +29,10 @@ def enable_cpu_interpret() -> None:
     """Set the environment and apply the patches that CPU execution needs. Idempotent."""
     global _patched
     os.environ["TRITON_INTERPRET"] = "1"
-    # mamba-ssm's autotuners need a driver to benchmark; deterministic mode collapses each to one config.
+    # mamba-ssm's autotuners need a driver to benchmark; deterministic mode collapses each to one config
+    # (and mamba-ssm then suggests cached autotuning, which does not apply here).
     os.environ.setdefault("MAMBA_DETERMINISTIC", "1")
+    warnings.filterwarnings("ignore", message="Deterministic mode: set TRITON_CACHE_AUTOTUNING", category=UserWarning)
     if _patched:
         return
     _patched = True
