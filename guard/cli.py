@@ -125,14 +125,15 @@ def _options(args: argparse.Namespace, **overrides):
                         rounds=args.rounds, confirm=not getattr(args, "no_confirm", False),
                         strict=getattr(args, "strict", False),
                         update_baseline=getattr(args, "update_baseline", False), out_dir=getattr(args, "out", None),
-                        force_retune=getattr(args, "force_retune", False), cuda_graphs=args.cuda_graphs, **overrides)
+                        force_retune=getattr(args, "force_retune", False), cuda_graphs=args.cuda_graphs,
+                        workers=args.workers, bench_fn=args.bench_fn, case_timeout_s=args.case_timeout, **overrides)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Bench the selection; write the result JSON; optionally the baseline. Exit 1 on a precision failure
     or error (speed is judged by ``check``)."""
     from guard import baselines, fingerprint
-    from guard.bench.run import run_bench
+    from guard.bench import shard
     from guard.nightly import selection
     from kernels.config_store import atomic_write_text
 
@@ -145,8 +146,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     suite, entries, shapes = selection(options, progress)
     fp = fingerprint.collect()
     state = Path(args.state_dir)
-    result = run_bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), state_dir=state,
-                       suite=suite, seed=args.seed, rounds=args.rounds, progress=progress, cuda_graphs=args.cuda_graphs)
+    result = shard.bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), state_dir=state,
+                         suite=suite, seed=args.seed, rounds=args.rounds, progress=progress,
+                         cuda_graphs=args.cuda_graphs, workers=args.workers, bench_fn=args.bench_fn,
+                         case_timeout_s=args.case_timeout)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.json) if args.json else state / "results" / f"bench-{stamp}.json"
     atomic_write_text(out, json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
@@ -356,6 +359,25 @@ def cmd_pr(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _workers_arg(value: str):
+    from guard.bench.shard import parse_workers
+
+    try:
+        return parse_workers(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("workers: ")) from None
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mamba2-guard", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -384,6 +406,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--cuda-graphs", action="store_true",
                        help="time CUDA-graph replays (L2 still flushed before each): device work without host overhead")
         p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+        p.add_argument("--workers", type=_workers_arg, default=1, metavar="N|auto",
+                       help="bench workers, one per GPU (child processes; auto: all visible GPUs; default 1)")
+        p.add_argument("--case-timeout", type=_positive_seconds, default=1800.0, metavar="S",
+                       help="with --workers: kill a worker that finishes no case for S seconds (default 1800)")
+        p.add_argument("--bench-fn", help=argparse.SUPPRESS)  # module:function or file.py:function (tests)
 
     p = sub.add_parser("bench", help="precision and interleaved timing of kernels x shapes")
     selection(p, "default")

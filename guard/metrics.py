@@ -14,6 +14,9 @@ join ours with DCGM's, e.g.::
 
     mamba2_guard_kernel_latency_seconds * on(UUID) group_left() DCGM_FI_DEV_SM_CLOCK
 
+A case measured by a sharded bench (``guard.bench.shard``) carries the GPU that measured it in its
+``extra``; its series get that GPU's ``gpu``/``UUID``/``modelName`` labels instead of the result's.
+
 The daemon's job name is the label ``guard_job`` (nightly|retune|drift|metrics|oneshot), not ``job``:
 ``job`` is Prometheus's own target label and the Pushgateway's grouping label, so a ``job`` label of
 ours would be renamed ``exported_job`` on scrape and rejected by the Pushgateway.
@@ -78,6 +81,17 @@ def gpu_labels(fingerprint: Mapping[str, Any] | None) -> dict[str, str]:
         "modelName": fp.get("gpu_name") or "cpu",
         "Hostname": fp.get("hostname") or socket.gethostname(),
     }
+
+
+def case_gpu_labels(result_labels: Mapping[str, str], extra: Mapping[str, Any] | None) -> dict[str, str]:
+    """A case's GPU labels: the GPU that measured it when the case records one (a sharded bench puts
+    ``gpu_index``/``gpu_uuid``/``gpu_name`` in its ``extra``), else the result's."""
+    extra = extra or {}
+    if extra.get("gpu_uuid") is None and extra.get("gpu_index") is None:
+        return dict(result_labels)
+    index = extra.get("gpu_index")
+    return {**result_labels, "gpu": "" if index is None else str(index), "UUID": extra.get("gpu_uuid") or "",
+            "modelName": extra.get("gpu_name") or result_labels["modelName"]}
 
 
 def _as_dict(obj: Any) -> Any:
@@ -152,6 +166,7 @@ class GuardMetrics:
         self.state_errors = Counter(f"{PREFIX}_state_errors", "State files found unreadable and moved aside",
                                     ("file",), registry=r)
         self._gpu: dict[str, str] = gpu_labels(None)
+        self._case_gpus: set[str] = set()  # gpu label values of the per-case series (several: sharded bench)
 
     # ------------------------------------------------------------------------------------------
     # From a bench result
@@ -173,8 +188,10 @@ class GuardMetrics:
         from guard.core.results import BenchResult
 
         parsed = result if isinstance(result, BenchResult) else BenchResult.from_dict(doc)
+        where = {c.key: case_gpu_labels(gl, c.extra) for c in parsed.cases}
+        self._case_gpus = {w["gpu"] for w in where.values()} | {gl["gpu"]}
         for c in parsed.cases:
-            labels = {"kernel": c.kernel, "shape": c.shape, **gl}
+            labels = {"kernel": c.kernel, "shape": c.shape, **where[c.key]}
             if c.timings_meaningful:
                 for impl in ("helion", "mamba_ssm"):
                     samples = list(getattr(c.samples_ms, impl))
@@ -197,13 +214,13 @@ class GuardMetrics:
         seen = set()
         for v in verdicts:
             vd = _as_dict(v)
-            labels = {"kernel": vd["kernel"], "shape": vd["shape"], **gl}
+            labels = {"kernel": vd["kernel"], "shape": vd["shape"], **where.get((vd["kernel"], vd["shape"]), gl)}
             seen.add((vd["kernel"], vd["shape"]))
             self.regression.labels(**labels).set(1.0 if vd["status"] == "regression" else 0.0)
             self.case_status.labels(status=vd["status"], **labels).set(1.0)
         for c in parsed.cases:  # cases without a verdict: no regression known
             if (c.kernel, c.shape) not in seen:
-                self.regression.labels(kernel=c.kernel, shape=c.shape, **gl).set(0.0)
+                self.regression.labels(kernel=c.kernel, shape=c.shape, **where[c.key]).set(0.0)
         env = {
             "torch": fp.get("torch"), "triton": fp.get("triton"), "helion": fp.get("helion"),
             "mamba_ssm": fp.get("mamba_ssm"), "cuda_runtime": fp.get("cuda_runtime"),
@@ -327,7 +344,9 @@ class GuardMetrics:
         from prometheus_client import push_to_gateway
 
         grouping = {"instance": self._gpu["Hostname"]}
-        if self._gpu["gpu"]:
+        if self._gpu["gpu"] and self._case_gpus <= {self._gpu["gpu"]}:
+            # one GPU's series: group by it. A sharded bench's series carry several gpu labels, and pushed
+            # series must not disagree with a grouping label: the group is then the host.
             grouping["gpu"] = self._gpu["gpu"]
         push_to_gateway(gateway_url, job=job, registry=self.registry, grouping_key=grouping, timeout=timeout_s)
 
