@@ -104,7 +104,7 @@ def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | No
     return drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(slug), policy)
 
 
-def rerun_on_device(options: CycleOptions) -> Any:
+def rerun_on_device(options: CycleOptions, gpu_uuid: str | None = None) -> Any:
     """The confirmation re-run of one case, in this process (GPU only)."""
     if not torch.cuda.is_available():
         return None
@@ -112,7 +112,7 @@ def rerun_on_device(options: CycleOptions) -> Any:
     from guard.bench.timing import Timer
 
     device = torch.device("cuda")
-    timer, nvml = Timer(device), Nvml(torch.cuda.current_device())
+    timer, nvml = Timer(device), Nvml(torch.cuda.current_device(), uuid=gpu_uuid)
     loaded = suites.load()
 
     def rerun(case: CaseResult) -> CaseResult:
@@ -237,10 +237,13 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     baseline = baselines.load(baseline_path)
     with History(state_dir / "history.sqlite") as history:
         # A sharded result re-runs a flagged case on the GPU that measured it (guard.bench.shard).
-        rerun = (shard.rerun_on_measuring_gpu(
-            result, state_dir=state_dir, seed=options.seed, rounds=options.rounds, cuda_graphs=options.cuda_graphs,
-            fingerprint_digest=fp.digest(), progress=progress, bench_fn=options.bench_fn,
-            case_timeout_s=options.case_timeout_s) or rerun_on_device(options)) if options.confirm else None
+        rerun = None
+        if options.confirm:
+            rerun = shard.rerun_on_measuring_gpu(
+                result, state_dir=state_dir, seed=options.seed, rounds=options.rounds,
+                cuda_graphs=options.cuda_graphs, fingerprint_digest=fp.digest(), progress=progress,
+                bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
+            rerun = rerun or rerun_on_device(options, fp.gpu_uuid)
         result, verdicts = run_check(result, baseline, history, policy, rerun)
         code = exit_code(verdicts, missing_fails=options.strict)
         history.record(result, verdicts, _now(), job=job, status="pass" if code == 0 else "fail")

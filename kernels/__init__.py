@@ -18,6 +18,7 @@ IS_MAMBA2_GUARD = True
 # public name -> "module:attribute"; a name appears here once its implementation exists.
 _PUBLIC = {
     "mamba_chunk_scan_combined": "kernels.ssd.combined:mamba_chunk_scan_combined",
+    "mamba_split_conv1d_scan_combined": "kernels.layer_fn:mamba_split_conv1d_scan_combined",
     "patch_mamba_ssm": "kernels.layer:patch_mamba_ssm",
     "unpatch_mamba_ssm": "kernels.layer:unpatch_mamba_ssm",
     "registry": "kernels.registry",

@@ -1,58 +1,119 @@
-"""Swap mamba-ssm's ``mamba_chunk_scan_combined`` for the Helion drop-in, and back.
+"""Swap mamba-ssm's Mamba-2 kernels for the Helion drop-ins, and back.
 
-``patch_mamba_ssm()`` replaces ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`` and the
-same name in every already-imported ``mamba_ssm`` module that imported it (``mamba_ssm.modules.mamba2``,
-``mamba2_simple``, ``ssd_minimal``); modules imported later pick the patched attribute up from
-``ssd_combined``. ``unpatch_mamba_ssm()`` restores exactly what was replaced. Both are idempotent.
-Only the non-fused path (``Mamba2(use_mem_eff_path=False)`` or direct calls) goes through this function;
-``mamba_split_conv1d_scan_combined`` is not replaced.
+``patch_mamba_ssm()`` makes a ``mamba_ssm.modules.mamba2.Mamba2`` (and ``Mamba2Simple``) run the Helion
+kernels in both ``use_mem_eff_path`` modes. It replaces, in every imported ``mamba_ssm`` module that holds
+them (by identity, so aliases such as ``mamba2.RMSNormGated`` are found too):
+
+  * ``ssd_combined.mamba_chunk_scan_combined``         -> ``kernels.ssd.combined.mamba_chunk_scan_combined``
+  * ``ssd_combined.mamba_split_conv1d_scan_combined``  -> ``kernels.layer_fn.mamba_split_conv1d_scan_combined``
+  * ``layernorm_gated.rmsnorm_fn``                     -> ``kernels.norm.rmsnorm.rmsnorm_fn``
+  * ``layernorm_gated.RMSNorm`` (``RMSNormGated``)      -> ``kernels.norm.rmsnorm.RMSNormGated``
+
+and sets ``causal_conv1d_fn`` in ``mamba_ssm.modules.mamba2`` and ``mamba2_simple`` (causal-conv1d's function,
+or None without that package, where the layer falls back to ``nn.Conv1d``) to
+``kernels.conv.causal_conv1d.causal_conv1d_fn``. It imports those two modules first (skipping one whose
+import fails, e.g. without huggingface_hub). Modules imported later pick the patched attributes up from
+``ssd_combined`` / ``layernorm_gated``.
+
+``unpatch_mamba_ssm()`` restores exactly what was there, also in modules imported while patched. Both are
+idempotent. Already-built ``Mamba2`` modules follow the patch both ways (their norm's forward calls the
+module-level ``rmsnorm_fn``); a ``Mamba2`` *built* while patched keeps its Helion ``RMSNormGated`` instance
+after unpatching (same parameters and state_dict). ``Mamba2.step`` (decoding) is not touched.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 from typing import Any
 
-NAME = "mamba_chunk_scan_combined"
+# (mamba-ssm module, attribute, ours as "module:attribute")
+SWAPS = (
+    ("ops.triton.ssd_combined", "mamba_chunk_scan_combined", "kernels.ssd.combined:mamba_chunk_scan_combined"),
+    ("ops.triton.ssd_combined", "mamba_split_conv1d_scan_combined",
+     "kernels.layer_fn:mamba_split_conv1d_scan_combined"),
+    ("ops.triton.layernorm_gated", "rmsnorm_fn", "kernels.norm.rmsnorm:rmsnorm_fn"),
+    ("ops.triton.layernorm_gated", "RMSNorm", "kernels.norm.rmsnorm:RMSNormGated"),
+)
+# Modules that import causal-conv1d's ``causal_conv1d_fn`` under a guard (None when it is not installed).
+CONV_MODULES = ("modules.mamba2", "modules.mamba2_simple")
+CONV_NAME = "causal_conv1d_fn"
+CONV_OURS = "kernels.conv.causal_conv1d:causal_conv1d_fn"
+
 _lock = threading.Lock()
-_original: Any = None
-_replaced: list[str] = []  # modules whose attribute was swapped
+_originals: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, ours)
+_saved: dict[tuple[str, str], Any] = {}  # (module name, attribute) -> the value before patching
+
+
+def _load(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _mamba_modules() -> list[tuple[str, Any]]:
+    return [(name, module) for name, module in list(sys.modules.items())
+            if module is not None and (name == "mamba_ssm" or name.startswith("mamba_ssm."))]
 
 
 def patch_mamba_ssm() -> list[str]:
-    """Install the Helion ``mamba_chunk_scan_combined``; returns the modules patched."""
-    global _original
+    """Install the Helion kernels; returns the names of the modules patched (sorted)."""
     from kernels import _mamba_ssm
-    from kernels.ssd.combined import mamba_chunk_scan_combined as ours
 
     with _lock:
-        combined = _mamba_ssm.module("ops.triton.ssd_combined")
-        if _original is None:
-            _original = getattr(combined, NAME)
-        for name, module in list(sys.modules.items()):
-            if (name == "mamba_ssm" or name.startswith("mamba_ssm.")) and getattr(module, NAME, None) is _original:
-                setattr(module, NAME, ours)
-                _replaced.append(name)
-        return list(_replaced)
+        ours_by_original: dict[int, Any] = {}
+        for source_name, attr, target in SWAPS:
+            ours = _load(target)
+            current = getattr(_mamba_ssm.module(source_name), attr)
+            if current is not ours and id(current) not in _originals:
+                _originals[id(current)] = (current, ours)
+        for original, ours in _originals.values():
+            ours_by_original[id(original)] = ours
+        conv_modules = []
+        for name in CONV_MODULES:
+            try:
+                conv_modules.append(_mamba_ssm.module(name))
+            except ImportError:  # e.g. mamba2.py needs huggingface_hub
+                continue
+        for name, module in _mamba_modules():
+            for attr, value in list(vars(module).items()):
+                ours = ours_by_original.get(id(value))
+                if ours is not None and value is _originals[id(value)][0]:
+                    _saved.setdefault((name, attr), value)
+                    setattr(module, attr, ours)
+        conv = _load(CONV_OURS)
+        for module in conv_modules:
+            if hasattr(module, CONV_NAME) and getattr(module, CONV_NAME) is not conv:
+                _saved.setdefault((module.__name__, CONV_NAME), getattr(module, CONV_NAME))
+                setattr(module, CONV_NAME, conv)
+        return sorted({name for name, _ in _saved})
 
 
 def unpatch_mamba_ssm() -> list[str]:
-    """Restore mamba-ssm's own function where ``patch_mamba_ssm`` replaced it; returns those modules."""
-    global _original
-    from kernels.ssd.combined import mamba_chunk_scan_combined as ours
-
+    """Restore mamba-ssm's own objects wherever ``patch_mamba_ssm`` put ours; returns those modules."""
     with _lock:
-        restored = []
-        for name in _replaced:
+        restored = set()
+        conv = _load(CONV_OURS)
+        for (name, attr), value in _saved.items():
             module = sys.modules.get(name)
-            if module is not None and getattr(module, NAME, None) is ours:
-                setattr(module, NAME, _original)
-                restored.append(name)
-        _replaced.clear()
-        _original = None
-        return restored
+            if module is None:
+                continue
+            current = getattr(module, attr, None)
+            if current is conv or any(current is ours for _, ours in _originals.values()):
+                setattr(module, attr, value)
+                restored.add(name)
+        # Modules imported while patched copied ours from ssd_combined / layernorm_gated.
+        original_by_ours = {id(ours): original for original, ours in _originals.values()}
+        for name, module in _mamba_modules():
+            for attr, value in list(vars(module).items()):
+                original = original_by_ours.get(id(value))
+                if original is not None and (name, attr) not in _saved:
+                    setattr(module, attr, original)
+                    restored.add(name)
+        _saved.clear()
+        _originals.clear()
+        return sorted(restored)
 
 
 def is_patched() -> bool:
-    return bool(_replaced)
+    return bool(_saved)

@@ -24,8 +24,10 @@ from kernels.suites import ShapeSpec
 
 Inputs = dict[str, Any]
 Outputs = dict[str, torch.Tensor]
-FAMILIES = ("ssd", "norm", "conv")
+FAMILIES = ("ssd", "norm", "conv", "layer")
 DEFAULT_TOLERANCE = (1e-2, 1e-2)  # (atol, rtol)
+# Phases of whole calls (many kernels each): timed as users make the call, never summed with kernels.
+COMPOSITE_PHASES = ("call_", "layer_")
 INF = float("inf")
 
 
@@ -60,8 +62,11 @@ class KernelEntry:
     bytes_moved: Callable[[ShapeSpec], int]
     flops: Callable[[ShapeSpec], int]
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
-    # mamba-ssm's name for the baseline; other packages (causal-conv1d) are named by their module.
+    # "mamba_ssm": ``baseline`` is a path inside mamba-ssm (loaded without its CUDA extension); otherwise
+    # ``baseline`` is a plain "module:function" of the package named here.
     baseline_name: str = "mamba_ssm"
+    # A package the baseline needs at run time (causal-conv1d's CUDA kernels), absent on many installs.
+    baseline_requires: str | None = None
     # A whole call through autograd: the outputs are the gradients of these inputs for upstream "dout".
     grad_of: tuple[str, ...] = ()
 
@@ -117,12 +122,14 @@ class KernelEntry:
         if self.baseline is None:
             raise BaselineUnavailable(f"{self.name}: mamba-ssm has no counterpart")
         try:
+            if self.baseline_requires:
+                importlib.import_module(self.baseline_requires)
             if self.baseline_name == "mamba_ssm":
                 return _mamba_ssm.resolve(self.baseline)
-            importlib.import_module(self.baseline_name)  # the package may be absent (a CUDA-only build)
             return load_target(self.baseline)
         except ImportError as exc:
-            raise BaselineUnavailable(f"{self.name}: {self.baseline_name} unavailable: {exc}") from exc
+            needs = self.baseline_requires or self.baseline_name
+            raise BaselineUnavailable(f"{self.name}: the baseline needs {needs}, unavailable here: {exc}") from exc
 
     def run_helion(self, inputs: Inputs) -> Outputs:
         return self._call(self.helion_fn(), inputs)
@@ -292,6 +299,25 @@ def inputs_conv(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
     }
 
 
+def inputs_layer(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
+    """What ``Mamba2`` hands ``mamba_split_conv1d_scan_combined``: the in_proj output (z, xBC, dt), the conv
+    and norm weights, fp32 A, D and dt_bias; no out_proj (the layer's own kernels)."""
+    g = _rng(seed, device)
+    dtype, conv_dim = s.torch_dtype, s.conv_dim
+    return {
+        "zxbcdt": _randn(g, (s.batch, s.seqlen, s.d_ssm + conv_dim + s.nheads), dtype, device),
+        "conv_weight": _randn(g, (conv_dim, s.conv_width), dtype, device, 0.5),
+        "conv_bias": _randn(g, (conv_dim,), dtype, device, 0.1),
+        "dt_bias": _rand(g, (s.nheads,), torch.float32, device, -4.0, -2.0),
+        "A": -_rand(g, (s.nheads,), torch.float32, device, 1.0, 16.0),
+        "D": _randn(g, (s.nheads,), torch.float32, device),
+        "norm_weight": _rand(g, (s.d_ssm,), dtype, device, 0.5, 1.5),
+        "dout": _randn(g, (s.batch, s.seqlen, s.d_ssm), dtype, device, 0.1),
+        "chunk_size": s.chunk_size, "headdim": s.headdim, "ngroups": s.ngroups,
+        "norm_before_gate": s.norm_before_gate, "eps": 1e-5,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------
 # Bytes and FLOPs models: compulsory traffic (each input read once, each output written once) and the
 # multiply-adds of the matmuls, in the layouts the kernels use.
@@ -453,12 +479,14 @@ ENTRIES: tuple[KernelEntry, ...] = (
            ("x", "weight", "bias", "seq_idx", "activation"), ("out",),
            "kernels.conv.naive:causal_conv1d_fwd", "causal_conv1d:causal_conv1d_fn",
            _conv_bytes(2), lambda s: 2 * s.batch * s.conv_dim * s.seqlen * s.conv_width,
-           baseline_name="causal_conv1d", helion="kernels.conv.causal_conv1d:causal_conv1d_fwd"),
+           baseline_name="causal_conv1d", baseline_requires="causal_conv1d",
+           helion="kernels.conv.causal_conv1d:causal_conv1d_fwd"),
     _entry("causal_conv1d_bwd", "conv", "conv_bwd", "causal_conv1d_bwd (CUDA, causal-conv1d)", inputs_conv,
            ("x", "weight", "bias", "dout", "seq_idx", "activation"), ("dx", "dweight", "dbias"),
            "kernels.conv.naive:causal_conv1d_bwd", "kernels.conv.naive:causal_conv1d_cuda_bwd",
            _conv_bytes(3), lambda s: 6 * s.batch * s.conv_dim * s.seqlen * s.conv_width,
-           baseline_name="causal_conv1d", helion="kernels.conv.causal_conv1d:causal_conv1d_bwd"),
+           baseline_name="causal_conv1d", baseline_requires="causal_conv1d",
+           helion="kernels.conv.causal_conv1d:causal_conv1d_bwd"),
 )
 
 
@@ -486,7 +514,27 @@ CALLS: tuple[KernelEntry, ...] = (
            helion="kernels.ssd.combined:mamba_chunk_scan_combined",
            grad_of=("x", "dt_raw", "A", "B", "C", "D", "dt_bias")),
 )
-ENTRIES = ENTRIES + CALLS
+# The layer's own kernels (conv + SSD + gated norm), as Mamba2's memory-efficient path calls them.
+_LAYER_ARGS = ("zxbcdt", "conv_weight", "conv_bias", "dt_bias", "A", "D", "chunk_size",
+               "rmsnorm_weight=norm_weight", "rmsnorm_eps=eps", "headdim=headdim", "ngroups=ngroups",
+               "norm_before_gate=norm_before_gate")
+_LAYER_FWD = ("causal_conv1d_fwd", *_FWD_STAGES, "gated_rmsnorm_fwd")
+_LAYER_FWD_BWD = (*_LAYER_FWD, "causal_conv1d_bwd", *_FWD_BWD_STAGES[len(_FWD_STAGES):], "gated_rmsnorm_bwd")
+_SPLIT = f"{_mamba_ssm.SSD_COMBINED}:mamba_split_conv1d_scan_combined"
+LAYER: tuple[KernelEntry, ...] = (
+    _entry("mamba2_layer_fwd", "layer", "layer_fwd", "mamba_split_conv1d_scan_combined (forward)", inputs_layer,
+           _LAYER_ARGS, ("out",), "kernels.layer_naive:mamba_split_conv1d_scan_ref", _SPLIT,
+           _total(_LAYER_FWD, "bytes_moved"), _total(_LAYER_FWD, "flops"),
+           helion="kernels.layer_fn:mamba_split_conv1d_scan_combined", baseline_requires="causal_conv1d"),
+    _entry("mamba2_layer_fwd_bwd", "layer", "layer_fwd_bwd", "mamba_split_conv1d_scan_combined (forward + backward)",
+           inputs_layer, _LAYER_ARGS,
+           ("dzxbcdt", "dconv_weight", "dconv_bias", "ddt_bias", "dA", "dD", "dnorm_weight"),
+           "kernels.layer_naive:mamba_split_conv1d_scan_ref", _SPLIT,
+           _total(_LAYER_FWD_BWD, "bytes_moved"), _total(_LAYER_FWD_BWD, "flops"),
+           helion="kernels.layer_fn:mamba_split_conv1d_scan_combined", baseline_requires="causal_conv1d",
+           grad_of=("zxbcdt", "conv_weight", "conv_bias", "dt_bias", "A", "D", "norm_weight")),
+)
+ENTRIES = ENTRIES + CALLS + LAYER
 REGISTRY: dict[str, KernelEntry] = {e.name: e for e in ENTRIES}
 
 

@@ -34,18 +34,22 @@ class ClockState:
 
 
 class Nvml:
-    """One GPU's NVML handle; every read degrades to None where NVML or a field is unavailable."""
+    """One GPU's NVML handle; every read degrades to None where NVML or a field is unavailable.
 
-    def __init__(self, index: int):
+    Prefer ``uuid``: NVML numbers GPUs as the host does and ignores CUDA_VISIBLE_DEVICES, so torch's device
+    index can name another GPU. Without a UUID, ``index`` is NVML's index."""
+
+    def __init__(self, index: int = 0, uuid: str | None = None):
         self._nvml = None
         self._handle = None
         try:
             import pynvml
 
             pynvml.nvmlInit()
+            self._handle = (pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid
+                            else pynvml.nvmlDeviceGetHandleByIndex(index))
             self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        except Exception:  # no driver, no library, no such device: clocks just go unrecorded
+        except Exception:  # no driver, no library, no such device: clocks go unrecorded, never another GPU's
             self._nvml = None
 
     def _read(self, fn_name: str, *args: Any) -> Any:

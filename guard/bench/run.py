@@ -25,7 +25,7 @@ from guard.bench import peaks as peaks_mod
 from guard.bench.nvml import Nvml
 from guard.bench.precision import compare
 from guard.core.results import BenchResult, CaseResult, Precision, SamplesMs
-from kernels.registry import BaselineUnavailable, KernelEntry
+from kernels.registry import COMPOSITE_PHASES, BaselineUnavailable, KernelEntry
 from kernels.suites import ShapeSpec
 
 Progress = Callable[[str], None]
@@ -105,20 +105,15 @@ def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch
 
 def with_layer_shares(cases: Sequence[CaseResult]) -> list[CaseResult]:
     """Each kernel's share of its shape's layer time, by mamba-ssm's medians (the fixed reference).
-    Whole calls (phase ``call_*``) contain the kernels, so they neither count nor get a share."""
+    Whole calls (``COMPOSITE_PHASES``) contain the kernels, so they neither count nor get a share."""
     import dataclasses
 
-    cases = list(cases)
+    counted = [c for c in cases if c.mamba_ssm_median_ms is not None and not c.phase.startswith(COMPOSITE_PHASES)]
     totals: dict[str, float] = {}
-    for case in cases:
-        if case.mamba_ssm_median_ms is not None and not case.phase.startswith("call"):
-            totals[case.shape] = totals.get(case.shape, 0.0) + case.mamba_ssm_median_ms
-    return [
-        dataclasses.replace(case, layer_share=case.mamba_ssm_median_ms / totals[case.shape])
-        if case.mamba_ssm_median_ms is not None and totals.get(case.shape) and not case.phase.startswith("call")
-        else case
-        for case in cases
-    ]
+    for case in counted:
+        totals[case.shape] = totals.get(case.shape, 0.0) + case.mamba_ssm_median_ms
+    return [dataclasses.replace(case, layer_share=case.mamba_ssm_median_ms / totals[case.shape])
+            if case in counted and totals[case.shape] else case for case in cases]
 
 
 def plain_progress(message: str) -> None:
@@ -140,7 +135,7 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
         progress(f"waiting for the GPU lock {lock.lock_file}")
         with lock:
             peaks = peaks_mod.cached(state_dir, fingerprint_digest)
-            timer, nvml = Timer(device), Nvml(index)
+            timer, nvml = Timer(device), Nvml(index, uuid=fingerprint.get("gpu_uuid"))
             for i, (shape, entry) in enumerate(_with_bar(((s, e) for s in shapes for e in entries), total)):
                 t0 = time.monotonic()
                 case = bench_case(entry, shape, seed=seed, device=device, rounds=rounds, warmup=warmup,

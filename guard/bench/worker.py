@@ -133,19 +133,6 @@ def _nvml_index(uuid: str) -> int | None:
         return None
 
 
-def nvml_for(uuid: str | None, index: int):
-    """An ``Nvml`` whose handle is the GPU with ``uuid`` (NVML indexes ignore CUDA_VISIBLE_DEVICES)."""
-    from guard.bench.nvml import Nvml
-
-    nvml = Nvml(index)
-    if uuid and nvml._nvml is not None:
-        try:
-            nvml._handle = nvml._nvml.nvmlDeviceGetHandleByUUID(uuid)
-        except Exception:
-            nvml._nvml = None  # better no clocks than another GPU's clocks
-    return nvml
-
-
 def _timed_first_call(entry, shape, seed: int, device) -> float | None:
     """Seconds of the first Helion call at this shape: compile (CPU) + one run. Later calls hit the cache,
     so ``bench_case`` measures as it would have; a failure is left for ``bench_case`` to report."""
@@ -190,6 +177,7 @@ def real_bench(spec: dict[str, Any], note: Note) -> Iterator[Any]:
             yield bench_case(entry, shape, seed=seed, device=torch.device("cpu"), rounds=1, warmup=0, timer=None,
                              nvml=None, peaks={})
         return
+    from guard.bench.nvml import Nvml
     from guard.bench.timing import Timer
 
     device = torch.device("cuda", 0)
@@ -204,7 +192,7 @@ def real_bench(spec: dict[str, Any], note: Note) -> Iterator[Any]:
                 peaks = peaks_mod.cached(state_dir, spec["fingerprint_digest"])
         else:
             peaks = {}
-        timer, nvml = Timer(device), nvml_for(gpu["uuid"], 0)
+        timer, nvml = Timer(device), Nvml(uuid=gpu["uuid"])
         note(phase="ready", lock_wait_s=lock_wait)
         for entry, shape in jobs:
             compile_s = _timed_first_call(entry, shape, seed, device)

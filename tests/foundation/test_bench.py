@@ -12,7 +12,8 @@ from kernels import registry
 from kernels.testing import execution_mode
 
 
-@pytest.mark.parametrize("name", ["ssd_combined_fwd", "ssd_combined_fwd_bwd"])
+@pytest.mark.parametrize("name", ["ssd_combined_fwd", "ssd_combined_fwd_bwd", "mamba2_layer_fwd",
+                                  "mamba2_layer_fwd_bwd"])
 def test_whole_call_entries_run_helion_against_fp64(name, smoke_shape):
     entry = registry.get(name)
     inputs = entry.inputs(smoke_shape, seed=5)
@@ -40,8 +41,9 @@ def _case(kernel, phase, mamba_ms):
 
 
 def test_layer_shares_count_kernels_not_whole_calls():
-    cases = with_layer_shares([_case("a", "fwd_1", 1.0), _case("b", "fwd_2", 3.0), _case("call", "call_fwd", 4.0)])
-    assert [c.layer_share for c in cases] == [0.25, 0.75, None]
+    cases = with_layer_shares([_case("a", "fwd_1", 1.0), _case("b", "fwd_2", 3.0), _case("call", "call_fwd", 4.0),
+                               _case("layer", "layer_fwd_bwd", 9.0)])
+    assert [c.layer_share for c in cases] == [0.25, 0.75, None, None]
 
 
 def test_timing_counts_are_checked():

@@ -17,6 +17,7 @@ EXPECTED = {
             "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd", "ssd_combined_fwd", "ssd_combined_fwd_bwd"],
     "norm": ["gated_rmsnorm_fwd", "gated_rmsnorm_bwd"],
     "conv": ["causal_conv1d_fwd", "causal_conv1d_bwd"],
+    "layer": ["mamba2_layer_fwd", "mamba2_layer_fwd_bwd"],
 }
 
 
@@ -69,7 +70,8 @@ def test_missing_implementation_is_reported_never_passing(smoke_shape, monkeypat
     assert case.missing and case.precision is None and not case.samples_ms.helion
 
 
-@pytest.mark.parametrize("name", [e.name for e in registry.ENTRIES if e.baseline_name == "mamba_ssm"])
+@pytest.mark.parametrize("name", [e.name for e in registry.ENTRIES
+                                  if e.baseline_name == "mamba_ssm" and e.baseline_requires is None])
 def test_reference_matches_mamba_ssm(name, smoke_shape):
     """The registry's argument mapping and the pure-PyTorch reference reproduce mamba-ssm's wrapper."""
     entry = registry.get(name)
@@ -83,11 +85,12 @@ def test_reference_matches_mamba_ssm(name, smoke_shape):
 
 
 def test_conv_baseline_is_optional(smoke_shape):
-    entry = registry.get("causal_conv1d_fwd")
     try:
         import causal_conv1d  # noqa: F401
     except ImportError:
-        with pytest.raises(BaselineUnavailable, match="causal_conv1d"):
-            entry.run_baseline(entry.inputs(smoke_shape, 0))
+        for name in ("causal_conv1d_fwd", "mamba2_layer_fwd"):
+            entry = registry.get(name)
+            with pytest.raises(BaselineUnavailable, match="needs causal_conv1d"):
+                entry.run_baseline(entry.inputs(smoke_shape, 0))
     else:  # pragma: no cover - only where the CUDA package is installed
         pytest.skip("causal-conv1d is installed")
