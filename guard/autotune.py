@@ -363,17 +363,18 @@ def rich_bar(enabled: bool):
 
 def rebaseline(kernels: Sequence[str], shapes: Sequence[str], state_dir: Path, progress: Progress,
                seed: int = 0, rounds: int = 30, path: Path | None = None) -> dict[str, Any]:
-    """Bench the tuned kernels x shapes (GPU) and write them into ``baselines/<slug>.yaml``."""
+    """Bench the tuned kernels x shapes on every GPU of the host (sharded) and write them into
+    ``baselines/<slug>.yaml``."""
     from guard import baselines, fingerprint
-    from guard.bench.run import run_bench
+    from guard.bench import shard
     from kernels import registry, suites
 
     fp = fingerprint.collect()
     loaded = suites.load()
     entries = [registry.get(k) for k in kernels]
     shape_specs = [loaded.shape(s) for s in shapes]
-    result = run_bench(entries, shape_specs, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
-                       state_dir=state_dir, suite=None, seed=seed, rounds=rounds, progress=progress)
+    result = shard.bench(entries, shape_specs, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
+                         state_dir=state_dir, suite=None, seed=seed, rounds=rounds, progress=progress, workers="auto")
     path = path or baselines.path_for(fingerprint.gpu_slug(fp))
     left_out = baselines.update(path, result)
     bad = [f"{c.kernel}/{c.shape}" for c in result.cases if c.error or (c.precision and c.precision.ok is False)]
