@@ -18,8 +18,6 @@ against the incumbent, interleaved (``guard.bench.timing.Timer``).
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import json
 import os
 import signal
@@ -33,18 +31,10 @@ from typing import Any
 
 
 def load_tuner(ref: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    target, sep, attr = ref.rpartition(":")
-    if not sep or not target or not attr:
-        raise ValueError(f"tuner: expected 'module:function' or '/path/file.py:function', got {ref!r}")
-    if target.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(f"_mamba2_guard_tuner_{abs(hash(target))}", target)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"tuner: cannot load {target}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    return getattr(module, attr)
+    """The tuner named by ``module:function`` or ``/path/file.py:function``."""
+    from kernels._targets import load_target
+
+    return load_target(ref)
 
 
 def _watch_parent(parent: int) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import logging
 import os
 import pickle
@@ -98,14 +97,6 @@ def target_ref(target: str | Callable[..., Any]) -> str:
     if not module or "<" in qualname or "." in qualname or module == "__main__":
         raise ValueError(f"target: {target!r} is not an importable module-level function")
     return f"{module}:{qualname}"
-
-
-def resolve(ref: str) -> Callable[..., Any]:
-    module, _, name = ref.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -196,8 +187,10 @@ def child_main(spec_path: str) -> int:
     spec = pickle.loads(Path(spec_path).read_bytes())
     out = Path(spec["out"])
     _watch_parent(spec.get("parent"))
+    from kernels._targets import load_target
+
     try:
-        value = resolve(spec["target"])(*spec["args"], **spec["kwargs"])
+        value = load_target(spec["target"])(*spec["args"], **spec["kwargs"])
         outcome = {"ok": True, "value": value}
     except BaseException:  # noqa: BLE001 (report everything, SystemExit too)
         outcome = {"ok": False, "error": traceback.format_exc()}

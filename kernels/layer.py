@@ -23,10 +23,11 @@ after unpatching (same parameters and state_dict). ``Mamba2.step`` (decoding) is
 
 from __future__ import annotations
 
-import importlib
 import sys
 import threading
 from typing import Any
+
+from kernels._targets import load_target
 
 # (mamba-ssm module, attribute, ours as "module:attribute")
 SWAPS = (
@@ -46,11 +47,6 @@ _originals: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, ours)
 _saved: dict[tuple[str, str], Any] = {}  # (module name, attribute) -> the value before patching
 
 
-def _load(target: str) -> Any:
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
-
-
 def _mamba_modules() -> list[tuple[str, Any]]:
     return [(name, module) for name, module in list(sys.modules.items())
             if module is not None and (name == "mamba_ssm" or name.startswith("mamba_ssm."))]
@@ -63,7 +59,7 @@ def patch_mamba_ssm() -> list[str]:
     with _lock:
         ours_by_original: dict[int, Any] = {}
         for source_name, attr, target in SWAPS:
-            ours = _load(target)
+            ours = load_target(target)
             current = getattr(_mamba_ssm.module(source_name), attr)
             if current is not ours and id(current) not in _originals:
                 _originals[id(current)] = (current, ours)
@@ -81,7 +77,7 @@ def patch_mamba_ssm() -> list[str]:
                 if ours is not None and value is _originals[id(value)][0]:
                     _saved.setdefault((name, attr), value)
                     setattr(module, attr, ours)
-        conv = _load(CONV_OURS)
+        conv = load_target(CONV_OURS)
         for module in conv_modules:
             if hasattr(module, CONV_NAME) and getattr(module, CONV_NAME) is not conv:
                 _saved.setdefault((module.__name__, CONV_NAME), getattr(module, CONV_NAME))
@@ -93,7 +89,7 @@ def unpatch_mamba_ssm() -> list[str]:
     """Restore mamba-ssm's own objects wherever ``patch_mamba_ssm`` put ours; returns those modules."""
     with _lock:
         restored = set()
-        conv = _load(CONV_OURS)
+        conv = load_target(CONV_OURS)
         for (name, attr), value in _saved.items():
             module = sys.modules.get(name)
             if module is None:

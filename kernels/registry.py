@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from kernels import _mamba_ssm
+from kernels._targets import load_target
 from kernels.suites import ShapeSpec
 
 Inputs = dict[str, Any]
@@ -37,14 +38,6 @@ class MissingImplementation(LookupError):
 
 class BaselineUnavailable(LookupError):
     """The comparison implementation (mamba-ssm or causal-conv1d) cannot be loaded here."""
-
-
-def load_target(target: str) -> Callable[..., Any]:
-    """``"package.module:function"`` -> the function."""
-    module_name, sep, attr = target.partition(":")
-    if not sep:
-        raise ValueError(f"target: expected 'module:function', got {target!r}")
-    return getattr(importlib.import_module(module_name), attr)
 
 
 @dataclass(frozen=True)
