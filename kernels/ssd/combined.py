@@ -12,8 +12,12 @@ naming them.
 
 from __future__ import annotations
 
+import functools
+import types
+
 import torch
 
+from kernels.ssd import compose
 from kernels.ssd.bmm_chunk import bmm_chunk_fwd
 from kernels.ssd.bmm_chunk_bwd import bmm_chunk_bwd
 from kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
@@ -72,71 +76,17 @@ def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
             f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
 
 
-def ssd_forward(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
-                dt_softplus=False, dt_limit=(0.0, INF)):
-    """The five forward stages; returns (out, out_x, dt, dA_cumsum, states, final_states) as mamba-ssm's
-    ``_mamba_chunk_scan_combined_fwd``."""
-    batch, seqlen, nheads, headdim = x.shape
-    dstate = B.shape[-1]
-    dA_cumsum, dt = chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
-    states = chunk_state_fwd(B, x, dt, dA_cumsum, seq_idx=seq_idx, states_in_fp32=True)
-    flat_initial = initial_states.reshape(batch, nheads, headdim * dstate) if initial_states is not None else None
-    states, final_states = state_passing_fwd(
-        states.reshape(*states.shape[:3], headdim * dstate), dA_cumsum[:, :, :, -1], initial_states=flat_initial,
-        seq_idx=seq_idx, chunk_size=chunk_size, out_dtype=C.dtype)
-    states = states.reshape(*states.shape[:3], headdim, dstate)
-    final_states = final_states.reshape(batch, nheads, headdim, dstate)
-    cb = bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
-    out, out_x = chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
-    return out, out_x, dt, dA_cumsum, states, final_states
-
-
-def ssd_backward(dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
-                 dfinal_states=None, seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF)):
-    """mamba-ssm's ``_mamba_chunk_scan_combined_bwd`` on the Helion kernels. ``out`` is the forward's
-    pre-gate output when z is given, else its output. Returns (dx, ddt, dA, dB, dC, dD, dz, ddt_bias,
-    dinitial_states)."""
-    batch, seqlen, nheads, headdim = x.shape
-    ngroups, dstate = B.shape[2], B.shape[3]
-    dt_in = dt
-    dA_cumsum, dt = chunk_cumsum_fwd(dt_in, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                     dt_limit=dt_limit)
-    CB = bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
-    states = chunk_state_fwd(B, x, dt, dA_cumsum, seq_idx=seq_idx, states_in_fp32=True)
-    flat_initial = initial_states.reshape(batch, nheads, headdim * dstate) if initial_states is not None else None
-    states, _ = state_passing_fwd(states.reshape(*states.shape[:3], headdim * dstate), dA_cumsum[:, :, :, -1],
-                                  initial_states=flat_initial, seq_idx=seq_idx, chunk_size=chunk_size)
-    states = states.reshape(*states.shape[:3], headdim, dstate)
-    dz = dD = None
-    if z is not None:
-        dz, dout, dD = chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=False, D=D)
-    dstates = chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
-    dstates, ddA_chunk_cumsum, dinitial_states, states = state_passing_bwd(
-        states.reshape(*states.shape[:3], headdim * dstate), dA_cumsum[:, :, :, -1],
-        dstates.reshape(*dstates.shape[:3], headdim * dstate),
-        dfinal_states=dfinal_states.reshape(batch, nheads, headdim * dstate) if dfinal_states is not None else None,
-        seq_idx=seq_idx, has_initial_states=initial_states is not None, dstates_dtype=x.dtype,
-        states_dtype=x.dtype, chunk_size=chunk_size)
-    states = states.reshape(*states.shape[:3], headdim, dstate)
-    dstates = dstates.reshape(*dstates.shape[:3], headdim, dstate)
-    if dinitial_states is not None:
-        dinitial_states = dinitial_states.reshape(batch, nheads, headdim, dstate)
-    dx, ddt, dD_from_x = chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=D,
-                                                       seq_idx=seq_idx)
-    dB, ddA_next = chunk_state_bwd_db(x, dt, dA_cumsum, dstates, seq_idx=seq_idx, B=B, ngroups=ngroups)
-    dC, ddA_cumsum_prev = chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C, ngroups=ngroups)
-    dCB = chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=seq_idx, ngroups=ngroups)
-    dB = bmm_chunk_bwd(C, dCB, residual=dB).to(B.dtype)
-    dC = bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC).to(C.dtype)
-    if z is None:
-        dD = dD_from_x
-    ddA_cumsum_prev[..., -1] += ddA_chunk_cumsum
-    ddA_prev = ddA_cumsum_prev.flip([-1]).cumsum(dim=-1).flip([-1])
-    ddA = chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, CB)
-    ddA += ddA_next + ddA_prev
-    ddt, dA, ddt_bias = chunk_cumsum_bwd(ddA, ddt, dt_in, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                         dt_limit=dt_limit)
-    return dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states
+# The Helion stages, named as compose.forward/backward expect them.
+HELION_STAGES = types.SimpleNamespace(
+    chunk_cumsum_fwd=chunk_cumsum_fwd, chunk_state_fwd=chunk_state_fwd, state_passing_fwd=state_passing_fwd,
+    bmm_chunk_fwd=bmm_chunk_fwd, chunk_scan_fwd=chunk_scan_fwd, chunk_scan_bwd_dz=chunk_scan_bwd_dz,
+    chunk_scan_bwd_dstates=chunk_scan_bwd_dstates, state_passing_bwd=state_passing_bwd,
+    chunk_scan_chunk_state_bwd_dx=chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db=chunk_state_bwd_db,
+    chunk_scan_bwd_dC=chunk_scan_bwd_dC, chunk_scan_bwd_dcb=chunk_scan_bwd_dcb, bmm_chunk_bwd=bmm_chunk_bwd,
+    chunk_scan_bwd_ddAcs_stable=chunk_scan_bwd_ddAcs_stable, chunk_cumsum_bwd=chunk_cumsum_bwd,
+)
+ssd_forward = functools.partial(compose.forward, HELION_STAGES)
+ssd_backward = functools.partial(compose.backward, HELION_STAGES)
 
 
 class _MambaChunkScanCombinedFn(torch.autograd.Function):

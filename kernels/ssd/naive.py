@@ -14,9 +14,12 @@ Shape letters: b batch, L seqlen, h nheads, p headdim, g ngroups, n dstate, c nc
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
+
+from kernels.ssd import compose
 
 __all__ = [
     "chunk_cumsum_fwd",
@@ -548,10 +551,6 @@ def chunk_cumsum_bwd(ddA, ddt_out, dt, A, dt_bias=None, dt_softplus=False, dt_li
 # ----------------------------------------------------------------------------------------------------
 
 
-def _flat(t):
-    return None if t is None else t.reshape(*t.shape[:-2], -1)
-
-
 def ssd_chunked_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                     seq_idx=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False):
     """``mamba_chunk_scan_combined`` forward composed from the stage references (differentiable).
@@ -559,15 +558,9 @@ def ssd_chunked_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, in
     x (b,L,h,p), dt (b,L,h), A (h), B/C (b,L,g,n), D (h) or (h,p), z like x, dt_bias (h),
     initial_states (b,h,p,n), seq_idx (b,L). Returns out, or (out, final_states (b,h,p,n)).
     """
-    dstate = B.shape[-1]
-    dA_cumsum, dt_c = chunk_cumsum_fwd(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
-    states = chunk_state_fwd(B, x, dt_c, dA_cumsum, seq_idx=seq_idx)
-    states, final_states = state_passing_fwd(_flat(states), dA_cumsum[..., -1], _flat(initial_states),
-                                             seq_idx=seq_idx, chunk_size=chunk_size, out_dtype=C.dtype)
-    states = states.unflatten(-1, (-1, dstate))
-    final_states = final_states.unflatten(-1, (-1, dstate))
-    CB = bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
-    out, _ = chunk_scan_fwd(CB, x, dt_c, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
+    out, _, _, _, _, final_states = compose.forward(
+        sys.modules[__name__], x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+        seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit)
     return (out, final_states) if return_final_states else out
 
 
@@ -579,41 +572,9 @@ def ssd_chunked_bwd_ref(dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, d
     ``out`` is the forward's pre-gate output out_x when z is given, else out. Returns
     (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states).
     """
-    ngroups, dstate = B.shape[2], B.shape[3]
-    dA_cumsum, dt_c = chunk_cumsum_fwd(dt, A, chunk_size, dt_bias, dt_softplus, dt_limit)
-    CB = bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
-    states = chunk_state_fwd(B, x, dt_c, dA_cumsum, seq_idx=seq_idx)
-    states, _ = state_passing_fwd(_flat(states), dA_cumsum[..., -1], _flat(initial_states),
-                                  seq_idx=seq_idx, chunk_size=chunk_size)
-    states = states.unflatten(-1, (-1, dstate))
-    dz = dD = None
-    if z is not None:
-        dz, dout, dD = chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=False, D=D)
-    dstates = chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
-    dstates, ddA_chunk_cumsum, dinitial_states, states = state_passing_bwd(
-        _flat(states), dA_cumsum[..., -1], _flat(dstates), dfinal_states=_flat(dfinal_states),
-        seq_idx=seq_idx, has_initial_states=initial_states is not None, dstates_dtype=x.dtype,
-        states_dtype=x.dtype, chunk_size=chunk_size)
-    states = states.unflatten(-1, (-1, dstate))
-    dstates = dstates.unflatten(-1, (-1, dstate))
-    if dinitial_states is not None:
-        dinitial_states = dinitial_states.unflatten(-1, (-1, dstate))
-    dx, ddt, dD_from_x = chunk_scan_chunk_state_bwd_dx(x, dt_c, dA_cumsum, B, CB, dout, dstates, D=D,
-                                                       seq_idx=seq_idx)
-    dB, ddA_next = chunk_state_bwd_db(x, dt_c, dA_cumsum, dstates, seq_idx=seq_idx, B=B, ngroups=ngroups)
-    dC, ddA_cumsum_prev = chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C, ngroups=ngroups)
-    dCB = chunk_scan_bwd_dcb(x, dt_c, dA_cumsum, dout, seq_idx=seq_idx, ngroups=ngroups)
-    dB = bmm_chunk_bwd(C, dCB, residual=dB).to(_odtype(B.dtype, _cdtype(dB)))
-    dC = bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC).to(_odtype(C.dtype, _cdtype(dC)))
-    if z is None:
-        dD = dD_from_x
-    # Gradient of dA_cumsum from the state terms -> gradient of dA via a reverse cumsum.
-    ddA_cumsum_prev = ddA_cumsum_prev.clone()
-    ddA_cumsum_prev[..., -1] += ddA_chunk_cumsum
-    ddA_prev = ddA_cumsum_prev.flip(-1).cumsum(-1).flip(-1)
-    ddA = chunk_scan_bwd_ddAcs_stable(x, dt_c, dA_cumsum, dout, CB) + ddA_next + ddA_prev
-    ddt, dA, ddt_bias = chunk_cumsum_bwd(ddA, ddt, dt, A, dt_bias, dt_softplus, dt_limit)
-    return dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states
+    return compose.backward(sys.modules[__name__], dout, x, dt, A, B, C, out, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                            initial_states=initial_states, dfinal_states=dfinal_states, seq_idx=seq_idx,
+                            dt_softplus=dt_softplus, dt_limit=dt_limit)
 
 
 def ssd_recurrent_ref(x, dt, A, B, C, chunk_size=None, D=None, z=None, dt_bias=None, initial_states=None,

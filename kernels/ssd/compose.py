@@ -1,0 +1,86 @@
+"""The SSD forward and backward as mamba-ssm's ``_mamba_chunk_scan_combined_fwd`` / ``_bwd`` compose them,
+written once over a set of stage functions: ``kernels.ssd.naive`` (the pure-PyTorch references) and the
+Helion kernels both run through it, so the two can only differ in their stages. Pure PyTorch glue; it
+imports no kernel implementation itself.
+
+``stages`` is any object with the stage functions as attributes, named as in ``kernels.ssd.naive``:
+chunk_cumsum_fwd, chunk_state_fwd, state_passing_fwd, bmm_chunk_fwd, chunk_scan_fwd, chunk_scan_bwd_dz,
+chunk_scan_bwd_dstates, state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db,
+chunk_scan_bwd_dC, chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_scan_bwd_ddAcs_stable, chunk_cumsum_bwd.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+INF = float("inf")
+
+
+def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    """(..., p, n) -> (..., p*n): the layout the state-passing stages take."""
+    return None if t is None else t.reshape(*t.shape[:-2], -1)
+
+
+def _unflat(t: torch.Tensor | None, dstate: int) -> torch.Tensor | None:
+    return None if t is None else t.reshape(*t.shape[:-1], -1, dstate)
+
+
+def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+            seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF)):
+    """Returns (out, out_x, dt, dA_cumsum, states, final_states), as ``_mamba_chunk_scan_combined_fwd``."""
+    dstate = B.shape[-1]
+    dA_cumsum, dt = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                            dt_limit=dt_limit)
+    states = stages.chunk_state_fwd(B, x, dt, dA_cumsum, seq_idx=seq_idx, states_in_fp32=True)
+    states, final_states = stages.state_passing_fwd(
+        _flat(states), dA_cumsum[:, :, :, -1], initial_states=_flat(initial_states), seq_idx=seq_idx,
+        chunk_size=chunk_size, out_dtype=C.dtype)
+    states, final_states = _unflat(states, dstate), _unflat(final_states, dstate)
+    cb = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
+    out, out_x = stages.chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
+    return out, out_x, dt, dA_cumsum, states, final_states
+
+
+def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None,
+             initial_states=None, dfinal_states=None, seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF)):
+    """``_mamba_chunk_scan_combined_bwd``: recompute the forward stages, then the backward chain.
+
+    ``out`` is the forward's pre-gate output when z is given, else its output. Returns
+    (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states)."""
+    ngroups, dstate = B.shape[2], B.shape[3]
+    dA_cumsum, dt_out = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                dt_limit=dt_limit)
+    CB = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
+    states = stages.chunk_state_fwd(B, x, dt_out, dA_cumsum, seq_idx=seq_idx, states_in_fp32=True)
+    states, _ = stages.state_passing_fwd(_flat(states), dA_cumsum[:, :, :, -1],
+                                         initial_states=_flat(initial_states), seq_idx=seq_idx,
+                                         chunk_size=chunk_size)
+    states = _unflat(states, dstate)
+    dz = dD = None
+    if z is not None:
+        dz, dout, dD = stages.chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=False, D=D)
+    dstates = stages.chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
+    dstates, ddA_chunk_cumsum, dinitial_states, states = stages.state_passing_bwd(
+        _flat(states), dA_cumsum[:, :, :, -1], _flat(dstates), dfinal_states=_flat(dfinal_states),
+        seq_idx=seq_idx, has_initial_states=initial_states is not None, dstates_dtype=x.dtype,
+        states_dtype=x.dtype, chunk_size=chunk_size)
+    states, dstates, dinitial_states = (_unflat(t, dstate) for t in (states, dstates, dinitial_states))
+    dx, ddt, dD_from_x = stages.chunk_scan_chunk_state_bwd_dx(x, dt_out, dA_cumsum, B, CB, dout, dstates, D=D,
+                                                              seq_idx=seq_idx)
+    dB, ddA_next = stages.chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, seq_idx=seq_idx, B=B, ngroups=ngroups)
+    dC, ddA_cumsum_prev = stages.chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C, ngroups=ngroups)
+    dCB = stages.chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, seq_idx=seq_idx, ngroups=ngroups)
+    dB = stages.bmm_chunk_bwd(C, dCB, residual=dB).to(B.dtype)
+    dC = stages.bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC).to(C.dtype)
+    if z is None:
+        dD = dD_from_x
+    # The state terms give the gradient of dA_cumsum; a reverse cumsum turns it into that of dA.
+    ddA_cumsum_prev = ddA_cumsum_prev.clone()
+    ddA_cumsum_prev[..., -1] += ddA_chunk_cumsum
+    ddA_prev = ddA_cumsum_prev.flip([-1]).cumsum(dim=-1).flip([-1])
+    ddA = stages.chunk_scan_bwd_ddAcs_stable(x, dt_out, dA_cumsum, dout, CB) + ddA_next + ddA_prev
+    ddt, dA, ddt_bias = stages.chunk_cumsum_bwd(ddA, ddt, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                dt_limit=dt_limit)
+    return dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states
