@@ -63,7 +63,7 @@ class AutotuneOptions:
     effort: str = "quick"
     seed: int = 1234
     budget_seconds: float = 300.0  # per job (Helion's budget, split over the job's launches)
-    total_budget_seconds: float | None = None  # no job starts after it; running ones are cut at it
+    total_budget_seconds: float | None = None  # a job starts only while its budget_seconds still fit
     job_timeout_seconds: float | None = None  # hard kill; default 2 x budget + 120 s (compile, validation)
     rounds: int = 30
     max_attempts: int = 2
@@ -116,6 +116,15 @@ def visible_devices(workers: int | None = None) -> list[str]:
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._@=-]+", "_", name)
+
+
+def earlier_runs(tuned: dict[str, Any], keep: int = 10) -> list[dict[str, Any]]:
+    """The provenance of the runs behind a config file, newest last: a re-tune that keeps some of the
+    old configs keeps the record of how they were made."""
+    if not tuned:
+        return []
+    runs = [*tuned.get("earlier", []), {k: v for k, v in tuned.items() if k != "earlier"}]
+    return runs[-keep:]
 
 
 class Run:
@@ -182,7 +191,7 @@ class Run:
         tuned = {"date": datetime.date.today().isoformat(), "effort": self.opts.effort, "seed": self.opts.seed,
                  "budget_s": self.opts.budget_seconds, "tool": "mamba2-guard autotune", "run": self.id,
                  "seconds_spent": round(spent, 1), "jobs_ok": summary["ok"], "jobs_failed": summary["failed"],
-                 "jobs": summary["jobs"]}
+                 "jobs": summary["jobs"], "earlier": earlier_runs(self.base.tuned)}
         cf = config_store.ConfigFile(fingerprint=dict(fingerprint), tuned=tuned, kernels=kernels)
         return cf, kernels != tuneplan.merge(self.base.kernels, ())
 
@@ -298,14 +307,12 @@ def run_autotune(opts: AutotuneOptions, progress: Progress, on_job: Callable[[di
 
     def worker(index: int, jobs: list[Job]) -> None:
         for job in jobs:
-            timeout = opts.job_timeout
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    skipped.append(job.id)
-                    continue
-                timeout = min(timeout, left)
-            entry = run_job(run, job, opts.devices[index], index, timeout, children)
+            # A job starts only with its whole tuning budget still inside the overall one, and then runs
+            # to its own timeout: a job cut short would be killed mid-search and leave nothing.
+            if deadline is not None and deadline - time.monotonic() < opts.budget_seconds:
+                skipped.append(job.id)
+                continue
+            entry = run_job(run, job, opts.devices[index], index, opts.job_timeout, children)
             run.append(entry)
             run.save()
             progress(describe(entry))

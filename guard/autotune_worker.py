@@ -107,6 +107,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     import helion
     import torch
 
+    from guard.bench.precision import failing_outputs
     from guard.bench.run import _precision
     from guard.bench.timing import Timer
     from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
@@ -151,9 +152,11 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         budget = max(10, int((deadline - time.monotonic()) / (len(launches) - i)))
         settings: dict[str, Any] = {"autotune_effort": effort, "autotune_random_seed": seed,
                                     "autotune_budget_seconds": budget}
+        record["settings"] = dict(settings)
         if incumbent is not None:
             settings["autotune_seed_configs"] = [helion.Config(**incumbent)]
-        record["settings"] = {k: v for k, v in settings.items() if k != "autotune_seed_configs"}
+        if tk.partial_sums:  # Helion's own check would reject every config that splits the partials differently
+            settings["autotune_baseline_accuracy_check_fn"] = tk.autotune_accuracy_check
         record["warm_start"] = incumbent is not None
         t0 = time.monotonic()
         try:
@@ -168,9 +171,10 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             with pinned(tk, key, best):
                 precision = _precision(entry, inputs, entry.run_helion(inputs))
             record["precision"] = {"ok": precision.ok,
-                                   "detail": "" if precision.ok else json.dumps(precision.to_dict(), default=str)[:500],
+                                   "detail": failing_outputs(precision.outputs),
                                    "max_rel_err_vs_fp64": precision.max_rel_err_vs_fp64,
-                                   "max_abs_diff_vs_mamba_ssm": precision.max_abs_diff_vs_mamba_ssm}
+                                   "max_abs_diff_vs_mamba_ssm": precision.max_abs_diff_vs_mamba_ssm,
+                                   "outputs": list(precision.outputs)}
             old = tk.helion_kernel(incumbent or default, "compiled")
             new = tk.helion_kernel(best, "compiled")
             samples = timer.interleaved({"incumbent": lambda old=old, a=kargs: old(*a),

@@ -53,16 +53,21 @@ def load(path: Path) -> Baseline | None:
 
 def update(path: Path, result: BenchResult) -> list[str]:
     """Write the result's usable cases into the baseline at ``path``. Cases of other kernels or shapes
-    already there are kept when they were measured under the same fingerprint, dropped otherwise.
-    Returns the cases of ``result`` that could not go in."""
+    already there are kept, each with the date and fingerprint it was measured under (a partial re-tune
+    re-baselines only what it tuned; the rest keeps its numbers). Returns the cases of ``result`` that
+    could not go in."""
     new = baseline_from_result(result)
     old = read_document(path) or {}
-    if fingerprint_hash(old.get("fingerprint") or {}) != fingerprint_hash(new["fingerprint"]):
-        old = {}
-    merged = dict(new)
-    results: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (old.get("results") or {}).items()}
+    old_at = old.get("recorded_at")
+    old_fp = fingerprint_hash(old["fingerprint"]) if old.get("fingerprint") else None
+    results: dict[str, dict[str, Any]] = {
+        kernel: {shape: {**case, "recorded_at": case.get("recorded_at") or old_at,
+                         "fingerprint": case.get("fingerprint") or old_fp}
+                 for shape, case in (shapes or {}).items()}
+        for kernel, shapes in (old.get("results") or {}).items()}
     for kernel, shapes in new["results"].items():
         results.setdefault(kernel, {}).update(shapes)
+    merged = dict(new)
     merged["results"] = {k: dict(sorted(v.items())) for k, v in sorted(results.items())}
     load_baseline(merged)  # never write a file that would not load
     atomic_write_text(path, yaml.safe_dump(merged, sort_keys=True, default_flow_style=False, width=120))

@@ -79,13 +79,41 @@ def _first_device(args: tuple[Any, ...]) -> torch.device:
     raise TypeError("a Helion kernel needs at least one tensor argument")
 
 
-class TunedKernel:
-    """A Helion kernel function plus the rule that maps its arguments to a config-store shape key."""
+def scaled_atol(expected: torch.Tensor, atol: float) -> float:
+    """``atol`` scaled by max(1, rms(expected)), as Helion's autotuner does by default: outputs that are
+    large reductions (sums over thousands of products) carry accumulation-order noise in proportion to
+    their scale, and an absolute floor of 1e-2 would call that noise an error wherever they cross zero."""
+    rms = expected.double().square().mean().sqrt().item() if expected.numel() else 0.0
+    return atol * max(1.0, rms)
 
-    def __init__(self, fn: Callable[..., Any], *, name: str, shape_key: Callable[..., ShapeKey]):
+
+def check_outputs_against_baseline(name: str, partial_sums: dict[int, int], actual: Any, expected: Any,
+                                   atol: float = 1e-2, rtol: float = 1e-2) -> None:
+    """Raise AssertionError when a candidate config's outputs differ from the baseline config's. An output
+    listed in ``partial_sums`` whose partial count differs is compared summed over that dimension."""
+    pairs = zip(actual, expected, strict=True) if isinstance(actual, tuple | list) else [(actual, expected)]
+    for index, (got, want) in enumerate(pairs):
+        if not isinstance(got, torch.Tensor):
+            continue
+        if got.shape != want.shape and index in partial_sums:
+            got, want = got.sum(partial_sums[index]), want.sum(partial_sums[index])
+        torch.testing.assert_close(got.double(), want.double(), atol=scaled_atol(want, atol), rtol=rtol,
+                                   msg=lambda m, i=index: f"{name} output {i}: {m}")
+
+
+class TunedKernel:
+    """A Helion kernel function plus the rule that maps its arguments to a config-store shape key.
+
+    ``partial_sums`` maps an output's position to the dimension along which it holds per-program partial
+    sums (reduced on the host): their number depends on the config, so the autotuner's check against the
+    default config's outputs compares those outputs summed over that dimension."""
+
+    def __init__(self, fn: Callable[..., Any], *, name: str, shape_key: Callable[..., ShapeKey],
+                 partial_sums: dict[int, int] | None = None):
         self.fn = fn
         self.name = name
         self.shape_key = shape_key
+        self.partial_sums = dict(partial_sums or {})
         self._kernels: dict[tuple[str, str], Any] = {}
         self._dispatch: dict[tuple[torch.device, ShapeKey, str], Any] = {}
         functools.update_wrapper(self, fn)
@@ -109,6 +137,12 @@ class TunedKernel:
             kernel = helion.kernel(self.fn, **options)
             self._kernels[cache_key] = kernel
         return kernel
+
+    @property
+    def autotune_accuracy_check(self) -> Callable[[Any, Any], None]:
+        """Helion's ``autotune_baseline_accuracy_check_fn`` for this kernel: picklable (Helion sends
+        settings to its precompile subprocesses), so a module function bound to plain values."""
+        return functools.partial(check_outputs_against_baseline, self.name, dict(self.partial_sums))
 
     def lookup(self, *args: Any) -> config_store.Lookup:
         device = _first_device(args)
@@ -188,10 +222,11 @@ def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str
     return None
 
 
-def tuned_kernel(*, name: str, shape_key: Callable[..., ShapeKey]) -> Callable[[Callable[..., Any]], TunedKernel]:
+def tuned_kernel(*, name: str, shape_key: Callable[..., ShapeKey],
+                 partial_sums: dict[int, int] | None = None) -> Callable[[Callable[..., Any]], TunedKernel]:
     """Decorator: ``@tuned_kernel(name="chunk_state", shape_key=...)`` over a Helion kernel body."""
 
     def wrap(fn: Callable[..., Any]) -> TunedKernel:
-        return TunedKernel(fn, name=name, shape_key=shape_key)
+        return TunedKernel(fn, name=name, shape_key=shape_key, partial_sums=partial_sums)
 
     return wrap

@@ -429,7 +429,7 @@ class ImplStats:
 
 
 BASELINE_CASE_KEYS = ("phase", "seed", "helion", "mamba_ssm", "speedup_vs_mamba_ssm", "precision",
-                      "roofline_fraction", "layer_share")
+                      "roofline_fraction", "layer_share", "recorded_at", "fingerprint")
 BASELINE_PRECISION_KEYS = PRECISION_NUMBERS + ("allclose", "finite")
 
 
@@ -445,6 +445,10 @@ class BaselineCase:
     roofline_fraction: float | None = None
     layer_share: float | None = None
     seed: int | None = None
+    # When, and under which environment (fingerprint hash), this case was measured: a baseline file can
+    # hold cases of several runs, e.g. after a re-tune re-baselined only the kernels it tuned.
+    recorded_at: str | None = None
+    fingerprint: str | None = None
 
     @property
     def ratio_samples(self) -> list[float]:
@@ -463,6 +467,8 @@ class BaselineCase:
             "precision": prec,
             "roofline_fraction": self.roofline_fraction,
             "layer_share": self.layer_share,
+            "recorded_at": self.recorded_at,
+            "fingerprint": self.fingerprint,
         }
 
 
@@ -526,6 +532,7 @@ def baseline_from_result(result: BenchResult, *, strict: bool = False) -> dict[s
             kernel=c.kernel, shape=c.shape, helion=helion, mamba_ssm=mamba,
             speedup_vs_mamba_ssm=_sig(c.speedup), precision=c.precision, phase=c.phase,
             roofline_fraction=_sig(c.roofline_fraction), layer_share=_sig(c.layer_share), seed=c.seed,
+            recorded_at=result.started_at, fingerprint=result.fingerprint_hash,
         )
     if strict and skipped:
         raise ValueError("cases cannot go into a baseline: " + "; ".join(skipped))
@@ -569,6 +576,8 @@ def load_baseline(doc: Any) -> Baseline:
                                        optional=True, nonneg=True),
                 layer_share=_num(e.get("layer_share"), _join(path, "layer_share"), optional=True, nonneg=True),
                 seed=_int(e.get("seed"), _join(path, "seed"), optional=True),
+                recorded_at=_str(e.get("recorded_at"), _join(path, "recorded_at"), optional=True),
+                fingerprint=_str(e.get("fingerprint"), _join(path, "fingerprint"), optional=True),
             )
     return Baseline(
         fingerprint=dict(_mapping(d["fingerprint"] or {}, "fingerprint")),

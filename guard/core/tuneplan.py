@@ -214,7 +214,8 @@ def decide(launch: Mapping[str, Any], criteria: Criteria = Criteria()) -> Decisi
     base = {"effect": c.effect, "p_value": c.p_value, "upper": c.upper}
     if incumbent == DEFAULT:
         if c.effect <= 0:
-            return Decision(True, f"no slower than Helion's default config ({c.effect:+.1%})", **base)
+            than = "faster than" if c.effect < 0 else "as fast as"
+            return Decision(True, f"{than} Helion's default config ({c.effect:+.1%})", **base)
         return Decision(False, f"slower than Helion's default config ({c.effect:+.1%})", **base)
     if c.p_value is None:
         return Decision(False, f"too few samples to show a speed-up ({c.n_baseline}/{c.n_current})", **base)

@@ -1,8 +1,9 @@
-"""Shared helpers of the Helion SSD forward kernels: shape-key pieces and seq_idx views."""
+"""Shared helpers of the Helion SSD kernels: shape-key pieces, seq_idx views, the head-split tunable."""
 
 from __future__ import annotations
 
 import torch
+from helion.autotuner import EnumFragment
 
 from kernels.config_store import tokens_bucket
 
@@ -31,3 +32,11 @@ def seq_prev(seq_idx: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """(b, c) int32: seq_idx at the position before each chunk; 0 before chunk 0 (as mamba-ssm)."""
     last = seq_last(seq_idx, chunk_size)
     return torch.cat([torch.zeros_like(last[:, :1]), last[:, :-1]], dim=1).contiguous()
+
+
+def heads_per_program(hpg: int) -> EnumFragment:
+    """The choices for how many heads of a group one program handles: the divisors of ``hpg``, largest
+    first, so that the default config (Helion's is the first choice) splits no group. Every split adds a
+    full-size fp32 partial for the host to sum: at nemotron3-nano (hpg 8) one head per program makes dC's
+    partials 0.54 GB to write and read back, 8x the output."""
+    return EnumFragment(tuple(d for d in range(hpg, 0, -1) if hpg % d == 0))

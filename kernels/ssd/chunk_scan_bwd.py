@@ -5,8 +5,8 @@
 Deterministic: no atomics. Where mamba-ssm accumulates across programs with atomic adds (dD, dC and
 dCB over head splits), each program writes a partial sum and the host adds them.
 Tunables: block sizes (mamba-ssm's autotune lists), warps, stages, indexing, and for dC / dCB the number
-of heads one program handles (``heads_per_program``: a divisor of nheads // ngroups; mamba-ssm derives
-it from the SM count).
+of heads one program handles (``heads_per_program``: a divisor of nheads // ngroups, default all of them,
+no split; mamba-ssm derives it from the SM count).
 Shape keys: ``dtype`` (x's or dout's), ``headdim``, ``dstate``, ``chunk_size``, ``hpg`` (heads per
 group), flags for optional arguments, ``tokens`` = tokens_bucket(batch * seqlen).
 """
@@ -16,15 +16,10 @@ from __future__ import annotations
 import helion
 import helion.language as hl
 import torch
-from helion.autotuner import EnumFragment
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
-from kernels.ssd._keys import dtype_name, seq_prev, tokens
-
-
-def _divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
+from kernels.ssd._keys import dtype_name, heads_per_program, seq_prev, tokens
 
 
 def _pow2_chunk(name: str, chunk_size: int) -> None:
@@ -43,7 +38,7 @@ def _dz_key(x, z, out, dout, D, outz, chunk_size, has_ddAcs, recompute_output, d
                        outz=int(bool(recompute_output)), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_bwd_dz", shape_key=_dz_key)
+@tuned_kernel(name="chunk_scan_bwd_dz", shape_key=_dz_key, partial_sums={2: 3})
 def chunk_scan_bwd_dz_kernel(
     x: torch.Tensor,
     z: torch.Tensor,
@@ -63,8 +58,11 @@ def chunk_scan_bwd_dz_kernel(
     block_m = hl.register_block_size(chunk_size)
     block_p = hl.register_block_size(headdim)
     nblocks_m = (chunk_size + block_m - 1) // block_m
-    dD_part = torch.empty([batch, nchunks, nheads, nblocks_m, headdim], dtype=torch.float32, device=x.device)
-    ddA = torch.empty([batch, nheads, nchunks, chunk_size], dtype=torch.float32, device=x.device)
+    # Outputs the call does not ask for are empty: no memory, and nothing unwritten to compare when tuning.
+    dD_part = torch.empty([batch, nchunks, nheads, nblocks_m, headdim] if D is not None else [0, 0, 0, 0, 0],
+                          dtype=torch.float32, device=x.device)
+    ddA = torch.empty([batch, nheads, nchunks, chunk_size] if has_ddAcs else [0, 0, 0, 0], dtype=torch.float32,
+                      device=x.device)
     for tile_b, tile_c, tile_h, tile_m in hl.tile([batch, nchunks, nheads, chunk_size],
                                                   block_size=[1, 1, 1, block_m]):
         b = tile_b.begin
@@ -202,7 +200,7 @@ def _dc_key(prev_states, dA_cumsum, dout, seq_idx, prev_seq, C, ngroups, hpg, ha
                        ddA=int(bool(has_C)), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_bwd_dC", shape_key=_dc_key)
+@tuned_kernel(name="chunk_scan_bwd_dC", shape_key=_dc_key, partial_sums={0: 2, 1: 4})
 def chunk_scan_bwd_dC_kernel(
     prev_states: torch.Tensor,
     dA_cumsum: torch.Tensor,
@@ -218,15 +216,15 @@ def chunk_scan_bwd_dC_kernel(
     _, _, nchunks, chunk_size = dA_cumsum.shape
     dstate = prev_states.size(4)
     chunk_size = hl.specialize(chunk_size)
-    hpp = hl.register_tunable("heads_per_program", EnumFragment(_divisors(hpg)))
+    hpp = hl.register_tunable("heads_per_program", heads_per_program(hpg))
     nsplits = hpg // hpp
     block_m = hl.register_block_size(chunk_size)
     block_n = hl.register_block_size(dstate)
     block_k = hl.register_block_size(headdim)
     nblocks_n = (dstate + block_n - 1) // block_n
     dC_part = torch.empty([batch, seqlen, nsplits, ngroups, dstate], dtype=torch.float32, device=dout.device)
-    ddA_part = torch.empty([batch, nheads, nchunks, chunk_size, nblocks_n], dtype=torch.float32,
-                           device=dout.device)
+    ddA_part = torch.empty([batch, nheads, nchunks, chunk_size, nblocks_n] if has_C else [0, 0, 0, 0, 0],
+                           dtype=torch.float32, device=dout.device)
     for tile_b, tile_c, tile_gs, tile_m, tile_n in hl.tile(
         [batch, nchunks, ngroups * nsplits, chunk_size, dstate], block_size=[1, 1, 1, block_m, block_n]
     ):
@@ -290,7 +288,7 @@ def _dcb_key(x, dt, dA_cumsum, dout, seq_idx, ngroups, hpg) -> ShapeKey:
                        seq=int(seq_idx is not None), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_bwd_dcb", shape_key=_dcb_key)
+@tuned_kernel(name="chunk_scan_bwd_dcb", shape_key=_dcb_key, partial_sums={0: 2})
 def chunk_scan_bwd_dcb_kernel(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -303,7 +301,7 @@ def chunk_scan_bwd_dcb_kernel(
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dA_cumsum.shape
     chunk_size = hl.specialize(chunk_size)
-    hpp = hl.register_tunable("heads_per_program", EnumFragment(_divisors(hpg)))
+    hpp = hl.register_tunable("heads_per_program", heads_per_program(hpg))
     nsplits = hpg // hpp
     block_m = hl.register_block_size(chunk_size)
     block_n = hl.register_block_size(chunk_size)

@@ -32,7 +32,7 @@ def _shape_key(x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last_seq, d_k
                        tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_chunk_state_bwd_dx", shape_key=_shape_key)
+@tuned_kernel(name="chunk_scan_chunk_state_bwd_dx", shape_key=_shape_key, partial_sums={1: 0, 2: 3})
 def chunk_scan_chunk_state_bwd_dx_kernel(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -60,7 +60,8 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
     nblocks_m = (chunk_size + block_m - 1) // block_m
     nblocks_n = (headdim + block_n - 1) // block_n
     ddt_part = torch.empty([nblocks_n, batch, nheads, nchunks, chunk_size], dtype=torch.float32, device=x.device)
-    dD_part = torch.empty([batch, nchunks, nheads, nblocks_m, headdim], dtype=torch.float32, device=x.device)
+    dD_part = torch.empty([batch, nchunks, nheads, nblocks_m, headdim] if D is not None else [0, 0, 0, 0, 0],
+                          dtype=torch.float32, device=x.device)
     for tile_b, tile_c, tile_h, tile_m, tile_n in hl.tile(
         [batch, nchunks, nheads, chunk_size, headdim], block_size=[1, 1, 1, block_m, block_n]
     ):

@@ -5,9 +5,9 @@
 dstates[c][p, n] (seq_idx: only l in the sequence of the chunk's last position); dB (b, L, g, n) fp32
 sums the heads of each group. With B given also ddA (b, h, c, Q) fp32, the exclusive cumsum over the
 chunk of t[l] = sum_n db_head[l, n] B[l, n]. One program per (batch, chunk, group x head split, row
-block, dstate block) loops over ``heads_per_program`` heads (a tunable divisor of nheads // ngroups;
-mamba-ssm derives it from the SM count); head splits and dstate blocks write partial sums that the host
-adds (deterministic, no atomics), then takes the exclusive cumsum.
+block, dstate block) loops over ``heads_per_program`` heads (a tunable divisor of nheads // ngroups,
+default all of them; mamba-ssm derives it from the SM count); head splits and dstate blocks write partial
+sums that the host adds (deterministic, no atomics), then takes the exclusive cumsum.
 
 ``chunk_cumsum_bwd``: ddt = (ddA A + ddt_out) masked by dt_limit and times softplus' (sigmoid), dA =
 sum ddA dt_out, ddt_bias = sum ddt. One program per (batch, chunk, head block) over the whole chunk;
@@ -19,15 +19,10 @@ from __future__ import annotations
 import helion
 import helion.language as hl
 import torch
-from helion.autotuner import EnumFragment
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
-from kernels.ssd._keys import dtype_name, seq_last, tokens
-
-
-def _divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
+from kernels.ssd._keys import dtype_name, heads_per_program, seq_last, tokens
 
 
 def _db_key(x, dt, dA_cumsum, dstates, seq_idx, last_seq, B, ngroups, hpg, has_B) -> ShapeKey:
@@ -37,7 +32,7 @@ def _db_key(x, dt, dA_cumsum, dstates, seq_idx, last_seq, B, ngroups, hpg, has_B
                        tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_state_bwd_db", shape_key=_db_key)
+@tuned_kernel(name="chunk_state_bwd_db", shape_key=_db_key, partial_sums={0: 2, 1: 4})
 def chunk_state_bwd_db_kernel(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -54,14 +49,15 @@ def chunk_state_bwd_db_kernel(
     _, _, nchunks, chunk_size = dt.shape
     dstate = dstates.size(4)
     chunk_size = hl.specialize(chunk_size)
-    hpp = hl.register_tunable("heads_per_program", EnumFragment(_divisors(hpg)))
+    hpp = hl.register_tunable("heads_per_program", heads_per_program(hpg))
     nsplits = hpg // hpp
     block_m = hl.register_block_size(chunk_size)
     block_n = hl.register_block_size(dstate)
     block_k = hl.register_block_size(headdim)
     nblocks_n = (dstate + block_n - 1) // block_n
     dB_part = torch.empty([batch, seqlen, nsplits, ngroups, dstate], dtype=torch.float32, device=x.device)
-    t_part = torch.empty([batch, nheads, nchunks, chunk_size, nblocks_n], dtype=torch.float32, device=x.device)
+    t_part = torch.empty([batch, nheads, nchunks, chunk_size, nblocks_n] if has_B else [0, 0, 0, 0, 0],
+                         dtype=torch.float32, device=x.device)
     for tile_b, tile_c, tile_gs, tile_m, tile_n in hl.tile(
         [batch, nchunks, ngroups * nsplits, chunk_size, dstate], block_size=[1, 1, 1, block_m, block_n]
     ):

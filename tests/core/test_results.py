@@ -175,3 +175,25 @@ def test_summary_only_baseline_loads():
                       "max_rel_err_vs_fp64": 1e-3}}}}}
     b = load_baseline(doc)
     assert b.get("k", "s").ratio_samples == [] and b.get("k", "s").helion.median_ms == 1.0
+
+
+def test_update_keeps_other_cases_with_the_environment_they_were_measured_in(tmp_path):
+    from guard import baselines
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "gpu.yaml"
+    first = BenchResult(FINGERPRINT, (make_case(rng, kernel="a", shape="s"), make_case(rng, kernel="b", shape="s")),
+                        started_at="2026-11-01T00:00:00+00:00")
+    baselines.update(path, first)
+    newer_env = {**FINGERPRINT, "triton": "9.9.9"}
+    second = BenchResult(newer_env, (make_case(rng, kernel="b", shape="s", helion_ms=0.5),),
+                         started_at="2026-11-02T00:00:00+00:00")
+    assert baselines.update(path, second) == []
+
+    merged = baselines.load(path)
+    assert set(merged.cases) == {("a", "s"), ("b", "s")}  # a partial re-baseline loses nothing
+    assert merged.fingerprint == newer_env
+    kept, redone = merged.get("a", "s"), merged.get("b", "s")
+    assert (kept.recorded_at, kept.fingerprint) == ("2026-11-01T00:00:00+00:00", fingerprint_hash(FINGERPRINT))
+    assert (redone.recorded_at, redone.fingerprint) == ("2026-11-02T00:00:00+00:00", fingerprint_hash(newer_env))
+    assert redone.helion.median_ms < kept.helion.median_ms

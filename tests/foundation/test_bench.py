@@ -49,3 +49,21 @@ def test_layer_shares_count_kernels_not_whole_calls():
 def test_timing_counts_are_checked():
     with pytest.raises(ValueError, match="rounds: expected >= 1"):
         _check_counts(0, 3, 1)
+
+
+def test_precision_holds_large_reductions_to_a_tolerance_relative_to_their_size():
+    from guard.bench.precision import compare_output, failing_outputs
+
+    gen = torch.Generator().manual_seed(0)
+    exact = torch.randn(4096, generator=gen, dtype=torch.float64) * 800  # like a per-chunk ddt
+    exact[7] = 0.01  # a sum that crossed zero
+    theirs, ours = exact + 0.1, exact - 0.1  # accumulation-order noise: 1e-4 of the scale, 20x a 1e-2 floor
+    assert compare_output("ddt", ours, exact, theirs, atol=1e-2, rtol=1e-2).ok
+
+    ours[7] += 80.0  # 10% of the scale at one element: an error
+    result = compare_output("ddt", ours, exact, theirs, atol=1e-2, rtol=1e-2)
+    assert not result.allclose and not result.ok
+    assert failing_outputs([result.to_dict()]).startswith("ddt: max|ours - mamba-ssm| 79.8")
+
+    small = torch.randn(64, generator=gen, dtype=torch.float64)  # order one: atol stays 1e-2
+    assert not compare_output("dx", small + 0.02, small, small, atol=1e-2, rtol=0.0).allclose

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+
 import helion.language as hl
 import pytest
 import torch
 
 from kernels import config_store
-from kernels._runtime import capture_launches, tuned_kernel, validate_config
+from kernels._runtime import TunedKernel, capture_launches, scaled_atol, tuned_kernel, validate_config
 from kernels.config_store import ConfigFile, ShapeKey
 from kernels.testing import execution_mode
 
@@ -89,3 +91,27 @@ def test_never_autotunes_unless_asked(store, monkeypatch):
     assert kernel.settings.autotune_effort == "none"
     # the tuner asks explicitly, and gets what it asked for
     assert toy_exp_add.helion_kernel(None, "compiled", autotune_effort="quick").settings.autotune_effort == "quick"
+
+
+def test_autotune_accuracy_check_sums_partials_whose_count_depends_on_the_config():
+    checker = TunedKernel(toy_exp_add.fn, name="toy_partials", shape_key=_key, partial_sums={1: 0})
+    gen = torch.Generator().manual_seed(0)
+    out = torch.randn(4, 3, generator=gen)
+    total = torch.randn(5, 7, generator=gen) * 1000
+    two_partials = torch.stack([0.25 * total, 0.75 * total])
+    three_partials = torch.stack([0.5 * total, 0.25 * total, 0.25 * total])
+    checker.autotune_accuracy_check((out, two_partials), (out, three_partials))
+    assert pickle.loads(pickle.dumps(checker.autotune_accuracy_check)).args[0] == "toy_partials"  # Helion pickles it
+
+    wrong = three_partials.clone()
+    wrong[0, 2, 3] += 200.0  # far above 1e-2 * rms (~10) + 1e-2 * |value|
+    with pytest.raises(AssertionError, match="toy_partials output 1"):
+        checker.autotune_accuracy_check((out, two_partials), (out, wrong))
+    with pytest.raises(AssertionError, match="toy_partials output 0"):  # not declared partial: shapes must match
+        checker.autotune_accuracy_check((out[:2], two_partials), (out, three_partials))
+
+
+def test_scaled_atol_grows_with_the_output_but_never_below_atol():
+    assert scaled_atol(torch.full((8,), 0.5), 1e-2) == pytest.approx(1e-2)
+    assert scaled_atol(torch.full((8,), -300.0), 1e-2) == pytest.approx(3.0)
+    assert scaled_atol(torch.empty(0), 1e-2) == pytest.approx(1e-2)

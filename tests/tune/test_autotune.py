@@ -156,3 +156,15 @@ def test_resume_after_kill_9(tmp_path):
     assert not list(out.parent.glob(".*.tmp"))
     logs = list(state.glob("autotune/*/logs/*.log"))
     assert len(logs) == 6
+
+
+def test_overall_budget_starts_no_job_it_cannot_hold_and_cuts_none_short(tmp_path):
+    # Each job sleeps 1.5 s with a 1 s tuning budget, inside a 2 s overall budget: the first job starts
+    # (2 s left >= 1 s) and the second (0.5 s left < 1 s) does not. The first job outlives the overall
+    # budget and still finishes: it is never killed at the deadline.
+    extra = {"default": {"sleep": 1.5}}
+    outcome = run_autotune(options(tmp_path, kernels=KERNELS[:1], extra=extra, budget_seconds=1,
+                                   total_budget_seconds=2.0, job_timeout_seconds=20), quiet)
+    assert [e["job"] for e in outcome.entries] == ["chunk_cumsum@smoke"]
+    assert outcome.entries[0]["status"] == "ok"
+    assert outcome.skipped == ["chunk_cumsum@mamba2-default"] and not outcome.complete
