@@ -115,7 +115,7 @@ class TunedKernel:
         self.shape_key = shape_key
         self.partial_sums = dict(partial_sums or {})
         self._kernels: dict[tuple[str, str], Any] = {}
-        self._dispatch: dict[tuple[torch.device, ShapeKey, str], Any] = {}
+        self._dispatch: dict[tuple[torch.device, ShapeKey, str], tuple[Any, bool]] = {}  # kernel, on default
         functools.update_wrapper(self, fn)
 
     def helion_kernel(self, config: dict[str, Any] | None, mode: str = "compiled", **settings: Any):
@@ -157,11 +157,17 @@ class TunedKernel:
         mode = exec_mode(device)
         key = self.shape_key(*args)
         dispatch_key = (device, key, mode)
-        kernel = self._dispatch.get(dispatch_key)
-        if kernel is not None:
-            return kernel(*args)
+        cached = self._dispatch.get(dispatch_key)
+        if cached is not None:
+            kernel, on_default = cached
+            if not on_default:
+                return kernel(*args)
+            # Same shape key, other exact shapes or strides: Helion binds again and would announce it.
+            with _without_implicit_config_notice():
+                return kernel(*args)
         found = self.lookup(*args)
         kernel = self.helion_kernel(found.config, mode)
+        on_default = found.config is None
         try:
             with _without_implicit_config_notice():
                 result = kernel(*args)
@@ -175,10 +181,10 @@ class TunedKernel:
             config_store.INVALID[(slug, self.name, found.key)] = f"{type(exc).__name__}: {exc}"
             log.warning("%s: config for %s is invalid under this helion (%s); using the default", self.name,
                         found.key, exc)
-            kernel = self.helion_kernel(None, mode)
+            kernel, on_default = self.helion_kernel(None, mode), True
             with _without_implicit_config_notice():
                 result = kernel(*args)
-        self._dispatch[dispatch_key] = kernel
+        self._dispatch[dispatch_key] = (kernel, on_default)
         return result
 
 

@@ -23,7 +23,7 @@ from filelock import FileLock
 
 from guard.bench import peaks as peaks_mod
 from guard.bench.nvml import Nvml
-from guard.bench.precision import compare
+from guard.bench.precision import compare, low_precision
 from guard.core.results import BenchResult, CaseResult, Precision, SamplesMs
 from kernels.registry import COMPOSITE_PHASES, BaselineUnavailable, KernelEntry
 from kernels.suites import ShapeSpec
@@ -49,8 +49,9 @@ def _precision(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch
         peer = entry.run_baseline(inputs)
     except BaselineUnavailable:
         peer = None
-    outputs = compare(ours, ref64, peer, entry.tolerance)
-    del ref64
+    same_dtype = entry.run_reference(inputs, dtype=None) if peer is None and low_precision(ours) else None
+    outputs = compare(ours, ref64, peer, entry.tolerance, same_dtype)
+    del ref64, same_dtype
 
     def worst(name: str) -> float | None:
         values = [getattr(o, name) for o in outputs if getattr(o, name) is not None]

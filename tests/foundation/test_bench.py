@@ -67,3 +67,21 @@ def test_precision_holds_large_reductions_to_a_tolerance_relative_to_their_size(
 
     small = torch.randn(64, generator=gen, dtype=torch.float64)  # order one: atol stays 1e-2
     assert not compare_output("dx", small + 0.02, small, small, atol=1e-2, rtol=0.0).allclose
+
+
+def test_without_mamba_ssm_the_yardstick_is_pytorch_in_the_same_dtype():
+    from guard.bench.precision import compare_output
+
+    gen = torch.Generator().manual_seed(1)
+    exact = torch.randn(4096, generator=gen, dtype=torch.float64)  # max |exact| ~ 4, rms ~ 1
+    exact[3] = 0.0
+    same_dtype = exact.to(torch.bfloat16).double()  # PyTorch's bf16 result: rounding only, ~2e-3 of scale
+    ours = exact.clone()
+    ours[3] = 0.012  # one element outside allclose vs fp64 (1e-2 + 1e-2 |0|) ...
+    result = compare_output("out", ours, exact, None, atol=1e-2, rtol=1e-2, same_dtype=same_dtype)
+    assert not result.allclose and result.ok  # ... yet within twice PyTorch's own bf16 error: ok
+    assert result.mamba_ssm_max_rel_err_vs_fp64 is None and result.same_dtype_reference_max_rel_err_vs_fp64 > 0
+
+    ours[5] += 0.5  # far beyond twice the bf16 rounding of this output
+    assert not compare_output("out", ours, exact, None, atol=1e-2, rtol=1e-2, same_dtype=same_dtype).ok
+    assert not compare_output("out", ours, exact, None, atol=1e-2, rtol=1e-2).ok  # no yardstick: allclose rules

@@ -115,3 +115,13 @@ def test_scaled_atol_grows_with_the_output_but_never_below_atol():
     assert scaled_atol(torch.full((8,), 0.5), 1e-2) == pytest.approx(1e-2)
     assert scaled_atol(torch.full((8,), -300.0), 1e-2) == pytest.approx(3.0)
     assert scaled_atol(torch.empty(0), 1e-2) == pytest.approx(1e-2)
+
+
+def test_default_config_notice_is_dropped_also_when_helion_binds_again(store, capfd):
+    # Two exact shapes in one shape key: the second call reuses the dispatch entry and Helion binds anew.
+    x, y = torch.randn(100, 33), torch.randn(100, 33)
+    assert _key(x, x) == _key(x[:99], x[:99])
+    with execution_mode("triton"):
+        torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
+        torch.testing.assert_close(toy_exp_add(x[:99], y[:99]), x[:99].exp() + y[:99])
+    assert "Using implicit config" not in capfd.readouterr().err
