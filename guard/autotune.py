@@ -233,8 +233,10 @@ def run_job(run: Run, job: Job, device: str, worker: int, timeout: float,
             "result": str(result_path), "gpu_slug": opts.gpu_slug, "device": device, "worker": worker,
             "parent_pid": os.getpid(), "extra": opts.extra}
     atomic_write_text(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
+    # mamba-ssm runs in a job only as the precision peer, so the choice its @triton.autotune makes can be
+    # cached on disk (TRITON_CACHE_AUTOTUNING) instead of being re-benchmarked in every child.
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=device, HELION_AUTOTUNE_LOG=str(run.dir / "logs" / name),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", TRITON_CACHE_AUTOTUNING="1")
     entry: dict[str, Any] = {"job": job.id, "kernel": job.kernel, "shape": job.shape, "index": job.index,
                              "worker": worker, "device": device, "log": str(log_path)}
     t0 = time.monotonic()

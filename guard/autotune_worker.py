@@ -82,27 +82,6 @@ def main(argv: list[str] | None = None) -> int:
 # The real tuner (GPU)
 
 
-@contextlib.contextmanager
-def pinned(tk, key, config: dict[str, Any]):
-    """Make ``tk`` use ``config`` for shape key ``key`` (and the normal lookup elsewhere) inside the block."""
-    from kernels import config_store
-
-    original = type(tk).lookup
-
-    def lookup(*args: Any):
-        if tk.shape_key(*args) == key:
-            return config_store.Lookup(dict(config), "exact", str(key))
-        return original(tk, *args)
-
-    tk._dispatch.clear()
-    tk.lookup = lookup
-    try:
-        yield
-    finally:
-        del tk.lookup
-        tk._dispatch.clear()
-
-
 def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     import helion
     import torch
@@ -112,7 +91,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     from guard.bench.timing import Timer
     from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
     from kernels import config_store, registry, suites
-    from kernels._runtime import capture_launches, validate_config
+    from kernels._runtime import capture_launches, complete_config, pinned_config, validate_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("helion_tuner needs a CUDA GPU")
@@ -144,7 +123,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             why = validate_config(tk, kargs, found.config)
             if why is None:
                 incumbent_kind = COMMITTED if found.source == "exact" else NEAREST
-                incumbent = dict(found.config)
+                incumbent = complete_config(tk, kargs, found.config) or dict(found.config)
             else:
                 record["committed_invalid"] = why
         default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
@@ -168,7 +147,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             continue
         record.update(config=best, tune_seconds=round(time.monotonic() - t0, 1))
         try:
-            with pinned(tk, key, best):
+            with pinned_config(tk, best, key):
                 precision = _precision(entry, inputs, entry.run_helion(inputs))
             record["precision"] = {"ok": precision.ok,
                                    "detail": failing_outputs(precision.outputs),

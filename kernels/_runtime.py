@@ -172,6 +172,12 @@ class TunedKernel:
             with _without_implicit_config_notice():
                 result = kernel(*args)
         except Exception as exc:
+            completed = complete_config(self, args, found.config) if found.config is not None else None
+            if completed is not None:  # written before the kernel gained a tunable: that one at its default
+                kernel = self.helion_kernel(completed, mode)
+                self._dispatch[dispatch_key] = (kernel, on_default)
+                with _without_implicit_config_notice():
+                    return kernel(*args)
             if found.config is None or not _is_invalid_config(exc):
                 raise
             # A config from another helion version that the current config spec rejects: report it as
@@ -213,6 +219,34 @@ def _is_invalid_config(exc: Exception) -> bool:
     import helion.exc
 
     return isinstance(exc, helion.exc.InvalidConfig)
+
+
+@contextlib.contextmanager
+def pinned_config(kernel: TunedKernel, config: dict[str, Any], key: ShapeKey | None = None) -> Iterator[None]:
+    """Inside the block ``kernel`` runs on ``config`` for shape key ``key`` (every key when None), and
+    looks up the config store as usual elsewhere: how a tuner times a candidate, or a test picks a variant."""
+    def lookup(*args: Any) -> config_store.Lookup:
+        found_key = kernel.shape_key(*args)
+        if key is None or found_key == key:
+            return config_store.Lookup(dict(config), "exact", str(found_key))
+        return TunedKernel.lookup(kernel, *args)
+
+    kernel._dispatch.clear()
+    kernel.lookup = lookup  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del kernel.lookup
+        kernel._dispatch.clear()
+
+
+def complete_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> dict[str, Any] | None:
+    """``config`` plus Helion's defaults for the kernel's own tunables (``hl.register_tunable``) it lacks,
+    or None when it lacks none. Helion fills its standard keys itself, but not these."""
+    spec = kernel.helion_kernel(None, "compiled").bind(args).config_spec
+    missing = {name: fragment.default() for name, fragment in spec.user_defined_tunables.items()
+               if name not in config}
+    return {**missing, **config} if missing else None
 
 
 def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:

@@ -7,9 +7,17 @@ import pickle
 import helion.language as hl
 import pytest
 import torch
+from helion.autotuner import EnumFragment
 
 from kernels import config_store
-from kernels._runtime import TunedKernel, capture_launches, scaled_atol, tuned_kernel, validate_config
+from kernels._runtime import (
+    TunedKernel,
+    capture_launches,
+    complete_config,
+    scaled_atol,
+    tuned_kernel,
+    validate_config,
+)
 from kernels.config_store import ConfigFile, ShapeKey
 from kernels.testing import execution_mode
 
@@ -125,3 +133,30 @@ def test_default_config_notice_is_dropped_also_when_helion_binds_again(store, ca
         torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
         torch.testing.assert_close(toy_exp_add(x[:99], y[:99]), x[:99].exp() + y[:99])
     assert "Using implicit config" not in capfd.readouterr().err
+
+
+@tuned_kernel(name="toy_two_ways", shape_key=lambda x: _key(x, x))
+def toy_two_ways(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    doubled = hl.register_tunable("doubled", EnumFragment((False, True)))  # a tunable added after a tuning
+    for tile in hl.tile(x.size()):
+        if doubled:
+            out[tile] = x[tile] * 2
+        else:
+            out[tile] = x[tile] + x[tile]
+    return out
+
+
+def test_config_written_before_a_tunable_existed_runs_with_its_default(store):
+    x = torch.randn(100, 33)
+    cf = ConfigFile(kernels={"toy_two_ways": {str(_key(x, x)): {"block_sizes": [16, 16], "num_warps": 4}}})
+    config_store.save(config_store.path_for("test-gpu", store), cf)
+    config_store._cache.clear()
+    toy_two_ways._dispatch.clear()
+    before = dict(config_store.FALLBACKS)
+    with execution_mode("triton"):
+        torch.testing.assert_close(toy_two_ways(x), 2 * x)
+        torch.testing.assert_close(toy_two_ways(x), 2 * x)  # the completed config is the one cached
+    assert before == config_store.FALLBACKS  # the stored config ran: not a fallback to the default
+    assert complete_config(toy_two_ways, (x,), {"block_sizes": [16, 16]})["doubled"] is False
+    assert complete_config(toy_two_ways, (x,), {"doubled": True}) is None

@@ -17,7 +17,7 @@ import torch
 
 import kernels
 from kernels import config_store, registry, suites
-from kernels._runtime import TunedKernel, capture_launches, scaled_atol
+from kernels._runtime import TunedKernel, capture_launches, pinned_config, scaled_atol
 from kernels.ssd import (
     bmm_chunk_bwd,
     chunk_scan_bwd,
@@ -49,7 +49,7 @@ SMALL = {  # block sizes (in register_block_size order) below every dimension th
     "chunk_scan_bwd_dcb": {"block_sizes": [16, 16, 16], "heads_per_program": 1},
     "chunk_scan_bwd_ddAcs_stable": {"block_sizes": [16, 16]},
     "state_passing_bwd": {"block_sizes": [64]},
-    "state_passing_bwd_scan": {"block_sizes": [64]},
+    "state_passing_bwd_scan": {"block_sizes": [64]},  # with scan=True, pinned in _runs
     "chunk_scan_chunk_state_bwd_dx": {"block_sizes": [16, 16, 16, 8]},
     "chunk_state_bwd_db": {"block_sizes": [16, 8, 16], "heads_per_program": 1},
     "bmm_chunk_bwd": {"block_sizes": [16, 8, 16]},
@@ -157,15 +157,14 @@ def test_state_passing_bwd_options(variant, case):
     states = torch.randn(batch, nchunks, nheads, dim, generator=g)
     dA = -torch.rand(batch, nheads, nchunks, generator=g) * 3
     dout = torch.randn(batch, nchunks, nheads, dim, generator=g)
-    kwargs = {"variant": variant}
     ref_kwargs = {}
     if case == "init_final_convert":
         ref_kwargs = {"dfinal_states": torch.randn(batch, nheads, dim, generator=g), "has_initial_states": True,
                       "dstates_dtype": torch.float16, "states_dtype": torch.float16}
     elif case == "seq_idx":
         ref_kwargs = {"seq_idx": _seq_idx(batch, 150), "chunk_size": 32, "states_dtype": torch.float32}
-    with execution_mode("ref"):
-        ours = state_passing_bwd.state_passing_bwd(states, dA, dout, **ref_kwargs, **kwargs)
+    with execution_mode("ref"), pinned_config(state_passing_bwd.state_passing_bwd_kernel, {"scan": variant == "scan"}):
+        ours = state_passing_bwd.state_passing_bwd(states, dA, dout, **ref_kwargs)
     ref = naive.state_passing_bwd(states.double(), dA.double(), dout.double(),
                                   **{k: _f64(v) for k, v in ref_kwargs.items()})
     tol = 2e-3 if case == "init_final_convert" else 1e-5
@@ -205,11 +204,15 @@ def _reset_dispatch():
 
 
 def _runs(name):
+    """The entry and the function to run: ``state_passing_bwd_scan`` is state_passing_bwd on its small-block
+    config with the associative scan chosen."""
     entry = registry.get("state_passing_bwd" if name == "state_passing_bwd_scan" else name)
     fn = entry.helion_fn()
     if name == "state_passing_bwd_scan":
         def fn(*a):
-            return state_passing_bwd.state_passing_bwd(*a, variant="scan")
+            scan_config = {**SMALL["state_passing_bwd"], "scan": True, "num_warps": 4}
+            with pinned_config(state_passing_bwd.state_passing_bwd_kernel, scan_config):
+                return state_passing_bwd.state_passing_bwd(*a)
     return entry, fn
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels import config_store, registry, suites
-from kernels._runtime import TunedKernel, capture_launches, scaled_atol
+from kernels._runtime import TunedKernel, capture_launches, pinned_config, scaled_atol
 from kernels.ssd import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, naive, state_passing
 from kernels.testing import execution_mode
 
@@ -32,8 +32,7 @@ TILED = SMOKE.replace(headdim=32, seqlen=80, batch=2)
 SMALL_BLOCKS = {
     "chunk_cumsum": [2],  # heads
     "chunk_state": [16, 16, 16],  # headdim, dstate, chunk
-    "state_passing": [64],  # headdim * dstate = 512
-    "state_passing_scan": [64],
+    "state_passing": [64],  # headdim * dstate = 512 (also with scan=True: state_passing_scan below)
     "bmm_chunk": [16, 16, 16],  # rows, columns (Q = 32), k
     "chunk_scan": [16, 16, 16, 16],  # rows, headdim, columns, dstate
 }
@@ -80,8 +79,8 @@ def test_state_passing_variants_with_initial_states(variant):
     states = torch.randn(2, 5, 4, 48, generator=g)
     dA = -torch.rand(2, 4, 5, generator=g) * 3
     init = torch.randn(2, 4, 48, generator=g)
-    with execution_mode("ref"):
-        out, final = state_passing.state_passing_fwd(states, dA, init, out_dtype=torch.float16, variant=variant)
+    with execution_mode("ref"), pinned_config(state_passing.state_passing_kernel, {"scan": variant == "scan"}):
+        out, final = state_passing.state_passing_fwd(states, dA, init, out_dtype=torch.float16)
     ref_out, ref_final = naive.state_passing_fwd(states.double(), dA.double(), init.double())
     assert out.dtype == torch.float16 and final.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref_out, atol=2e-3, rtol=2e-3)
@@ -161,12 +160,10 @@ def test_chunk_cumsum_options(bias, softplus, limit):
 
 
 def _reset_dispatch():
-    for module in (chunk_cumsum, chunk_state, bmm_chunk, chunk_scan):
+    for module in (chunk_cumsum, chunk_state, state_passing, bmm_chunk, chunk_scan):
         for value in vars(module).values():
             if isinstance(value, TunedKernel):
                 value._dispatch.clear()
-    state_passing.state_passing_loop_kernel._dispatch.clear()
-    state_passing.state_passing_scan_kernel._dispatch.clear()
 
 
 @pytest.fixture
@@ -176,14 +173,10 @@ def small_block_configs(tmp_path, monkeypatch):
     for name in KERNELS:
         entry = registry.get(name)
         inputs = entry.inputs(TILED, 0)
-        runs = [entry.helion_fn()]
-        if name == "state_passing":
-            runs = [lambda *a, v=v: state_passing.state_passing_fwd(*a, variant=v) for v in ("loop", "scan")]
-        for fn in runs:
-            with execution_mode("ref"), capture_launches() as launches:
-                entry._call(fn, inputs)
-            for tk, kargs in launches:
-                cf.put(tk.name, tk.shape_key(*kargs), {"block_sizes": SMALL_BLOCKS[tk.name], "num_warps": 4})
+        with execution_mode("ref"), capture_launches() as launches:
+            entry.run_helion(inputs)
+        for tk, kargs in launches:
+            cf.put(tk.name, tk.shape_key(*kargs), {"block_sizes": SMALL_BLOCKS[tk.name], "num_warps": 4})
     config_store.save(tmp_path / "cpu.yaml", cf)
     monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path)
     monkeypatch.setenv("MAMBA2_GUARD_GPU_SLUG", "cpu")
@@ -199,7 +192,9 @@ def test_interpreter_small_blocks(name, small_block_configs):
     fn = entry.helion_fn()
     if name == "state_passing_scan":
         def fn(*a):
-            return state_passing.state_passing_fwd(*a, variant="scan")
+            scan_config = {"block_sizes": SMALL_BLOCKS["state_passing"], "num_warps": 4, "scan": True}
+            with pinned_config(state_passing.state_passing_kernel, scan_config):
+                return state_passing.state_passing_fwd(*a)
     before = config_store.FALLBACKS.copy()
     with execution_mode("triton"):
         ours = entry._call(fn, inputs)
