@@ -231,7 +231,7 @@ def run_job(run: Run, job: Job, device: str, worker: int, timeout: float,
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
             "budget_seconds": opts.budget_seconds, "rounds": opts.rounds, "base_configs": str(run.base_path),
             "result": str(result_path), "gpu_slug": opts.gpu_slug, "device": device, "worker": worker,
-            "parent_pid": os.getpid(), "extra": opts.extra}
+            "parent_pid": os.getpid(), "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries())}
     atomic_write_text(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
     # mamba-ssm runs in a job only as the precision peer, so the choice its @triton.autotune makes can be
     # cached on disk (TRITON_CACHE_AUTOTUNING) instead of being re-benchmarked in every child.
@@ -268,7 +268,8 @@ def run_job(run: Run, job: Job, device: str, worker: int, timeout: float,
     for launch in result.get("launches") or ():
         decision = tuneplan.decide(launch, opts.criteria)
         launches.append({**launch, "decision": decision.to_dict()})
-    return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds")}
+    return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
+            "tuned_elsewhere": result.get("tuned_elsewhere") or []}
 
 
 def _tail(path: Path, lines: int = 1) -> str:
@@ -287,6 +288,9 @@ def describe(entry: dict[str, Any]) -> str:
         d = launch.get("decision") or {}
         parts.append(f"{launch.get('kernel')}[{launch.get('key')}] {'kept' if d.get('keep') else 'kept old'}: "
                      f"{d.get('reason')}")
+    skipped = len(entry.get("tuned_elsewhere") or ())
+    if skipped:
+        parts.append(f"{skipped} launch(es) tuned by an earlier job")
     return f"{entry['job']}: " + ("; ".join(parts) if parts else "no Helion launches")
 
 

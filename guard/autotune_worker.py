@@ -8,7 +8,9 @@ is written atomically to ``spec["result"]``. If the orchestrator dies (kill -9),
 this process group, Helion's own benchmark workers included.
 
 ``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public
-function, and for each distinct (kernel, shape key) runs Helion's autotuner (effort, recorded random
+function, and for each distinct (kernel, shape key) that no earlier job of the run tuned
+(``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches) runs Helion's autotuner
+(effort, recorded random
 seed, the job's budget split over its launches, warm-started from the committed config where the
 installed helion still accepts it), then measures what the keep-or-reject decision needs: the public
 function's precision with the winner (against mamba-ssm and fp64, the bench's criterion) and the winner
@@ -107,11 +109,17 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     inputs = entry.inputs(shape, seed, device)
     with capture_launches() as captured:
         entry.run_helion(inputs)
-    launches, seen = [], set()
+    elsewhere = {tuple(slot) for slot in spec.get("tuned_elsewhere") or ()}  # by earlier jobs of the run
+    launches, seen, tuned_elsewhere = [], set(), []
     for tk, kargs in captured:
         key = tk.shape_key(*kargs)
-        if (tk.name, str(key)) not in seen:
-            seen.add((tk.name, str(key)))
+        slot = (tk.name, str(key))
+        if slot in seen:
+            continue
+        seen.add(slot)
+        if slot in elsewhere:
+            tuned_elsewhere.append(list(slot))
+        else:
             launches.append((tk, kargs, key))
     timer = Timer(device)
     out = []
@@ -164,7 +172,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                           traceback=traceback.format_exc()[-3000:])
         out.append(record)
         torch.cuda.empty_cache()
-    return {"launches": out}
+    return {"launches": out, "tuned_elsewhere": tuned_elsewhere}
 
 
 if __name__ == "__main__":

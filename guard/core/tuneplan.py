@@ -243,23 +243,33 @@ class Accepted:
 
 
 def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> list[Accepted]:
-    """Kept winners of the jobs' last attempts, in plan order; a (kernel, key) tuned by several jobs
-    (two entries launching the same Helion kernel at the same key) goes to the first job in the plan,
-    so the result never depends on which worker finished first."""
+    """Kept winners of the jobs' last attempts, in plan order. A (kernel, key) tuned by several jobs (two
+    entries launching the same Helion kernel at the same key) belongs to the first job in the plan that
+    tuned it, kept or not, so the result never depends on which worker finished first, nor on whether a
+    later job skipped it (``tuned_launches``)."""
     latest = latest_by_job(entries)
-    out: dict[tuple[str, str], Accepted] = {}
+    owners: dict[tuple[str, str], Accepted | None] = {}
     for job_id in sorted(latest, key=lambda j: (order.get(j, math.inf), j)):
         entry = latest[job_id]
         if entry.get("status") != OK:
             continue
         for launch in entry.get("launches") or ():
-            decision = launch.get("decision") or {}
-            if not decision.get("keep"):
-                continue
             slot = (str(launch["kernel"]), str(launch["key"]))
-            if slot not in out:
-                out[slot] = Accepted(slot[0], slot[1], dict(launch["config"]), job_id)
-    return list(out.values())
+            if not launch.get("config") or slot in owners:
+                continue
+            keep = (launch.get("decision") or {}).get("keep")
+            owners[slot] = Accepted(slot[0], slot[1], dict(launch["config"]), job_id) if keep else None
+    return [a for a in owners.values() if a is not None]
+
+
+def tuned_launches(entries: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    """The (Helion kernel, key) pairs that finished jobs already ran the tuner on, sorted. A later job
+    (a whole call launches the same kernels as the per-kernel jobs before it) skips them: its result for
+    them would lose the merge to the earlier job anyway."""
+    slots = {(str(launch["kernel"]), str(launch["key"]))
+             for entry in latest_by_job(entries).values() if entry.get("status") == OK
+             for launch in entry.get("launches") or () if launch.get("config")}
+    return [list(slot) for slot in sorted(slots)]
 
 
 def merge(base: Mapping[str, Mapping[str, Mapping[str, Any]]] | None,

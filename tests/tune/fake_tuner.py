@@ -5,7 +5,8 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
   ``crash``     die by SIGSEGV (a candidate that takes the process down);
   ``hang``      sleep forever (a hung compile or kernel);
   ``launches``  the launch records to return (see guard.core.tuneplan.decide); default: one winner that
-                is 10 % faster than Helion's default config, precision ok.
+                is 10 % faster than Helion's default config, precision ok. Those in ``spec["tuned_elsewhere"]``
+                are left out and listed there, as the real tuner does.
 Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id and pid) when that is set.
 """
 
@@ -45,4 +46,7 @@ def tune(spec: dict) -> dict:
         while True:
             time.sleep(1)
     launches = behaviour.get("launches")
-    return {"launches": launches if launches is not None else [default_launch(job)]}
+    launches = launches if launches is not None else [default_launch(job)]
+    elsewhere = spec.get("tuned_elsewhere") or []  # as the real tuner: launches earlier jobs tuned are skipped
+    return {"launches": [x for x in launches if [x["kernel"], x["key"]] not in elsewhere],
+            "tuned_elsewhere": [[x["kernel"], x["key"]] for x in launches if [x["kernel"], x["key"]] in elsewhere]}

@@ -168,3 +168,19 @@ def test_overall_budget_starts_no_job_it_cannot_hold_and_cuts_none_short(tmp_pat
     assert [e["job"] for e in outcome.entries] == ["chunk_cumsum@smoke"]
     assert outcome.entries[0]["status"] == "ok"
     assert outcome.skipped == ["chunk_cumsum@mamba2-default"] and not outcome.complete
+
+
+def test_a_later_job_skips_launches_an_earlier_job_tuned(tmp_path):
+    # Like a whole call after the per-kernel jobs: job 2 launches the Helion kernel job 1 already tuned.
+    shared = {"kernel": "shared_k", "key": "shape=smoke", "config": {"block_sizes": [32], "num_warps": 4},
+              "incumbent": "default", "incumbent_config": {"block_sizes": [16], "num_warps": 2},
+              "precision": {"ok": True}, "samples_ms": {"incumbent": BASE, "candidate": [0.9 * x for x in BASE]}}
+    own = {**shared, "kernel": "own_k"}
+    extra = {"jobs": {"chunk_cumsum@smoke": {"launches": [shared]},
+                      "chunk_state@smoke": {"launches": [shared, own]}}}
+    outcome = run_autotune(options(tmp_path, kernels=KERNELS[:2], shapes=SHAPES[:1], extra=extra), quiet)
+    first, second = outcome.entries
+    assert [lc["kernel"] for lc in first["launches"]] == ["shared_k"] and first["tuned_elsewhere"] == []
+    assert [lc["kernel"] for lc in second["launches"]] == ["own_k"]
+    assert second["tuned_elsewhere"] == [["shared_k", "shape=smoke"]]
+    assert set(config_store.load(outcome.out).kernels) == {"shared_k", "own_k"}

@@ -124,3 +124,31 @@ def test_summary_counts():
                {"job": "b@s", "status": "failed"}]
     s = tuneplan.summary(jobs, entries)
     assert (s["ok"], s["failed"], s["not_run"], s["kept"], s["rejected"]) == (1, 1, 1, 1, 1)
+
+
+def test_later_jobs_skip_launches_that_finished_jobs_tuned():
+    def launch(kernel, key, config=True):
+        return {"kernel": kernel, "key": key, "config": {"block_sizes": [16]} if config else None}
+
+    entries = [
+        {"job": "a@s", "status": "ok", "launches": [launch("k", "x"), launch("k2", "y", config=False)]},
+        {"job": "b@s", "status": "failed"},
+        {"job": "c@s", "status": "ok", "launches": [launch("k", "x"), launch("k3", "z")]},
+    ]
+    # Only launches the tuner produced a winner for count (k2 had none), whatever the keep decision.
+    assert tuneplan.tuned_launches(entries) == [["k", "x"], ["k3", "z"]]
+    assert tuneplan.tuned_launches([]) == []
+
+
+def test_a_slot_belongs_to_the_first_job_that_tuned_it_even_when_it_rejected_its_winner():
+    # Sequentially the whole-call job would skip k (tuned by the kernel's own job); on several GPUs it may
+    # tune k too and keep a winner. Either way the configs must come out the same: the kernel job's "no".
+    order = {"kernel@s": 0, "call@s": 1}
+    kernel_job = {"job": "kernel@s", "status": "ok", "launches": [
+        {"kernel": "k", "key": "x", "config": {"w": 1}, "decision": {"keep": False}}]}
+    call_skipped = {"job": "call@s", "status": "ok", "launches": [], "tuned_elsewhere": [["k", "x"]]}
+    call_tuned = {"job": "call@s", "status": "ok", "launches": [
+        {"kernel": "k", "key": "x", "config": {"w": 2}, "decision": {"keep": True}}]}
+    assert tuneplan.accepted([kernel_job, call_skipped], order) == []
+    assert tuneplan.accepted([call_tuned, kernel_job], order) == []
+    assert [a.config for a in tuneplan.accepted([call_tuned], order)] == [{"w": 2}]  # alone, it owns k
