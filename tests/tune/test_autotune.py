@@ -184,3 +184,14 @@ def test_a_later_job_skips_launches_an_earlier_job_tuned(tmp_path):
     assert [lc["kernel"] for lc in second["launches"]] == ["own_k"]
     assert second["tuned_elsewhere"] == [["shared_k", "shape=smoke"]]
     assert set(config_store.load(outcome.out).kernels) == {"shared_k", "own_k"}
+
+
+def test_config_file_keeps_the_provenance_of_earlier_runs(tmp_path):
+    first = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1]), quiet)
+    first_run = config_store.load(first.out).tuned["run"]
+    second = run_autotune(options(tmp_path, kernels=KERNELS[1:2], shapes=SHAPES[:1]), quiet)
+    tuned = config_store.load(second.out).tuned
+    assert tuned["run"] != first_run
+    assert [(r["run"], r["jobs"]) for r in tuned["earlier"]] == [(first_run, 1)]
+    assert "earlier" not in tuned["earlier"][0]  # one flat list, not nested records
+    assert set(config_store.load(second.out).kernels) == {"chunk_cumsum_k", "chunk_state_k"}
