@@ -9,12 +9,11 @@ this process group, Helion's own benchmark workers included.
 
 ``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public
 function, and for each distinct (kernel, shape key) that no earlier job of the run tuned
-(``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches) runs Helion's autotuner
-(effort, recorded random
-seed, the job's budget split over its launches, warm-started from the committed config where the
-installed helion still accepts it), then measures what the keep-or-reject decision needs: the public
-function's precision with the winner (against mamba-ssm and fp64, the bench's criterion) and the winner
-against the incumbent, interleaved (``guard.bench.timing.Timer``).
+(``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches) runs Helion's
+autotuner (effort, recorded random seed, the job's budget split over its launches, warm-started from the
+committed config where the installed helion still accepts it), then measures what the keep-or-reject
+decision needs: the public function's precision with the winner (against mamba-ssm and fp64, the bench's
+criterion) and the winner against the incumbent, interleaved (``guard.bench.timing.Timer``).
 """
 
 from __future__ import annotations

@@ -172,26 +172,35 @@ class TunedKernel:
             with _without_implicit_config_notice():
                 result = kernel(*args)
         except Exception as exc:
-            completed = complete_config(self, args, found.config) if found.config is not None else None
-            if completed is not None:  # written before the kernel gained a tunable: that one at its default
-                kernel = self.helion_kernel(completed, mode)
-                self._dispatch[dispatch_key] = (kernel, on_default)
-                with _without_implicit_config_notice():
-                    return kernel(*args)
-            if found.config is None or not _is_invalid_config(exc):
+            if found.config is None:
                 raise
-            # A config from another helion version that the current config spec rejects: report it as
-            # drift (counted, logged) and run on the default config rather than crash.
-            slug = device_slug(device)
-            config_store.note_fallback(self.name, str(key), slug, "invalid", found.key)
-            config_store.INVALID[(slug, self.name, found.key)] = f"{type(exc).__name__}: {exc}"
-            log.warning("%s: config for %s is invalid under this helion (%s); using the default", self.name,
-                        found.key, exc)
-            kernel, on_default = self.helion_kernel(None, mode), True
-            with _without_implicit_config_notice():
-                result = kernel(*args)
+            result, kernel, on_default = self._recover(args, found, key, device, mode, exc)
         self._dispatch[dispatch_key] = (kernel, on_default)
         return result
+
+    def _recover(self, args: tuple[Any, ...], found: config_store.Lookup, key: ShapeKey, device: torch.device,
+                 mode: str, exc: Exception) -> tuple[Any, Any, bool]:
+        """A stored config failed: complete it if it predates one of the kernel's tunables; else, if this
+        helion rejects it, report it as drift (counted, logged) and run on the default config rather than
+        crash. Returns (result, kernel, on_default)."""
+        completed = complete_config(self, args, found.config)
+        if completed is not None:
+            kernel = self.helion_kernel(completed, mode)
+            try:
+                with _without_implicit_config_notice():
+                    return kernel(*args), kernel, False
+            except Exception as again:  # noqa: BLE001 (judged below like the first failure)
+                exc = again
+        if not _is_invalid_config(exc):
+            raise exc
+        slug = device_slug(device)
+        config_store.note_fallback(self.name, str(key), slug, "invalid", found.key)
+        config_store.INVALID[(slug, self.name, found.key)] = f"{type(exc).__name__}: {exc}"
+        log.warning("%s: config for %s is invalid under this helion (%s); using the default", self.name,
+                    found.key, exc)
+        kernel = self.helion_kernel(None, mode)
+        with _without_implicit_config_notice():
+            return kernel(*args), kernel, True
 
 
 @contextlib.contextmanager
