@@ -160,3 +160,16 @@ def test_config_written_before_a_tunable_existed_runs_with_its_default(store):
     assert before == config_store.FALLBACKS  # the stored config ran: not a fallback to the default
     assert complete_config(toy_two_ways, (x,), {"block_sizes": [16, 16]})["doubled"] is False
     assert complete_config(toy_two_ways, (x,), {"doubled": True}) is None
+
+
+def test_config_missing_a_tunable_and_invalid_falls_back_to_the_default(store):
+    x = torch.randn(100, 33)
+    stored = {"block_sizes": [16, 8, 4], "num_warps": 4}  # no "doubled", and one block size too many
+    cf = ConfigFile(kernels={"toy_two_ways": {str(_key(x, x)): stored}})
+    config_store.save(config_store.path_for("test-gpu", store), cf)
+    config_store._cache.clear()
+    toy_two_ways._dispatch.clear()
+    before = config_store.FALLBACKS[("toy_two_ways", "invalid")]
+    with execution_mode("triton"):
+        torch.testing.assert_close(toy_two_ways(x), 2 * x)
+    assert config_store.FALLBACKS[("toy_two_ways", "invalid")] == before + 1
