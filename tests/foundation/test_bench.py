@@ -70,7 +70,7 @@ def test_precision_holds_large_reductions_to_a_tolerance_relative_to_their_size(
 
 
 def test_without_mamba_ssm_the_yardstick_is_pytorch_in_the_same_dtype():
-    from guard.bench.precision import compare_output
+    from guard.bench.precision import compare_output, failing_outputs
 
     gen = torch.Generator().manual_seed(1)
     exact = torch.randn(4096, generator=gen, dtype=torch.float64)  # max |exact| ~ 4, rms ~ 1
@@ -83,5 +83,6 @@ def test_without_mamba_ssm_the_yardstick_is_pytorch_in_the_same_dtype():
     assert result.mamba_ssm_max_rel_err_vs_fp64 is None and result.same_dtype_reference_max_rel_err_vs_fp64 > 0
 
     ours[5] += 0.5  # far beyond twice the bf16 rounding of this output
-    assert not compare_output("out", ours, exact, None, atol=1e-2, rtol=1e-2, same_dtype=same_dtype).ok
+    failed = compare_output("out", ours, exact, None, atol=1e-2, rtol=1e-2, same_dtype=same_dtype)
+    assert not failed.ok and "(PyTorch in the same dtype 0.00" in failing_outputs([failed.to_dict()])
     assert not compare_output("out", ours, exact, None, atol=1e-2, rtol=1e-2).ok  # no yardstick: allclose rules
