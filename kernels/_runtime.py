@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -106,14 +106,18 @@ class TunedKernel:
 
     ``partial_sums`` maps an output's position to the dimension along which it holds per-program partial
     sums (reduced on the host): their number depends on the config, so the autotuner's check against the
-    default config's outputs compares those outputs summed over that dimension."""
+    default config's outputs compares those outputs summed over that dimension.
+
+    ``seeds`` are partial configs (block sizes, warps, stages: mamba-ssm's own autotune lists, where it
+    has them) laid over Helion's default config to start the autotuner's search in known-good regions."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str, shape_key: Callable[..., ShapeKey],
-                 partial_sums: dict[int, int] | None = None):
+                 partial_sums: dict[int, int] | None = None, seeds: Sequence[dict[str, Any]] = ()):
         self.fn = fn
         self.name = name
         self.shape_key = shape_key
         self.partial_sums = dict(partial_sums or {})
+        self.seeds = [dict(seed) for seed in seeds]
         self._kernels: dict[tuple[str, str], Any] = {}
         self._dispatch: dict[tuple[torch.device, ShapeKey, str], tuple[Any, bool]] = {}  # kernel, on default
         functools.update_wrapper(self, fn)
@@ -137,6 +141,13 @@ class TunedKernel:
             kernel = helion.kernel(self.fn, **options)
             self._kernels[cache_key] = kernel
         return kernel
+
+    def seed_configs(self, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """The ``seeds`` that are valid configs for ``args``, each completed with the default config."""
+        spec = self.helion_kernel(None, "compiled").bind(args).config_spec
+        default = dict(spec.default_config())
+        completed = ({**default, **seed} for seed in self.seeds)
+        return [config for config in completed if _config_error(spec, config) is None]
 
     @property
     def autotune_accuracy_check(self) -> Callable[[Any, Any], None]:
@@ -260,22 +271,25 @@ def complete_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str
 
 def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
     """None if ``config`` is valid for ``kernel`` bound to ``args`` under the installed helion, else why."""
+    return _config_error(kernel.helion_kernel(None, "compiled").bind(args).config_spec, config)
+
+
+def _config_error(spec: Any, config: dict[str, Any]) -> str | None:
     import helion
     import helion.exc
 
-    bound = kernel.helion_kernel(None, "compiled").bind(args)
     try:
-        bound.config_spec.normalize(helion.Config(**config))
+        spec.normalize(helion.Config(**config))
     except (helion.exc.InvalidConfig, TypeError, ValueError, KeyError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 
 
-def tuned_kernel(*, name: str, shape_key: Callable[..., ShapeKey],
-                 partial_sums: dict[int, int] | None = None) -> Callable[[Callable[..., Any]], TunedKernel]:
+def tuned_kernel(*, name: str, shape_key: Callable[..., ShapeKey], partial_sums: dict[int, int] | None = None,
+                 seeds: Sequence[dict[str, Any]] = ()) -> Callable[[Callable[..., Any]], TunedKernel]:
     """Decorator: ``@tuned_kernel(name="chunk_state", shape_key=...)`` over a Helion kernel body."""
 
     def wrap(fn: Callable[..., Any]) -> TunedKernel:
-        return TunedKernel(fn, name=name, shape_key=shape_key, partial_sums=partial_sums)
+        return TunedKernel(fn, name=name, shape_key=shape_key, partial_sums=partial_sums, seeds=seeds)
 
     return wrap

@@ -280,13 +280,15 @@ def inputs_norm(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
 
 
 def inputs_conv(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
+    """x and dout channels last, (batch, dim, seqlen) views of (batch, seqlen, dim) memory: how Mamba2 calls
+    the conv on xBC."""
     g = _rng(seed, device)
     dim, dtype = s.conv_dim, s.torch_dtype
     return {
-        "x": _randn(g, (s.batch, dim, s.seqlen), dtype, device),
+        "x": _randn(g, (s.batch, s.seqlen, dim), dtype, device).transpose(1, 2),
         "weight": _randn(g, (dim, s.conv_width), dtype, device, 0.5),
         "bias": _randn(g, (dim,), dtype, device, 0.1),
-        "dout": _randn(g, (s.batch, dim, s.seqlen), dtype, device, 0.1),
+        "dout": _randn(g, (s.batch, s.seqlen, dim), dtype, device, 0.1).transpose(1, 2),
         "seq_idx": None,
         "activation": "silu",
     }

@@ -3,12 +3,14 @@ semantics (the references are in ``kernels/conv/naive.py``):
 
     out[b, d, t] = act(bias[d] + sum_k weight[d, k] * x[b, d, t - (width - 1 - k)])
 
-x (batch, dim, seqlen) with unit stride along seqlen, weight (dim, width) with width 2..4, optional bias
+x (batch, dim, seqlen), contiguous or channels last (a transposed view of (batch, seqlen, dim) memory, the
+layout Mamba2 hands over: no copy is made, outputs keep x's layout, and the layout is in the shape key since
+it decides which tile dimension must be long), weight (dim, width) with width 2..4, optional bias
 (dim,), optional seq_idx (batch, seqlen) int: a tap never reads across a change of sequence index.
 activation None or "silu"/"swish". The causal left padding is done by masked loads inside the kernels.
 
-Backward: each program owns one (batch, dim tile, time tile) block. It recomputes the pre-activation at
-t + s for s = 0..width-1 from shifted loads (cache hits), forms g = dout * act'(pre) there, and writes
+Backward: each program owns one (batch, dim tile, time tile) block. It loads the 2*width-1 shifted x tiles
+once, recomputes the pre-activation at t + s for s = 0..width-1 from them, forms g = dout * act'(pre), writes
 dx[t] = sum_s weight[width-1-s] * g[t+s]. dweight/dbias are fp32 partial sums per (batch, time tile),
 summed afterwards on the host side: deterministic, no atomics. The time tile is a tuned block size.
 """
@@ -28,33 +30,46 @@ __all__ = ["causal_conv1d_fwd", "causal_conv1d_bwd", "causal_conv1d_fn", "causal
 ACTIVATIONS = (None, "silu", "swish")
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    """True for Mamba2's layout: x is (batch, seqlen, dim) memory seen as (batch, dim, seqlen)."""
+    return x.stride(2) != 1
+
+
 def _key(x, weight, bias, seq_idx, silu) -> ShapeKey:
-    # Every argument that changes the generated code is in the key, so one key never mixes variants.
+    # Every argument that changes the generated code is in the key, so one key never mixes variants; the
+    # layout decides which tile dimension must be long for coalesced access.
     return ShapeKey.of(dtype=str(x.dtype).removeprefix("torch."), width=int(weight.shape[1]),
                        bias=int(bias is not None), silu=int(bool(silu)), seq_idx=int(seq_idx is not None),
-                       tokens=tokens_bucket(x.shape[0] * x.shape[2]))
+                       channels_last=int(_channels_last(x)), tokens=tokens_bucket(x.shape[0] * x.shape[2]))
 
 
-def _fwd_key(x, weight, bias, seq_idx, silu) -> ShapeKey:
+def _fwd_key(x, weight, bias, seq_idx, out, silu) -> ShapeKey:
     return _key(x, weight, bias, seq_idx, silu)
 
 
-def _bwd_key(x, weight, bias, dout, seq_idx, silu) -> ShapeKey:
+def _bwd_key(x, weight, bias, dout, seq_idx, dx, silu) -> ShapeKey:
     return _key(x, weight, bias, seq_idx, silu)
 
 
-@tuned_kernel(name="causal_conv1d_fwd", shape_key=_fwd_key)
+# Autotuner seeds: channels-last inputs want long channel tiles, contiguous ones long time tiles.
+_FWD_SEEDS = [{"block_sizes": [1, d, t], "num_warps": w} for d, t, w in
+              ((128, 32, 4), (64, 64, 4), (256, 16, 8), (32, 128, 4), (16, 256, 4))]
+_BWD_SEEDS = [{"block_sizes": [t, d], "num_warps": w} for t, d, w in
+              ((32, 128, 4), (16, 128, 4), (64, 64, 4), (16, 256, 8), (128, 32, 4), (256, 16, 4))]
+
+
+@tuned_kernel(name="causal_conv1d_fwd", shape_key=_fwd_key, seeds=_FWD_SEEDS)
 def causal_conv1d_fwd_kernel(
     x: torch.Tensor,  # (batch, dim, seqlen)
     weight: torch.Tensor,  # (dim, width)
     bias: torch.Tensor | None,  # (dim,)
     seq_idx: torch.Tensor | None,  # (batch, seqlen) int32
+    out: torch.Tensor,  # (batch, dim, seqlen), written
     silu: hl.constexpr,
 ) -> torch.Tensor:
     B, D, L = x.size()
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32  # compute dtype
     W = hl.specialize(weight.size(1))
-    out = torch.empty_like(x)
     for tile_b, tile_d, tile_t in hl.tile([B, D, L]):
         acc = hl.zeros([tile_b, tile_d, tile_t], dtype=cdt)
         if bias is not None:
@@ -74,13 +89,14 @@ def causal_conv1d_fwd_kernel(
     return out
 
 
-@tuned_kernel(name="causal_conv1d_bwd", shape_key=_bwd_key)
+@tuned_kernel(name="causal_conv1d_bwd", shape_key=_bwd_key, partial_sums={1: 0, 2: 0}, seeds=_BWD_SEEDS)
 def causal_conv1d_bwd_kernel(
     x: torch.Tensor,  # (batch, dim, seqlen)
     weight: torch.Tensor,  # (dim, width)
     bias: torch.Tensor | None,  # (dim,)
     dout: torch.Tensor,  # (batch, dim, seqlen)
     seq_idx: torch.Tensor | None,  # (batch, seqlen) int32
+    dx: torch.Tensor,  # (batch, dim, seqlen), written
     silu: hl.constexpr,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, D, L = x.size()
@@ -88,49 +104,52 @@ def causal_conv1d_bwd_kernel(
     W = hl.specialize(weight.size(1))
     t_block = hl.register_block_size(L)
     nt = helion.cdiv(L, t_block)
-    dx = torch.empty_like(x)
-    dw_part = torch.empty([B, nt, D, W], dtype=cdt, device=x.device)
-    db_part = torch.empty([B, nt, D], dtype=cdt, device=x.device)
+    # Per (batch, time tile) partial sums, channels last so that their stores are contiguous.
+    dw_part = torch.empty([B * nt, W, D], dtype=cdt, device=x.device)
+    db_part = torch.empty([B * nt, D], dtype=cdt, device=x.device)
     for tile_b, tile_d, tile_t in hl.tile([B, D, L], block_size=[1, None, t_block]):
+        b = tile_b.begin
+        part = b * nt + tile_t.id
+        # Every tap that the pre-activations at t .. t+W-1 read: x at t+o, o = -(W-1) .. W-1, loaded once.
+        filler = hl.zeros([tile_d, tile_t], dtype=x.dtype)
+        xs = [filler, filler, filler, filler, filler, filler, filler]
+        for j in hl.static_range(2 * W - 1):
+            src = tile_t.index + (j - (W - 1))
+            xs[j] = hl.load(x, [b, tile_d, src], extra_mask=((src >= 0) & (src < L))[None, :])
         if seq_idx is not None:
-            seq_here = seq_idx[tile_b, tile_t]
-        acc_dx = hl.zeros([tile_b, tile_d, tile_t], dtype=cdt)
+            no_seq = hl.zeros([tile_t], dtype=seq_idx.dtype)
+            seqs = [no_seq, no_seq, no_seq, no_seq, no_seq, no_seq, no_seq]
+            for j in hl.static_range(2 * W - 1):
+                src = tile_t.index + (j - (W - 1))
+                seqs[j] = hl.load(seq_idx, [b, src], extra_mask=(src >= 0) & (src < L))
+        acc_dx = hl.zeros([tile_d, tile_t], dtype=cdt)
         for s in hl.static_range(W):
-            # g at position t + s (zero past the end), and its contribution to dx[t]
+            # g = dout * act'(pre) at t + s (zero past the end), and its contribution to dx[t]
             pos = tile_t.index + s
-            inside = pos < L
-            g = hl.load(dout, [tile_b, tile_d, pos], extra_mask=inside[None, None, :]).to(cdt)
-            if seq_idx is not None:
-                seq_pos = hl.load(seq_idx, [tile_b, pos], extra_mask=inside[None, :])
+            g = hl.load(dout, [b, tile_d, pos], extra_mask=(pos < L)[None, :]).to(cdt)
             if silu:
-                pre = hl.zeros([tile_b, tile_d, tile_t], dtype=cdt)
+                pre = hl.zeros([tile_d, tile_t], dtype=cdt)
                 if bias is not None:
-                    pre = pre + bias[tile_d].to(cdt)[None, :, None]
+                    pre = pre + bias[tile_d].to(cdt)[:, None]
                 for k in hl.static_range(W):
-                    src = pos - (W - 1 - k)
-                    ok = (src >= 0) & (src < L)
-                    xs = hl.load(x, [tile_b, tile_d, src], extra_mask=ok[None, None, :]).to(cdt)
+                    tap = xs[s + k].to(cdt)
                     if seq_idx is not None:
-                        seq_src = hl.load(seq_idx, [tile_b, src], extra_mask=ok[None, :])
-                        xs = torch.where((seq_src == seq_pos)[:, None, :], xs, 0.0)
-                    pre = pre + weight[tile_d, k].to(cdt)[None, :, None] * xs
+                        tap = torch.where((seqs[s + k] == seqs[s + W - 1])[None, :], tap, 0.0)
+                    pre = pre + weight[tile_d, k].to(cdt)[:, None] * tap
                 sig = torch.sigmoid(pre)
                 g = g * sig * (1.0 + pre * (1.0 - sig))
             if seq_idx is not None:
-                g = torch.where((seq_pos == seq_here)[:, None, :], g, 0.0)
-            acc_dx = acc_dx + weight[tile_d, W - 1 - s].to(cdt)[None, :, None] * g
+                g = torch.where((seqs[s + W - 1] == seqs[W - 1])[None, :], g, 0.0)
+            acc_dx = acc_dx + weight[tile_d, W - 1 - s].to(cdt)[:, None] * g
             if s == 0:
-                db_part[tile_b, tile_t.id, tile_d] = torch.sum(g, dim=2)
+                db_part[part, tile_d] = torch.sum(g, dim=1)
                 for k in hl.static_range(W):
-                    src = tile_t.index - (W - 1 - k)
-                    xs = hl.load(x, [tile_b, tile_d, src], extra_mask=(src >= 0)[None, None, :]).to(cdt)
+                    tap = xs[k].to(cdt)
                     if seq_idx is not None:
-                        seq_src = hl.load(seq_idx, [tile_b, src], extra_mask=(src >= 0)[None, :])
-                        xs = torch.where((seq_src == seq_here)[:, None, :], xs, 0.0)
-                    dw_part[tile_b, tile_t.id, tile_d, k] = torch.sum(g * xs, dim=2)
-        dx[tile_b, tile_d, tile_t] = acc_dx.to(dx.dtype)
-    # The partial sums' shape depends on the config; their sum does not (autotuner accuracy checks).
-    return dx, dw_part.sum(0).sum(0), db_part.sum(0).sum(0)
+                        tap = torch.where((seqs[k] == seqs[W - 1])[None, :], tap, 0.0)
+                    dw_part[part, k, tile_d] = torch.sum(g * tap, dim=1)
+        dx[b, tile_d, tile_t] = acc_dx.to(dx.dtype)
+    return dx, dw_part, db_part
 
 
 def _prepare(x, weight, bias, seq_idx, activation):
@@ -143,7 +162,7 @@ def _prepare(x, weight, bias, seq_idx, activation):
         raise ValueError(f"weight: expected (dim={dim}, width in 2..4), got shape {tuple(weight.shape)}")
     if bias is not None and bias.shape != (dim,):
         raise ValueError(f"bias: expected shape ({dim},), got {tuple(bias.shape)}")
-    if x.stride(2) != 1:
+    if x.stride(2) != 1 and x.stride(1) != 1:  # neither layout the kernels read coalesced
         x = x.contiguous()
     weight = weight.contiguous()
     bias = bias.contiguous() if bias is not None else None
@@ -154,9 +173,19 @@ def _prepare(x, weight, bias, seq_idx, activation):
     return x, weight, bias, seq_idx, activation is not None
 
 
+def _empty_like_layout(x: torch.Tensor) -> torch.Tensor:
+    """A dense (batch, dim, seqlen) tensor in x's layout, also when x is a strided view (Mamba2's xBC)."""
+    batch, dim, seqlen = x.shape
+    if _channels_last(x):
+        return torch.empty((batch, seqlen, dim), dtype=x.dtype, device=x.device).transpose(1, 2)
+    return torch.empty((batch, dim, seqlen), dtype=x.dtype, device=x.device)
+
+
 def causal_conv1d_fwd(x, weight, bias=None, seq_idx=None, activation=None):
+    """The convolution, in x's layout: (batch, dim, seqlen) contiguous, or channels last as Mamba2 hands
+    it (a transposed view of (batch, seqlen, dim) memory)."""
     x, weight, bias, seq_idx, silu = _prepare(x, weight, bias, seq_idx, activation)
-    return causal_conv1d_fwd_kernel(x, weight, bias, seq_idx, silu)
+    return causal_conv1d_fwd_kernel(x, weight, bias, seq_idx, _empty_like_layout(x), silu)
 
 
 def causal_conv1d_bwd(x, weight, bias, dout, seq_idx=None, activation=None):
@@ -164,11 +193,11 @@ def causal_conv1d_bwd(x, weight, bias, dout, seq_idx=None, activation=None):
     x, weight, bias, seq_idx, silu = _prepare(x, weight, bias, seq_idx, activation)
     if dout.shape != x.shape:
         raise ValueError(f"dout: expected shape {tuple(x.shape)}, got {tuple(dout.shape)}")
-    if dout.stride(2) != 1:
+    if dout.stride(2) != 1 and dout.stride(1) != 1:
         dout = dout.contiguous()
-    dx, dweight, dbias = causal_conv1d_bwd_kernel(x, weight, bias, dout, seq_idx, silu)
-    dweight = dweight.to(weight.dtype)
-    dbias = dbias.to(bias.dtype) if bias is not None else None
+    dx, dw_part, db_part = causal_conv1d_bwd_kernel(x, weight, bias, dout, seq_idx, _empty_like_layout(x), silu)
+    dweight = dw_part.sum(0).t().to(weight.dtype)
+    dbias = db_part.sum(0).to(bias.dtype) if bias is not None else None
     return dx, dweight, dbias
 
 

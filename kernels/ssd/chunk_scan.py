@@ -22,6 +22,7 @@ import torch
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, seq_prev, tokens
 
 
@@ -33,7 +34,7 @@ def _shape_key(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev_seq, out, ou
                        tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan", shape_key=_shape_key)
+@tuned_kernel(name="chunk_scan", shape_key=_shape_key, seeds=_seeds.matmul_mnkk())
 def chunk_scan_kernel(
     cb: torch.Tensor,
     x: torch.Tensor,

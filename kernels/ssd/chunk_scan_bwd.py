@@ -19,6 +19,7 @@ import torch
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, heads_per_program, seq_prev, tokens
 
 
@@ -38,7 +39,7 @@ def _dz_key(x, z, out, dout, D, outz, chunk_size, has_ddAcs, recompute_output, d
                        outz=int(bool(recompute_output)), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_bwd_dz", shape_key=_dz_key, partial_sums={2: 3})
+@tuned_kernel(name="chunk_scan_bwd_dz", shape_key=_dz_key, partial_sums={2: 3}, seeds=_seeds.rows((32, 64, 128), 64))
 def chunk_scan_bwd_dz_kernel(
     x: torch.Tensor,
     z: torch.Tensor,
@@ -134,7 +135,7 @@ def _dstates_key(C, dA_cumsum, dout, seq_idx, prev_seq, dstates) -> ShapeKey:
                        seq=int(seq_idx is not None), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_bwd_dstates", shape_key=_dstates_key)
+@tuned_kernel(name="chunk_scan_bwd_dstates", shape_key=_dstates_key, seeds=_seeds.matmul_mnk())
 def chunk_scan_bwd_dstates_kernel(
     C: torch.Tensor,
     dA_cumsum: torch.Tensor,
@@ -200,7 +201,8 @@ def _dc_key(prev_states, dA_cumsum, dout, seq_idx, prev_seq, C, ngroups, hpg, ha
                        ddA=int(bool(has_C)), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_bwd_dC", shape_key=_dc_key, partial_sums={0: 2, 1: 4})
+@tuned_kernel(name="chunk_scan_bwd_dC", shape_key=_dc_key, partial_sums={0: 2, 1: 4},
+              seeds=_seeds.tiles_mn_whole_k())
 def chunk_scan_bwd_dC_kernel(
     prev_states: torch.Tensor,
     dA_cumsum: torch.Tensor,
@@ -288,7 +290,7 @@ def _dcb_key(x, dt, dA_cumsum, dout, seq_idx, ngroups, hpg) -> ShapeKey:
                        seq=int(seq_idx is not None), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_bwd_dcb", shape_key=_dcb_key, partial_sums={0: 2})
+@tuned_kernel(name="chunk_scan_bwd_dcb", shape_key=_dcb_key, partial_sums={0: 2}, seeds=_seeds.tiles_dcb())
 def chunk_scan_bwd_dcb_kernel(
     x: torch.Tensor,
     dt: torch.Tensor,

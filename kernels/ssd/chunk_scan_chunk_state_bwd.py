@@ -22,6 +22,7 @@ import torch
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, seq_last, tokens
 
 
@@ -32,7 +33,8 @@ def _shape_key(x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last_seq, d_k
                        tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_chunk_state_bwd_dx", shape_key=_shape_key, partial_sums={1: 0, 2: 3})
+@tuned_kernel(name="chunk_scan_chunk_state_bwd_dx", shape_key=_shape_key, partial_sums={1: 0, 2: 3},
+              seeds=_seeds.matmul_mnkk())
 def chunk_scan_chunk_state_bwd_dx_kernel(
     x: torch.Tensor,
     dt: torch.Tensor,

@@ -19,6 +19,7 @@ import torch
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, seq_last, tokens
 
 
@@ -29,7 +30,7 @@ def _shape_key(B, x, dt, dA_cumsum, seq_idx, last_seq, states_in_fp32) -> ShapeK
                        tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_state", shape_key=_shape_key)
+@tuned_kernel(name="chunk_state", shape_key=_shape_key, seeds=_seeds.matmul_mnk())
 def chunk_state_kernel(
     B: torch.Tensor,
     x: torch.Tensor,

@@ -22,6 +22,7 @@ import torch
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, heads_per_program, seq_last, tokens
 
 
@@ -32,7 +33,8 @@ def _db_key(x, dt, dA_cumsum, dstates, seq_idx, last_seq, B, ngroups, hpg, has_B
                        tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_state_bwd_db", shape_key=_db_key, partial_sums={0: 2, 1: 4})
+@tuned_kernel(name="chunk_state_bwd_db", shape_key=_db_key, partial_sums={0: 2, 1: 4},
+              seeds=_seeds.tiles_mn_whole_k())
 def chunk_state_bwd_db_kernel(
     x: torch.Tensor,
     dt: torch.Tensor,

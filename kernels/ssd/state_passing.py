@@ -27,6 +27,7 @@ from helion.autotuner import EnumFragment
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, seq_last, seq_prev, tokens
 
 
@@ -40,7 +41,7 @@ def _combine(a1: torch.Tensor, b1: torch.Tensor, a2: torch.Tensor, b2: torch.Ten
     return a1 * a2, a2 * b1 + b2
 
 
-@tuned_kernel(name="state_passing", shape_key=_shape_key)
+@tuned_kernel(name="state_passing", shape_key=_shape_key, seeds=_seeds.rows(_seeds.STATE_BLOCKS))
 def state_passing_kernel(
     states: torch.Tensor,
     dA_chunk_cumsum: torch.Tensor,

@@ -27,6 +27,7 @@ from helion.autotuner import EnumFragment
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, seq_last, seq_prev, tokens
 
 
@@ -42,7 +43,8 @@ def _combine(a1: torch.Tensor, b1: torch.Tensor, a2: torch.Tensor, b2: torch.Ten
     return a1 * a2, a2 * b1 + b2
 
 
-@tuned_kernel(name="state_passing_bwd", shape_key=_shape_key, partial_sums={0: 3})
+@tuned_kernel(name="state_passing_bwd", shape_key=_shape_key, partial_sums={0: 3},
+              seeds=_seeds.rows(_seeds.STATE_BLOCKS))
 def state_passing_bwd_kernel(
     states: torch.Tensor,
     dA_chunk_cumsum: torch.Tensor,

@@ -78,11 +78,47 @@ def test_interpreter_explicit_small_blocks_fp16():
                                       None, "silu")
     with testing.execution_mode("triton"):
         fwd = C.causal_conv1d_fwd_kernel.helion_kernel({"block_sizes": [1, 4, 8], "num_warps": 2}, "compiled")
-        out = fwd(inp["x"], inp["weight"], inp["bias"], None, True)
+        out = fwd(inp["x"], inp["weight"], inp["bias"], None, torch.empty_like(inp["x"]), True)
         bwd = C.causal_conv1d_bwd_kernel.helion_kernel({"block_sizes": [8, 4], "num_warps": 2}, "compiled")
-        dx, dw, db = bwd(inp["x"], inp["weight"], inp["bias"], inp["dout"], None, True)
+        dx, dw_part, db_part = bwd(inp["x"], inp["weight"], inp["bias"], inp["dout"], None,
+                                   torch.empty_like(inp["x"]), True)
+    assert dw_part.shape[0] == B * 5  # one partial per (batch, time tile of 8): the tiling was exercised
+    dw, db = dw_part.sum(0).t(), db_part.sum(0)
     for a, b in zip((out, dx, dw, db), (out_r, *grads_r), strict=True):
         torch.testing.assert_close(a.double(), b, atol=1e-2, rtol=1e-2)
+
+
+def _channels_last_view(t):
+    """(b, d, L) values in Mamba2's layout: a transposed view into wider (b, L, d + 5) memory."""
+    wide = torch.zeros(t.shape[0], t.shape[2], t.shape[1] + 5, dtype=t.dtype)
+    wide[..., 2:2 + t.shape[1]] = t.transpose(1, 2)
+    return wide[..., 2:2 + t.shape[1]].transpose(1, 2)
+
+
+@pytest.mark.parametrize("mode", ["ref", "triton"])
+def test_channels_last_views_are_read_in_place_and_outputs_keep_the_layout(mode):
+    inp = _inputs(4, True, seed=11)
+    seq = _seq_idx()
+    x_view, dout_view = _channels_last_view(inp["x"]), _channels_last_view(inp["dout"])
+    assert x_view.stride(1) == 1 and not x_view.is_contiguous()
+    with testing.execution_mode(mode):
+        out = C.causal_conv1d_fwd(x_view, inp["weight"], inp["bias"], seq, "silu")
+        dx, dw, db = C.causal_conv1d_bwd(x_view, inp["weight"], inp["bias"], dout_view, seq, "silu")
+        out_c = C.causal_conv1d_fwd(inp["x"], inp["weight"], inp["bias"], seq, "silu")
+    assert out.stride(1) == 1 and dx.stride(1) == 1  # channels last, like x
+    assert out_c.stride(2) == 1
+    out_r = naive.causal_conv1d_fwd(_f64(inp["x"]), _f64(inp["weight"]), _f64(inp["bias"]), seq, "silu")
+    grads_r = naive.causal_conv1d_bwd(_f64(inp["x"]), _f64(inp["weight"]), _f64(inp["bias"]), _f64(inp["dout"]),
+                                      seq, "silu")
+    for a, b in zip((out, out_c, dx, dw, db), (out_r, out_r, *grads_r), strict=True):
+        torch.testing.assert_close(a.double(), b, atol=2e-5, rtol=2e-5)
+
+
+def test_layout_is_part_of_the_shape_key():
+    inp = _inputs(4, True)
+    x_view = _channels_last_view(inp["x"])
+    dense, view = (str(C._fwd_key(x, inp["weight"], inp["bias"], None, x, True)) for x in (inp["x"], x_view))
+    assert "channels_last=0" in dense and view == dense.replace("channels_last=0", "channels_last=1")
 
 
 def test_gradcheck_causal_conv1d_fn_fp64():

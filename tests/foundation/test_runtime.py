@@ -173,3 +173,35 @@ def test_config_missing_a_tunable_and_invalid_falls_back_to_the_default(store):
     with execution_mode("triton"):
         torch.testing.assert_close(toy_two_ways(x), 2 * x)
     assert config_store.FALLBACKS[("toy_two_ways", "invalid")] == before + 1
+
+
+def test_seed_configs_complete_each_seed_and_drop_those_this_kernel_rejects():
+    x = torch.randn(100, 33)
+    seeded = TunedKernel(toy_exp_add.fn, name="toy_seeded", shape_key=_key,
+                         seeds=[{"block_sizes": [32, 16], "num_warps": 8},
+                                {"block_sizes": [16, 8, 4]},  # one block size too many: dropped
+                                {"num_stages": 2}])
+    default = dict(seeded.helion_kernel(None).bind((x, x)).config_spec.default_config())
+    configs = seeded.seed_configs((x, x))
+    assert configs == [{**default, "block_sizes": [32, 16], "num_warps": 8}, {**default, "num_stages": 2}]
+    assert all(validate_config(seeded, (x, x), config) is None for config in configs)
+    with execution_mode("triton"):
+        out = seeded.helion_kernel(configs[0])(x, x)
+    torch.testing.assert_close(out, x.exp() + x)
+
+
+def test_every_ssd_and_conv_seed_fits_its_kernel_at_a_suite_shape():
+    """The seeds name block sizes by position: a kernel that registers its blocks in another order, or
+    another number of them, must fail here rather than seed the tuner with nonsense."""
+    from kernels import registry, suites
+
+    shape = suites.load().shape("smoke")
+    for name in ("chunk_state", "chunk_scan", "chunk_scan_bwd_dC", "chunk_state_bwd_db", "chunk_scan_bwd_dcb",
+                 "chunk_scan_bwd_dz", "state_passing_bwd", "causal_conv1d_bwd"):
+        entry = registry.get(name)
+        with capture_launches() as launches, execution_mode("ref"):
+            entry.run_helion(entry.inputs(shape, 0, torch.device("cpu")))
+        kernel, args = launches[0]
+        assert kernel.seeds, name
+        spec = kernel.helion_kernel(None).bind(args).config_spec
+        assert all(len(seed["block_sizes"]) == len(spec.default_config()["block_sizes"]) for seed in kernel.seeds)

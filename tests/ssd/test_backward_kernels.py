@@ -385,3 +385,12 @@ def test_gpu_gradients_match_mamba_ssm(shape_name):
         got = grads["ours"][name]
         err = (got.float() - ref.float()).abs().max().item()
         assert err <= 2e-2 * (ref.float().abs().max().item() + 1.0), (name, err)
+
+
+def test_head_splits_stop_at_four_parts_and_default_to_none():
+    from kernels.ssd._keys import heads_per_program
+
+    assert heads_per_program(8).choices == (8, 4, 2)
+    assert heads_per_program(64).choices == (64, 32, 16)
+    assert heads_per_program(3).choices == (3, 1)
+    assert heads_per_program(8).default() == 8
