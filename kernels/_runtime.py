@@ -144,10 +144,10 @@ class TunedKernel:
 
     def seed_configs(self, args: tuple[Any, ...]) -> list[dict[str, Any]]:
         """The ``seeds`` that are valid configs for ``args``, each completed with the default config."""
-        spec = self.helion_kernel(None, "compiled").bind(args).config_spec
-        default = dict(spec.default_config())
+        bound = self.helion_kernel(None, "compiled").bind(args)
+        default = dict(bound.config_spec.default_config())
         completed = ({**default, **seed} for seed in self.seeds)
-        return [config for config in completed if _config_error(spec, config) is None]
+        return [config for config in completed if _config_error(bound, config) is None]
 
     @property
     def autotune_accuracy_check(self) -> Callable[[Any, Any], None]:
@@ -236,9 +236,11 @@ def _ref_mode(mode: str):
 
 
 def _is_invalid_config(exc: Exception) -> bool:
+    """A Helion error while compiling a stored config: it does not fit this kernel under this helion. (If
+    the kernel itself is broken, the default config fails too, and that error propagates.)"""
     import helion.exc
 
-    return isinstance(exc, helion.exc.InvalidConfig)
+    return isinstance(exc, helion.exc.BaseError)
 
 
 @contextlib.contextmanager
@@ -270,17 +272,23 @@ def complete_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str
 
 
 def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
-    """None if ``config`` is valid for ``kernel`` bound to ``args`` under the installed helion, else why."""
-    return _config_error(kernel.helion_kernel(None, "compiled").bind(args).config_spec, config)
+    """None if ``config`` is valid for ``kernel`` bound to ``args`` under the installed helion, else why.
+    Judged as it runs: completed with the defaults of tunables added to the kernel since it was stored."""
+    completed = complete_config(kernel, args, config) or config
+    return _config_error(kernel.helion_kernel(None, "compiled").bind(args), completed)
 
 
-def _config_error(spec: Any, config: dict[str, Any]) -> str | None:
+def _config_error(bound: Any, config: dict[str, Any]) -> str | None:
+    """Why ``config`` does not fit the bound kernel, or None. Normalizing is not enough: a config can pass it
+    and still fail code generation (its per-load lists shorter than the kernel's loads, after an edit of
+    the kernel), so the code is generated too; that needs no GPU."""
     import helion
     import helion.exc
 
     try:
-        spec.normalize(helion.Config(**config))
-    except (helion.exc.InvalidConfig, TypeError, ValueError, KeyError) as exc:
+        bound.config_spec.normalize(helion.Config(**config))
+        bound.to_triton_code(helion.Config(**config))
+    except (helion.exc.BaseError, TypeError, ValueError, KeyError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 

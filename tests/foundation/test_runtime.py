@@ -205,3 +205,18 @@ def test_every_ssd_and_conv_seed_fits_its_kernel_at_a_suite_shape():
         assert kernel.seeds, name
         spec = kernel.helion_kernel(None).bind(args).config_spec
         assert all(len(seed["block_sizes"]) == len(spec.default_config()["block_sizes"]) for seed in kernel.seeds)
+
+
+def test_config_that_normalizes_but_fails_codegen_is_invalid_and_runs_on_the_default(store):
+    """After an edit adds loads to a kernel, a stored per-load list (indexing) is too short: Helion's
+    normalize accepts it, its code generation does not. Both the validation and the run-time path must
+    call it invalid; the run falls back to the default config instead of crashing."""
+    x = torch.randn(100, 33)
+    short = {"block_sizes": [16, 8], "indexing": ["pointer"]}  # toy_exp_add has 3 loads and stores
+    assert "exceeds indexing config length" in validate_config(toy_exp_add, (x, x), short)
+    assert validate_config(toy_exp_add, (x, x), {"block_sizes": [16, 8]}) is None
+    _write(store, short)
+    before = config_store.FALLBACKS[("toy_exp_add", "invalid")]
+    with execution_mode("triton"):
+        torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
+    assert config_store.FALLBACKS[("toy_exp_add", "invalid")] == before + 1
