@@ -140,6 +140,18 @@ def test_precision_failure_wins_over_speed():
     assert judge(make_case(rng, precision=replace(GOOD, max_rel_err_vs_fp64=1.9e-3)), base, [], POLICY).status == "ok"
 
 
+def test_without_mamba_ssm_the_runners_fp64_judgement_decides():
+    """No peer (the layer on a runner without causal-conv1d): allclose was taken against fp64, where bf16
+    outputs are held to twice PyTorch's same-dtype error instead, and the runner's ok says which held."""
+    rng = np.random.default_rng(16)
+    base = base_case(make_case(rng))
+    peerless = replace(GOOD, allclose=False, max_abs_diff_vs_mamba_ssm=None, mean_abs_diff_vs_mamba_ssm=None,
+                       mamba_ssm_max_rel_err_vs_fp64=None)
+    assert judge(make_case(rng, precision=peerless), base, [], POLICY).status == "ok"
+    failed = judge(make_case(rng, precision=replace(peerless, ok=False)), base, [], POLICY)
+    assert failed.status == "precision-fail" and "no mamba-ssm" in failed.detail
+
+
 def test_precision_growth_vs_baseline_is_opt_in():
     rng = np.random.default_rng(12)
     base = base_case(make_case(rng))
@@ -352,7 +364,8 @@ def test_check_over_a_result():
         make_case(rng, kernel="b", helion_shift=1.2),
         make_case(rng, kernel="c"),
         CaseResult("d", "s", "bwd", missing=True),
-        CaseResult("e", "s", "fwd", SamplesMs((1.0,), (1.0,)), Precision(allclose=False)),
+        CaseResult("e", "s", "fwd", SamplesMs((1.0,), (1.0,)),
+                   Precision(allclose=False, max_abs_diff_vs_mamba_ssm=0.5)),
     ))
     vs = check(cur, baseline, {("a", "s"): history([1.3] * 3, fp=cur.fingerprint_hash)})
     assert [v.status for v in vs] == ["ok", "regression", "no-baseline", "missing-kernel", "precision-fail"]
