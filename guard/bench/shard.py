@@ -268,7 +268,8 @@ def merge(jobs: Sequence[Job], workers: Sequence[_Worker], phases: dict[str, str
     return [by_index[j.index] for j in jobs], seconds
 
 
-def split_report(workers: Sequence[_Worker], seconds: dict[str, float], wall_s: float) -> dict[str, Any]:
+def split_report(workers: Sequence[_Worker], seconds: dict[str, float], wall_s: float, assignment: str
+                 ) -> dict[str, Any]:
     """What went where and what limited the speed-up (recorded in the result's extra)."""
     per_worker = []
     for w in workers:
@@ -286,7 +287,7 @@ def split_report(workers: Sequence[_Worker], seconds: dict[str, float], wall_s: 
     slowest = max(per_worker, key=lambda p: p["wall_s"], default=None)
     digests = {p["fingerprint_digest"] for p in per_worker if p["fingerprint_digest"]}
     return {
-        "workers": len(workers), "assignment": "round-robin by plan index (guard.core.tuneplan.assign)",
+        "workers": len(workers), "assignment": assignment,
         "wall_s": round(wall_s, 3), "sum_case_s": round(total, 3),
         "ideal_wall_s": round(total / len(workers), 3) if workers else None,
         "speedup_vs_sum": round(total / wall_s, 3) if wall_s > 0 else None,
@@ -295,6 +296,22 @@ def split_report(workers: Sequence[_Worker], seconds: dict[str, float], wall_s: 
         "host_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "mixed_fingerprints": len(digests) > 1, "per_worker": per_worker,
     }
+
+
+def previous_case_seconds(state_dir: Path) -> tuple[dict[str, float], str | None]:
+    """Seconds per case ("kernel@shape") of the newest earlier sharded run in ``state_dir`` that finished
+    any case, and its folder; ({}, None) when there is none."""
+    runs = sorted((state_dir / "shards").glob("*/"), reverse=True) if (state_dir / "shards").is_dir() else []
+    for run in runs:
+        seconds: dict[str, float] = {}
+        for path in sorted(run.glob("worker-*.result.json")):
+            for item in (_read(path) or {}).get("cases") or []:
+                case = item.get("case") or {}
+                if case.get("kernel") and case.get("shape") and isinstance(item.get("wall_s"), int | float):
+                    seconds[f"{case['kernel']}@{case['shape']}"] = float(item["wall_s"])
+        if seconds:
+            return seconds, str(run)
+    return {}, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,7 +333,8 @@ def run_sharded(entries: Sequence[Any], shapes: Sequence[Any], *, fingerprint: d
     devices = list(devices) if devices is not None else devices_for(workers)
     if len(devices) != workers:
         raise ValueError(f"devices: expected {workers} CUDA_VISIBLE_DEVICES values, got {len(devices)}")
-    shards = [(devices[i], shard) for i, shard in enumerate(assign(jobs, workers)) if shard]
+    cost, cost_source = previous_case_seconds(Path(state_dir))
+    shards = [(devices[i], shard) for i, shard in enumerate(assign(jobs, workers, cost)) if shard]
     run_dir = Path(state_dir) / "shards" / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
     spec = {"bench": bench_fn_ref(bench_fn), "seed": seed, "rounds": rounds, "warmup": warmup,
             "cuda_graphs": cuda_graphs, "state_dir": str(state_dir), "fingerprint_digest": fingerprint_digest,
@@ -327,7 +345,8 @@ def run_sharded(entries: Sequence[Any], shapes: Sequence[Any], *, fingerprint: d
     done = run_workers(shards, run_dir, spec, case_timeout_s=case_timeout_s, progress=progress)
     wall = time.monotonic() - t0
     cases, seconds = merge(jobs, done, {e.name: e.phase for e in entries}, seed)
-    split = split_report(done, seconds, wall)
+    split = split_report(done, seconds, wall, f"longest first, by the case times of {cost_source}" if cost_source
+                         else "round-robin by plan index (no earlier sharded run in the state dir)")
     if split["mixed_fingerprints"]:
         progress("warning: the workers' GPUs have different fingerprints (mixed models or drivers on this host)")
     progress(f"sharded bench: {wall:.1f}s wall for {split['sum_case_s']:.1f}s of cases; longest case "

@@ -60,15 +60,31 @@ def plan_jobs(kernels: Sequence[str], shapes: Sequence[str]) -> list[Job]:
     return [Job(i, k, s) for i, (s, k) in enumerate((s, k) for s in shapes for k in kernels)]
 
 
-def assign(jobs: Sequence[Job], workers: int) -> list[list[Job]]:
-    """Static round-robin by plan index: job i goes to worker ``i % workers``. Deterministic (no
-    dependence on timing), and neighbours in the plan (the same shape) are spread over the GPUs."""
+def assign(jobs: Sequence[Job], workers: int, cost: Mapping[str, float] | None = None) -> list[list[Job]]:
+    """Jobs to workers, each worker's list in plan order. Without ``cost``: static round-robin by plan
+    index, job i to worker ``i % workers``, so neighbours in the plan (the same shape) spread over the GPUs.
+
+    With ``cost`` (seconds per job id, from an earlier run): longest first. Jobs in decreasing cost (plan
+    index breaks ties) each go to the worker with the least cost so far (the lower index breaks ties); a job
+    without a known cost counts as the median known one. Round-robin gave one of two H200s both whole-call
+    cases of a bench (161 s against 93 s). Either way deterministic: no dependence on this run's timing."""
     if workers < 1:
         raise ValueError(f"workers: expected >= 1, got {workers}")
+    ordered = sorted(jobs, key=lambda j: j.index)
     shards: list[list[Job]] = [[] for _ in range(workers)]
-    for job in sorted(jobs, key=lambda j: j.index):
-        shards[job.index % workers].append(job)
-    return shards
+    known = sorted(float(cost[j.id]) for j in ordered if cost and j.id in cost)
+    if not known:
+        for job in ordered:
+            shards[job.index % workers].append(job)
+        return shards
+    typical = known[len(known) // 2]
+    weight = {j.id: float(cost[j.id]) if j.id in cost else typical for j in ordered}
+    loads = [0.0] * workers
+    for job in sorted(ordered, key=lambda j: (-weight[j.id], j.index)):
+        target = min(range(workers), key=lambda w: (loads[w], w))
+        shards[target].append(job)
+        loads[target] += weight[job.id]
+    return [sorted(shard, key=lambda j: j.index) for shard in shards]
 
 
 def run_id(plan: Mapping[str, Any]) -> str:

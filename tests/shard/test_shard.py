@@ -198,3 +198,20 @@ def test_nightly_cycle_with_workers(tmp_path):
     assert {c.extra["gpu_uuid"] for c in first.result.cases} == {"GPU-fake-0"}  # no GPU: both workers on "0"
     saved = json.loads(Path(first.paths["result"]).read_text())
     assert saved["extra"]["sharding"]["workers"] == 2
+
+
+def test_a_later_sharded_run_splits_by_the_earlier_runs_case_times(tmp_path):
+    # Round-robin puts plan indexes 0 and 2 (k0 and k2 at s_small) on worker 0; they are the slow cases.
+    slow = {"jobs": {"k0@s_small": {"sleep": 0.6}, "k2@s_small": {"sleep": 0.6}}}
+    assert shard.previous_case_seconds(tmp_path) == ({}, None)
+    first = sharded(tmp_path, 2, extra=slow).extra["sharding"]
+    assert first["assignment"].startswith("round-robin")
+    assert {"k0@s_small", "k2@s_small"} <= set(first["per_worker"][0]["jobs"])
+    seconds, source = shard.previous_case_seconds(tmp_path)
+    assert len(seconds) == 12 and seconds["k0@s_small"] >= 0.6 and source
+    later = sharded(tmp_path, 2, extra=slow)
+    split = later.extra["sharding"]
+    assert split["assignment"].startswith("longest first") and source in split["assignment"]
+    where = {job: p["worker"] for p in split["per_worker"] for job in p["jobs"]}
+    assert where["k0@s_small"] != where["k2@s_small"]
+    assert [strip(c) for c in later.cases] == list(sequential(extra=slow).cases)  # same result, other split

@@ -152,3 +152,15 @@ def test_a_slot_belongs_to_the_first_job_that_tuned_it_even_when_it_rejected_its
     assert tuneplan.accepted([kernel_job, call_skipped], order) == []
     assert tuneplan.accepted([call_tuned, kernel_job], order) == []
     assert [a.config for a in tuneplan.accepted([call_tuned], order)] == [{"w": 2}]  # alone, it owns k
+
+
+def test_assignment_by_known_cost_puts_the_longest_jobs_on_different_workers():
+    jobs = tuneplan.plan_jobs([f"k{i}" for i in range(6)], ["s"])  # k0..k5 at index 0..5
+    cost = {"k0@s": 30.0, "k2@s": 19.0, "k4@s": 9.0, "k1@s": 1.0, "k3@s": 1.0}  # k5 unknown: counts as median
+    shards = tuneplan.assign(jobs, 2, cost)
+    assert shards == tuneplan.assign(list(reversed(jobs)), 2, cost)  # input order does not matter
+    # 30 | 19, then 9 (k4) and 9 (k5, the median) to the lighter side, then the two 1s: 32 against 37
+    assert [[j.id for j in s] for s in shards] == [["k0@s", "k1@s", "k3@s"], ["k2@s", "k4@s", "k5@s"]]
+    assert [[j.index for j in s] for s in tuneplan.assign(jobs, 2)] == [[0, 2, 4], [1, 3, 5]]  # round-robin
+    assert tuneplan.assign(jobs, 2, {}) == tuneplan.assign(jobs, 2)  # no known cost: round-robin
+    assert sorted(j.index for s in tuneplan.assign(jobs, 4, cost) for j in s) == list(range(6))
