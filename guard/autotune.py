@@ -286,8 +286,8 @@ def describe(entry: dict[str, Any]) -> str:
     parts = []
     for launch in entry.get("launches") or ():
         d = launch.get("decision") or {}
-        parts.append(f"{launch.get('kernel')}[{launch.get('key')}] {'kept' if d.get('keep') else 'kept old'}: "
-                     f"{d.get('reason')}")
+        verb = "kept" if d.get("keep") else "kept the default" if d.get("store_default") else "kept old"
+        parts.append(f"{launch.get('kernel')}[{launch.get('key')}] {verb}: {d.get('reason')}")
     skipped = len(entry.get("tuned_elsewhere") or ())
     if skipped:
         parts.append(f"{skipped} launch(es) tuned by an earlier job")

@@ -193,10 +193,13 @@ class Decision:
     effect: float | None = None  # median(candidate) / median(incumbent) - 1; negative = faster
     p_value: float | None = None
     upper: float | None = None  # upper confidence bound of that relative shift
+    # The winner lost to Helion's default config, measured: the default is stored as the tuned config, so
+    # the choice is on record (and stays if a later helion changes its default) and lookups stop falling back.
+    store_default: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"keep": self.keep, "reason": self.reason, "effect": _finite(self.effect),
-                "p_value": _finite(self.p_value), "upper": _finite(self.upper)}
+                "p_value": _finite(self.p_value), "upper": _finite(self.upper), "store_default": self.store_default}
 
 
 def _finite(x: float | None) -> float | None:
@@ -232,7 +235,8 @@ def decide(launch: Mapping[str, Any], criteria: Criteria = Criteria()) -> Decisi
         if c.effect <= 0:
             than = "faster than" if c.effect < 0 else "as fast as"
             return Decision(True, f"{than} Helion's default config ({c.effect:+.1%})", **base)
-        return Decision(False, f"slower than Helion's default config ({c.effect:+.1%})", **base)
+        return Decision(False, f"slower than Helion's default config ({c.effect:+.1%}); the default is stored",
+                        store_default=True, **base)
     if c.p_value is None:
         return Decision(False, f"too few samples to show a speed-up ({c.n_baseline}/{c.n_current})", **base)
     if c.effect > -criteria.margin:
@@ -273,8 +277,10 @@ def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> 
             slot = (str(launch["kernel"]), str(launch["key"]))
             if not launch.get("config") or slot in owners:
                 continue
-            keep = (launch.get("decision") or {}).get("keep")
-            owners[slot] = Accepted(slot[0], slot[1], dict(launch["config"]), job_id) if keep else None
+            decision = launch.get("decision") or {}
+            stored = (launch["config"] if decision.get("keep") else
+                      launch.get("incumbent_config") if decision.get("store_default") else None)
+            owners[slot] = Accepted(slot[0], slot[1], dict(stored), job_id) if stored else None
     return [a for a in owners.values() if a is not None]
 
 

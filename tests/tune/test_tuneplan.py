@@ -108,7 +108,20 @@ def test_too_few_samples_cannot_show_a_speedup():
 
 def test_against_the_default_config_no_slower_is_enough():
     assert decide(launch(scaled(1.0), kind="default")).keep
-    assert not decide(launch(scaled(1.01), kind="default")).keep
+    lost = decide(launch(scaled(1.01), kind="default"))
+    assert not lost.keep and lost.store_default
+    assert not decide(launch(scaled(1.01))).store_default  # a committed incumbent stays as it is
+
+
+def test_a_default_that_beat_the_search_is_stored_as_the_tuned_config():
+    order = {"a@s": 0}
+    lost = {**launch(scaled(1.05), kind="default"), "incumbent_config": {"num_warps": 4, "block_sizes": [32]}}
+    entry = {"job": "a@s", "status": "ok", "launches": [{**lost, "decision": decide(lost).to_dict()}]}
+    assert [(a.key, a.config) for a in tuneplan.accepted([entry], order)] == [
+        ("tokens=1", {"num_warps": 4, "block_sizes": [32]})]
+    failed = {**lost, "precision": {"ok": False, "detail": "x"}}
+    entry["launches"] = [{**failed, "decision": decide(failed).to_dict()}]
+    assert tuneplan.accepted([entry], order) == []  # no measured comparison, nothing stored
 
 
 def test_margin_is_configurable_and_validated():
