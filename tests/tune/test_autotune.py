@@ -195,3 +195,31 @@ def test_config_file_keeps_the_provenance_of_earlier_runs(tmp_path):
     assert [(r["run"], r["jobs"]) for r in tuned["earlier"]] == [(first_run, 1)]
     assert "earlier" not in tuned["earlier"][0]  # one flat list, not nested records
     assert set(config_store.load(second.out).kernels) == {"chunk_cumsum_k", "chunk_state_k"}
+
+
+def test_candidates_are_timed_through_the_public_function_with_their_config_pinned(monkeypatch):
+    """The worker times the registry entry's public function (host-side sums of partials included), with
+    the candidate pinned for its own shape key only, and leaves the kernel's normal lookup afterwards."""
+    import torch
+
+    from guard.autotune_worker import _entry_on
+    from kernels import registry, suites
+    from kernels._runtime import capture_launches
+    from kernels.testing import execution_mode
+
+    entry = registry.get("causal_conv1d_bwd")
+    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
+    with capture_launches() as launches, execution_mode("triton"):
+        entry.run_helion(inputs)
+    kernel, args = launches[0]
+    candidate = {"block_sizes": [16, 8, 4], "num_warps": 2}
+    built = []
+    real = kernel.helion_kernel
+    monkeypatch.setattr(kernel, "helion_kernel", lambda config, mode="compiled", **kw: (
+        built.append(config), real(config, mode, **kw))[1])
+    call = _entry_on(entry, inputs, kernel, candidate, kernel.shape_key(*args))
+    with capture_launches() as timed, execution_mode("triton"):
+        call()
+    assert [k.name for k, _ in timed] == ["causal_conv1d_bwd"]  # the whole public function ran
+    assert built == [candidate]
+    assert "lookup" not in vars(kernel)  # the pin is gone: the config store answers again
