@@ -404,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, default=0, help="input seed (recorded in the result)")
         p.add_argument("--rounds", type=int, default=30, help="timed samples per implementation")
         p.add_argument("--cuda-graphs", action="store_true",
-                       help="time CUDA-graph replays (L2 still flushed before each): device work without host overhead")
+                       help="time every entry as CUDA-graph replays (L2 still flushed before each): device work "
+                            "without host overhead; whole calls and the layer are always timed so")
         p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
         p.add_argument("--workers", type=_workers_arg, default=1, metavar="N|auto",
                        help="bench workers, one per GPU (child processes; auto: all visible GPUs; default 1)")

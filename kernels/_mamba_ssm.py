@@ -5,6 +5,10 @@
 fails. When that extension is missing, this module registers ``mamba_ssm`` as a bare package whose
 submodules load from the installed files, skipping the package ``__init__``. The Triton kernels and
 references need only torch, triton and einops.
+
+mamba-ssm autotunes its Triton kernels in every process; the loader makes those picks persist in Triton's
+on-disk cache (``TRITON_CACHE_DIR``, default ``~/.triton/cache``), so that the reference stays the same
+kernel from run to run. Deleting that cache makes mamba-ssm pick again.
 """
 
 from __future__ import annotations
@@ -54,13 +58,15 @@ def module(name: str) -> types.ModuleType:
     """A mamba-ssm submodule, e.g. ``module("ops.triton.ssd_combined")``."""
     _ensure_package()
     try:
-        return importlib.import_module(f"mamba_ssm.{name}")
+        loaded = importlib.import_module(f"mamba_ssm.{name}")
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("mamba_ssm"):
             raise MambaSsmUnavailable(
                 f"mamba-ssm {installed_version()} has no module mamba_ssm.{name}; supported: {SUPPORTED}x"
             ) from exc
         raise
+    keep_autotune_picks()
+    return loaded
 
 
 def resolve(target: str) -> Any:
@@ -79,3 +85,38 @@ SSD_CHUNK_SCAN = "ops.triton.ssd_chunk_scan"
 SSD_COMBINED = "ops.triton.ssd_combined"
 LAYERNORM_GATED = "ops.triton.layernorm_gated"
 SSD_MINIMAL = "modules.ssd_minimal"
+
+
+def _autotuners() -> dict[str, Any]:
+    """mamba-ssm's autotuned Triton kernels loaded so far, as ``"ops.triton.ssd_bmm:_bmm_chunk_fwd_kernel"``."""
+    from triton.runtime.autotuner import Autotuner
+
+    return {f"{name.removeprefix('mamba_ssm.')}:{attr}": value
+            for name, mod in list(sys.modules.items()) if name.startswith("mamba_ssm.") and mod is not None
+            for attr, value in vars(mod).items() if isinstance(value, Autotuner)}
+
+
+def keep_autotune_picks() -> None:
+    """Make mamba-ssm's Triton autotuners store their picks in Triton's on-disk cache (keyed by triton,
+    backend, kernel source, shape key and config list), so every process times the same mamba-ssm kernel:
+    otherwise each process re-tunes and may pick another config, which moves the reference that the
+    guard's speedups are measured against. The interpreter has no disk cache."""
+    from triton import knobs
+
+    if knobs.runtime.interpret:
+        return
+    for tuner in _autotuners().values():
+        tuner.cache_results = True
+
+
+def forget_last_picks() -> None:
+    """Clear each autotuner's ``best_config`` (Triton sets it on every call), so ``last_picks`` afterwards
+    names only the kernels called in between."""
+    for tuner in _autotuners().values():
+        tuner.best_config = None
+
+
+def last_picks() -> dict[str, str]:
+    """The config each mamba-ssm autotuner last ran with, for those called since ``forget_last_picks``."""
+    return {name: str(tuner.best_config) for name, tuner in sorted(_autotuners().items())
+            if getattr(tuner, "best_config", None) is not None}

@@ -25,6 +25,7 @@ from guard.bench import peaks as peaks_mod
 from guard.bench.nvml import Nvml
 from guard.bench.precision import compare, low_precision
 from guard.core.results import BenchResult, CaseResult, Precision, SamplesMs
+from kernels import _mamba_ssm
 from kernels.registry import COMPOSITE_PHASES, BaselineUnavailable, KernelEntry
 from kernels.suites import ShapeSpec
 
@@ -70,21 +71,31 @@ def _precision(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch
 
 
 def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch.device, rounds: int,
-               warmup: int, timer, nvml: Nvml | None, peaks: dict[str, Any], cuda_graphs: bool = False) -> CaseResult:
+               warmup: int, timer, nvml: Nvml | None, peaks: dict[str, Any], cuda_graphs: bool = False,
+               check_precision: bool = True) -> CaseResult:
+    """One kernel x shape. ``check_precision=False`` (re-timing only, as the calibration's A/A runs do)
+    leaves ``precision`` None, which ``check`` judges an error."""
     base = {"kernel": entry.name, "shape": shape.name, "phase": entry.phase, "seed": seed}
     if not entry.has_helion:
         return CaseResult(**base, missing=True)
     on_gpu = device.type == "cuda"
     try:
+        if on_gpu:
+            _mamba_ssm.forget_last_picks()
+        started = time.monotonic()
         inputs = entry.inputs(shape, seed, device)
-        precision = _precision(entry, inputs, entry.run_helion(inputs))
+        precision = _precision(entry, inputs, entry.run_helion(inputs)) if check_precision else None
         if not on_gpu:
             return CaseResult(**base, precision=precision, timings_meaningful=False)
+        precision_s = time.monotonic() - started
         before = nvml.state() if nvml else None
         fns = {"helion": entry.bind(entry.helion_fn(), inputs)}
         with contextlib.suppress(BaselineUnavailable):  # no peer: Helion is timed alone
             fns["mamba_ssm"] = entry.bind(entry.baseline_fn(), inputs)
-        timed = timer.interleaved_graphs if cuda_graphs else timer.interleaved
+        # A whole call's eager time is mostly host work (Python, autograd, launches) that swings +-15 %
+        # between identical runs; its graph replays are its device work alone.
+        graphs = cuda_graphs or entry.phase.startswith(COMPOSITE_PHASES)
+        timed = timer.interleaved_graphs if graphs else timer.interleaved
         samples = timed(fns, rounds=rounds, warmup=warmup)
         after = nvml.state() if nvml else None
         median = sorted(samples["helion"])[len(samples["helion"]) // 2]
@@ -95,7 +106,12 @@ def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch
             roofline_fraction=peaks_mod.roofline_fraction(entry.bytes_moved(shape), entry.flops(shape), median, peaks),
             throttled=throttled,
             extra={"clocks_before": before.to_dict() if before else None,
-                   "clocks_after": after.to_dict() if after else None},
+                   "clocks_after": after.to_dict() if after else None,
+                   "timing_mode": "cuda-graph" if graphs else "eager",
+                   # first calls (compile, mamba-ssm's autotune) and precision, then the timed rounds
+                   "seconds": {"precision": round(precision_s, 2),
+                               "timing": round(time.monotonic() - started - precision_s, 2)},
+                   "mamba_ssm_autotune": _mamba_ssm.last_picks()},
         )
     except Exception as exc:  # one failing kernel must not stop the suite
         return CaseResult(**base, error=_short_error(exc))
@@ -123,7 +139,8 @@ def plain_progress(message: str) -> None:
 
 def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fingerprint: dict[str, Any],
               fingerprint_digest: str, state_dir: Path, suite: str | None, seed: int = 0, rounds: int = 30,
-              warmup: int = 3, progress: Progress = plain_progress, cuda_graphs: bool = False) -> BenchResult:
+              warmup: int = 3, progress: Progress = plain_progress, cuda_graphs: bool = False,
+              check_precision: bool = True) -> BenchResult:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     cases: list[CaseResult] = []
@@ -140,7 +157,8 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
             for i, (shape, entry) in enumerate(_with_bar(((s, e) for s in shapes for e in entries), total)):
                 t0 = time.monotonic()
                 case = bench_case(entry, shape, seed=seed, device=device, rounds=rounds, warmup=warmup,
-                                  timer=timer, nvml=nvml, peaks=peaks, cuda_graphs=cuda_graphs)
+                                  timer=timer, nvml=nvml, peaks=peaks, cuda_graphs=cuda_graphs,
+                                  check_precision=check_precision)
                 progress(_line(i, total, case, time.monotonic() - t0))
                 cases.append(case)
     else:
@@ -172,10 +190,13 @@ def _line(i: int, total: int, case: CaseResult, seconds: float) -> str:
         what = "missing-kernel"
     elif case.error:
         what = f"error: {case.error}"
-    elif case.timings_meaningful and case.speedup is not None:
-        what = (f"helion {case.helion_median_ms:.4f} ms, mamba-ssm {case.mamba_ssm_median_ms:.4f} ms, "
-                f"{case.speedup:.2f}x")
+    elif case.timings_meaningful and case.helion_median_ms is not None:
+        what = f"helion {case.helion_median_ms:.4f} ms" + (
+            f", mamba-ssm {case.mamba_ssm_median_ms:.4f} ms, {case.speedup:.2f}x" if case.speedup is not None
+            else " (no mamba-ssm here)")
+    elif case.precision is None:
+        what = "no precision data"
     else:
-        ok = case.precision.ok if case.precision else None
-        what = f"precision {'ok' if ok else 'FAIL'} (max rel err vs fp64 {case.precision.max_rel_err_vs_fp64:.1e})"
+        what = (f"precision {'ok' if case.precision.ok else 'FAIL'} "
+                f"(max rel err vs fp64 {case.precision.max_rel_err_vs_fp64:.1e})")
     return f"[{i + 1}/{total}] {case.shape} {case.kernel}: {what} ({seconds:.1f}s)"

@@ -178,6 +178,20 @@ class Precision:
     ok: bool | None = None
     outputs: tuple[dict[str, Any], ...] = ()
 
+    def failure(self) -> str | None:
+        """Why the runner's numbers fail, or None. Without mamba-ssm, ``allclose`` was against fp64, which
+        bf16 outputs need not meet: there the runner's ``ok`` (the same-dtype bound) decides."""
+        if self.finite is False:
+            return "non-finite values in the Helion output"
+        has_peer = self.max_abs_diff_vs_mamba_ssm is not None
+        if self.allclose is False and has_peer:
+            return "Helion output is not allclose to mamba-ssm (per-output tolerances)"
+        if self.ok is False:
+            if not has_peer:
+                return "Helion output fails the fp64 criterion (no mamba-ssm to compare with here)"
+            return "the runner marked the precision check failed"
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {k: getattr(self, k) for k in PRECISION_NUMBERS + PRECISION_FLAGS}
         d["outputs"] = [dict(o) for o in self.outputs]
@@ -505,10 +519,8 @@ def baseline_skip_reason(case: CaseResult) -> str | None:
         return "no helion samples"
     if case.precision is None:
         return "no precision data"
-    p = case.precision
-    if p.finite is False or p.allclose is False or p.ok is False:
-        return "precision failure"
-    return None
+    failure = case.precision.failure()
+    return f"precision failure: {failure}" if failure else None
 
 
 def baseline_from_result(result: BenchResult, *, strict: bool = False) -> dict[str, Any]:

@@ -232,15 +232,9 @@ def precision_problem(case: CaseResult, baseline_case: BaselineCase | None, poli
     """Why the case's precision fails, or None when it passes."""
     p = case.precision
     assert p is not None
-    if p.finite is False:
-        return "non-finite values in the Helion output"
-    has_peer = p.max_abs_diff_vs_mamba_ssm is not None
-    if p.allclose is False and has_peer:
-        return "Helion output is not allclose to mamba-ssm (per-output tolerances)"
-    if p.ok is False:
-        if not has_peer:  # allclose was against fp64; bf16 outputs are held to the same-dtype bound
-            return "Helion output fails the fp64 criterion (no mamba-ssm to compare with here)"
-        return "the runner marked the precision check failed"
+    failure = p.failure()
+    if failure:
+        return failure
     if (policy.precision_peer_factor is not None and p.max_rel_err_vs_fp64 is not None
             and p.mamba_ssm_max_rel_err_vs_fp64 is not None):
         limit = policy.precision_peer_factor * p.mamba_ssm_max_rel_err_vs_fp64 + policy.precision_peer_slack

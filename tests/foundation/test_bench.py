@@ -46,6 +46,22 @@ def test_layer_shares_count_kernels_not_whole_calls():
     assert [c.layer_share for c in cases] == [0.25, 0.75, None, None]
 
 
+def test_progress_line_for_each_kind_of_case():
+    from guard.bench.run import _line
+    from guard.core.results import Precision
+
+    good = Precision(max_rel_err_vs_fp64=1e-3, allclose=True, finite=True, ok=True)
+    timed = CaseResult("k", "s", "fwd", SamplesMs((1.0,), (2.0,)), precision=good)
+    peerless = CaseResult("layer", "s", "layer_fwd", SamplesMs((1.0,), ()), precision=good)
+    retimed = CaseResult("k", "s", "fwd", SamplesMs((1.0,), ()))  # the calibration's timing-only runs
+    cpu = CaseResult("k", "s", "fwd", precision=good, timings_meaningful=False)
+    lines = [_line(0, 4, case, 1.0) for case in (timed, peerless, retimed, cpu)]
+    assert "helion 1.0000 ms, mamba-ssm 2.0000 ms, 2.00x" in lines[0]
+    assert "helion 1.0000 ms (no mamba-ssm here)" in lines[1] and "(no mamba-ssm here)" in lines[2]
+    assert "precision ok (max rel err vs fp64 1.0e-03)" in lines[3]
+    assert "no precision data" in _line(0, 1, CaseResult("k", "s", "fwd", timings_meaningful=False), 1.0)
+
+
 def test_timing_counts_are_checked():
     with pytest.raises(ValueError, match="rounds: expected >= 1"):
         _check_counts(0, 3, 1)
@@ -86,3 +102,26 @@ def test_without_mamba_ssm_the_yardstick_is_pytorch_in_the_same_dtype():
     failed = compare_output("out", ours, exact, None, atol=1e-2, rtol=1e-2, same_dtype=same_dtype)
     assert not failed.ok and "(PyTorch in the same dtype 0.00" in failing_outputs([failed.to_dict()])
     assert not compare_output("out", ours, exact, None, atol=1e-2, rtol=1e-2).ok  # no yardstick: allclose rules
+
+
+@pytest.mark.gpu
+def test_device_time_leaves_out_the_host_dispatch_before_a_launch():
+    """A call that spends 0.3 ms on the host before its 0.05 ms kernel reads as 0.05 ms: the head start
+    keeps the GPU busy while the host dispatches (without it, the host work left after the 0.1 ms L2
+    flush would be in the sample)."""
+    import statistics
+    import time
+
+    from guard.bench.timing import Timer, sleep_cycles_per_ms
+
+    cycles = int(0.05 * sleep_cycles_per_ms())
+
+    def slow_host_call():
+        started = time.perf_counter()
+        while time.perf_counter() - started < 3e-4:
+            pass
+        torch.cuda._sleep(cycles)
+
+    samples = Timer("cuda").interleaved({"call": slow_host_call}, rounds=20)["call"]
+    assert statistics.median(samples) == pytest.approx(0.05, rel=0.25)
+

@@ -54,6 +54,33 @@ def test_loader_imports_wrappers_and_references_without_cuda_extension():
         _mamba_ssm.resolve("ops.triton.ssd_bmm")
 
 
+def test_loader_keeps_mamba_ssm_autotune_picks_in_the_disk_cache(monkeypatch):
+    from triton import knobs
+
+    _mamba_ssm.module(_mamba_ssm.SSD_CHUNK_SCAN)
+    tuners = _mamba_ssm._autotuners()
+    assert "ops.triton.ssd_chunk_scan:_chunk_scan_fwd_kernel" in tuners
+    for tuner in tuners.values():
+        monkeypatch.setattr(tuner, "cache_results", False)
+    _mamba_ssm.keep_autotune_picks()  # the interpreter (these tests) has no disk cache: left off
+    assert not any(t.cache_results for t in tuners.values())
+    monkeypatch.setattr(knobs.runtime, "interpret", False)
+    _mamba_ssm.keep_autotune_picks()
+    assert all(t.cache_results for t in tuners.values())
+
+
+def test_last_picks_name_the_mamba_ssm_kernels_called_since_forget():
+    bmm = _mamba_ssm.resolve(f"{_mamba_ssm.SSD_BMM}:_bmm_chunk_fwd")
+    _mamba_ssm.module(_mamba_ssm.SSD_CHUNK_SCAN)
+    _mamba_ssm.forget_last_picks()
+    assert _mamba_ssm.last_picks() == {}
+    a = torch.randn(1, 64, 1, 16)
+    bmm(a, a, chunk_size=32)
+    picks = _mamba_ssm.last_picks()
+    assert list(picks) == ["ops.triton.ssd_bmm:_bmm_chunk_fwd_kernel"]
+    assert "BLOCK_SIZE_M" in picks["ops.triton.ssd_bmm:_bmm_chunk_fwd_kernel"]
+
+
 def test_loader_says_clearly_when_mamba_ssm_is_absent(monkeypatch):
     monkeypatch.delitem(sys.modules, "mamba_ssm", raising=False)
     monkeypatch.setattr(_mamba_ssm.importlib.util, "find_spec", lambda name: None)
