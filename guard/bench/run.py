@@ -24,6 +24,8 @@ from filelock import FileLock
 from guard.bench import peaks as peaks_mod
 from guard.bench.nvml import Nvml
 from guard.bench.precision import compare, low_precision
+from guard.bench.timing import Timer, measured_under
+from guard.bench.timing import method as timing_method
 from guard.core.results import BenchResult, CaseResult, Precision, SamplesMs
 from kernels import _mamba_ssm
 from kernels.registry import COMPOSITE_PHASES, BaselineUnavailable, KernelEntry
@@ -107,7 +109,7 @@ def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch
             throttled=throttled,
             extra={"clocks_before": before.to_dict() if before else None,
                    "clocks_after": after.to_dict() if after else None,
-                   "timing_mode": "cuda-graph" if graphs else "eager",
+                   "timing_method": timing_method(graphs),
                    # first calls (compile, mamba-ssm's autotune) and precision, then the timed rounds
                    "seconds": {"precision": round(precision_s, 2),
                                "timing": round(time.monotonic() - started - precision_s, 2)},
@@ -146,8 +148,6 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
     cases: list[CaseResult] = []
     total = len(entries) * len(shapes)
     if device.type == "cuda":
-        from guard.bench.timing import Timer
-
         index = torch.cuda.current_device()
         lock = gpu_lock(state_dir, fingerprint.get("gpu_uuid") or str(index))
         progress(f"waiting for the GPU lock {lock.lock_file}")
@@ -170,9 +170,9 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
                               peaks=peaks)
             progress(_line(i, total, case, time.monotonic() - t0))
             cases.append(case)
-    return BenchResult(fingerprint=fingerprint, cases=tuple(with_layer_shares(cases)), device_peaks=peaks,
-                       suite=suite, started_at=started, extra={"seed": seed, "rounds": rounds,
-                                                               "device": str(device), "cuda_graphs": cuda_graphs})
+    return BenchResult(fingerprint=measured_under(fingerprint), cases=tuple(with_layer_shares(cases)),
+                       device_peaks=peaks, suite=suite, started_at=started,
+                       extra={"seed": seed, "rounds": rounds, "device": str(device), "cuda_graphs": cuda_graphs})
 
 
 def _with_bar(cases: Iterable[tuple[ShapeSpec, KernelEntry]], total: int) -> Iterable[tuple[ShapeSpec, KernelEntry]]:

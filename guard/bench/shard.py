@@ -327,6 +327,7 @@ def run_sharded(entries: Sequence[Any], shapes: Sequence[Any], *, fingerprint: d
     import torch
 
     from guard.bench.run import with_layer_shares
+    from guard.bench.timing import measured_under
 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     jobs = plan_jobs([e.name for e in entries], [s.name for s in shapes])
@@ -352,7 +353,7 @@ def run_sharded(entries: Sequence[Any], shapes: Sequence[Any], *, fingerprint: d
     progress(f"sharded bench: {wall:.1f}s wall for {split['sum_case_s']:.1f}s of cases; longest case "
              f"{split['longest_job']['job']} {split['longest_job']['wall_s']:.1f}s")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return BenchResult(fingerprint=fingerprint, cases=tuple(with_layer_shares(cases)),
+    return BenchResult(fingerprint=measured_under(fingerprint), cases=tuple(with_layer_shares(cases)),
                        device_peaks=_peaks(state_dir, fingerprint_digest, device), suite=suite, started_at=started,
                        extra={"seed": seed, "rounds": rounds, "device": device, "cuda_graphs": cuda_graphs,
                               "sharding": split})

@@ -26,6 +26,19 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024  # > 4x the H200's 60 MiB L2, as triton.testi
 WARMUP_MS = 25.0  # as triton.testing.do_bench's default warm-up
 HEAD_START_MS = 0.5  # longer than a kernel call's Python dispatch (~0.1 ms for Helion's and mamba-ssm's here)
 MAX_WARMUP_ROUNDS = 1000
+# Bumped when a change to the timing moves the numbers: a baseline taken by another method is not compared
+# with, and the history window starts again. v2: warm-up by time, the head start, whole calls as graphs.
+METHOD_VERSION = "v2"
+
+
+def method(graphs: bool) -> str:
+    """A case's timing method, as recorded in its result and baseline."""
+    return f"{'cuda-graph' if graphs else 'eager'}/{METHOD_VERSION}"
+
+
+def measured_under(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A result's fingerprint: the environment's plus the timing method, so that history resets with it."""
+    return {**fingerprint, "timing_method": METHOD_VERSION}
 
 
 def sleep_cycles_per_ms(device: torch.device | str = "cuda") -> float:
@@ -48,7 +61,9 @@ class Timer:
         self.device = torch.device(device)
         self.warmup_ms = warmup_ms
         self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=self.device)
-        self._head_start_cycles = int(head_start_ms * sleep_cycles_per_ms(self.device)) if head_start_ms else 0
+        # torch.cuda._sleep is private (PyTorch's own tests use it): without it, no head start
+        can_sleep = head_start_ms > 0 and hasattr(torch.cuda, "_sleep")
+        self._head_start_cycles = int(head_start_ms * sleep_cycles_per_ms(self.device)) if can_sleep else 0
 
     def flush_l2(self) -> None:
         self._flush.zero_()

@@ -269,6 +269,11 @@ class CaseResult:
         return stats.summarize(getattr(self.samples_ms, impl))
 
     @property
+    def timing_method(self) -> str | None:
+        """How the samples were taken (``guard.bench.timing.method``): numbers of two methods do not compare."""
+        return (self.extra or {}).get("timing_method")
+
+    @property
     def helion_median_ms(self) -> float | None:
         return stats.median(self.samples_ms.helion)
 
@@ -443,7 +448,7 @@ class ImplStats:
 
 
 BASELINE_CASE_KEYS = ("phase", "seed", "helion", "mamba_ssm", "speedup_vs_mamba_ssm", "precision",
-                      "roofline_fraction", "layer_share", "recorded_at", "fingerprint")
+                      "roofline_fraction", "layer_share", "recorded_at", "fingerprint", "timing_method")
 BASELINE_PRECISION_KEYS = PRECISION_NUMBERS + ("allclose", "finite")
 
 
@@ -463,6 +468,7 @@ class BaselineCase:
     # hold cases of several runs, e.g. after a re-tune re-baselined only the kernels it tuned.
     recorded_at: str | None = None
     fingerprint: str | None = None
+    timing_method: str | None = None  # None: recorded before methods were (guard.bench.timing.method)
 
     @property
     def ratio_samples(self) -> list[float]:
@@ -483,6 +489,7 @@ class BaselineCase:
             "layer_share": self.layer_share,
             "recorded_at": self.recorded_at,
             "fingerprint": self.fingerprint,
+            "timing_method": self.timing_method,
         }
 
 
@@ -544,7 +551,7 @@ def baseline_from_result(result: BenchResult, *, strict: bool = False) -> dict[s
             kernel=c.kernel, shape=c.shape, helion=helion, mamba_ssm=mamba,
             speedup_vs_mamba_ssm=_sig(c.speedup), precision=c.precision, phase=c.phase,
             roofline_fraction=_sig(c.roofline_fraction), layer_share=_sig(c.layer_share), seed=c.seed,
-            recorded_at=result.started_at, fingerprint=result.fingerprint_hash,
+            recorded_at=result.started_at, fingerprint=result.fingerprint_hash, timing_method=c.timing_method,
         )
     if strict and skipped:
         raise ValueError("cases cannot go into a baseline: " + "; ".join(skipped))
@@ -590,6 +597,7 @@ def load_baseline(doc: Any) -> Baseline:
                 seed=_int(e.get("seed"), _join(path, "seed"), optional=True),
                 recorded_at=_str(e.get("recorded_at"), _join(path, "recorded_at"), optional=True),
                 fingerprint=_str(e.get("fingerprint"), _join(path, "fingerprint"), optional=True),
+                timing_method=_str(e.get("timing_method"), _join(path, "timing_method"), optional=True),
             )
     return Baseline(
         fingerprint=dict(_mapping(d["fingerprint"] or {}, "fingerprint")),

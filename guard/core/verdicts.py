@@ -345,6 +345,10 @@ def judge(
         return verdict(PRECISION_FAIL, problem)
     if not case.timings_meaningful:
         return verdict(OK, "precision only: timings are not meaningful (CPU interpret mode)")
+    if baseline_case is not None and baseline_case.timing_method != case.timing_method:
+        before = baseline_case.timing_method or "an older, unrecorded one"
+        return verdict(NO_BASELINE, f"the baseline was timed by another method ({before}, now "
+                                    f"{case.timing_method}): re-baseline with `mamba2-guard bench --update-baseline`")
     if baseline_case is None:
         return verdict(NO_BASELINE, "no baseline for this kernel and shape")
     if case.throttled:

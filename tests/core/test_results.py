@@ -131,6 +131,18 @@ def test_baseline_has_the_required_keys_and_survives_yaml():
     assert loaded.get("ssd_fwd", "other") is None
 
 
+def test_baseline_cases_keep_their_timing_method():
+    rng = np.random.default_rng(3)
+    result = BenchResult(FINGERPRINT, (make_case(rng, kernel="graph", extra={"timing_method": "cuda-graph/v2"}),
+                                       make_case(rng, kernel="old")))
+    loaded = load_baseline(yaml.safe_load(yaml.safe_dump(baseline_from_result(result))))
+    assert loaded.get("graph", "s").timing_method == "cuda-graph/v2" and loaded.get("old", "s").timing_method is None
+    doc = baseline_from_result(result)
+    doc["results"]["graph"]["s"]["timing_method"] = 2
+    with pytest.raises(SchemaError, match="results.graph.s.timing_method"):
+        load_baseline(doc)
+
+
 def test_baseline_skips_cases_that_cannot_be_references():
     rng = np.random.default_rng(2)
     good = make_case(rng, kernel="good")

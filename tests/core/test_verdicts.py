@@ -201,6 +201,23 @@ def test_no_baseline_and_throttled():
     assert v.status == "ok" and "throttled" in v.detail
 
 
+def test_a_baseline_timed_by_another_method_is_not_compared_with():
+    """After a timing change (e.g. the head start: a 10 us kernel had read as its 0.1 ms dispatch) the old
+    numbers would give false verdicts: the case asks for a re-baseline instead."""
+    rng = np.random.default_rng(17)
+    now = {"timing_method": "eager/v2"}
+    old = base_case(make_case(rng, helion_shift=5.0, extra={"timing_method": "eager/v1"}))
+    v = judge(make_case(rng, extra=now), old, [], POLICY)
+    assert v.status == "no-baseline" and "eager/v1, now eager/v2" in v.detail and "--update-baseline" in v.detail
+    unrecorded = base_case(make_case(rng, helion_shift=5.0))
+    assert "older, unrecorded" in judge(make_case(rng, extra=now), unrecorded, [], POLICY).detail
+    same = base_case(make_case(rng, helion_shift=5.0, extra=now))
+    assert judge(make_case(rng, extra=now), same, [], POLICY).status == "faster"
+    # precision is judged whatever the timing method
+    bad = make_case(rng, extra=now, precision=replace(GOOD, allclose=False))
+    assert judge(bad, old, [], POLICY).status == "precision-fail"
+
+
 # ----------------------------------------------------------------------------------------------
 # History signal
 

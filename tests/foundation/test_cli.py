@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from guard import cli
+from guard.bench.timing import METHOD_VERSION
 
 
 def test_unknown_kernel_lists_valid_ones_and_exits_2(capsys):
@@ -38,7 +39,9 @@ def test_bench_reports_missing_kernels_and_check_exits_by_policy(tmp_path, monke
     state = ["--state-dir", str(tmp_path / "state")]
     code = cli.main(["bench", "--shapes", "smoke", "--kernels", "chunk_state", "bmm_chunk", "--json", str(out), *state])
     assert code == cli.EXIT_OK
-    cases = {c["kernel"]: c for c in json.loads(out.read_text())["cases"]}
+    written = json.loads(out.read_text())
+    assert written["fingerprint"]["timing_method"] == METHOD_VERSION
+    cases = {c["kernel"]: c for c in written["cases"]}
     assert cases["chunk_state"]["missing"] is True and cases["chunk_state"]["precision"] is None
     assert cases["bmm_chunk"]["precision"]["ok"] is True and cases["bmm_chunk"]["timings_meaningful"] is False
     # a missing kernel is reported, never passing; it fails the check only with --strict

@@ -11,6 +11,7 @@ import pytest
 
 from guard.bench import shard
 from guard.bench.run import with_layer_shares
+from guard.bench.timing import METHOD_VERSION
 from guard.core import tuneplan
 from guard.core.results import BenchResult, load_baseline
 from guard.core.verdicts import Policy, check
@@ -88,6 +89,8 @@ def test_merged_result_is_the_sequential_one(tmp_path, workers):
     assert all(p["status"] == "ok" for p in split["per_worker"])
     assert split["longest_job"]["job"] in {j.id for j in tuneplan.plan_jobs(["k0", "k1", "k2", "k3"],
                                                                                 ["s_small", "s_mid", "s_big"])}
+    # the timing method is part of what a number means: history windows restart when it changes
+    assert par.fingerprint == {**FP, "timing_method": METHOD_VERSION} and par.fingerprint_hash != seq.fingerprint_hash
     json.dumps(par.to_dict(), allow_nan=False)  # the result file writes
     assert BenchResult.from_dict(json.loads(json.dumps(par.to_dict()))).cases == par.cases
 
