@@ -1,9 +1,11 @@
 """``mamba2-guard autotune``: the offline config generator.
 
-One job per registry kernel x suite shape, each in a child process (``python -m guard.autotune_worker``)
-in its own session with a hard timeout: a candidate that crashes or hangs costs that job only (recorded
-as failed, with its log), never the run. Jobs are sharded over the host's GPUs, one worker thread per
-GPU driving its children with ``CUDA_VISIBLE_DEVICES`` set to that GPU; the assignment is static
+One job per registry kernel x suite shape, run in a child process (``python -m guard.autotune_worker``)
+in its own session with a hard timeout per job: a candidate that crashes or hangs costs that job only
+(recorded as failed, with its log), never the run. Jobs are sharded over the host's GPUs, one worker
+thread per GPU driving one long-lived child (``TunerProcess``: imports, CUDA context and compiled
+kernels are paid once; restarted after a job that crashed or hung it) with ``CUDA_VISIBLE_DEVICES`` set
+to that GPU; the assignment is static
 (``guard.core.tuneplan.assign``) and results are merged by plan order, so any number of GPUs gives the
 file a sequential run gives.
 
@@ -15,7 +17,8 @@ plan resumes it, and ``--fresh`` starts over)::
                      starts from (so a resumed run measures against the committed configs, not its own)
     journal.jsonl    one line per finished job attempt, appended and fsynced when the job ends
     jobs/            each job's spec and result JSON
-    logs/<job>.log   the child's stdout/stderr; logs/<job>.* Helion's autotune logs (HELION_AUTOTUNE_LOG)
+    logs/<job>.log   the job's output; logs/<job>.* Helion's autotune logs (HELION_AUTOTUNE_LOG);
+                     logs/worker-<i>.log what the child printed between jobs
 
 After every job the config file is rebuilt from ``base.yaml`` + the journal and written atomically (temp
 file, fsync, rename): a kill at any moment leaves the previous or the next complete file. A winner is
@@ -30,6 +33,7 @@ import datetime
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -220,9 +224,71 @@ def _signal_name(rc: int) -> str:
     return f"exit code {rc}"
 
 
-def run_job(run: Run, job: Job, device: str, worker: int, timeout: float,
-            children: set[subprocess.Popen]) -> dict[str, Any]:
-    """One job in a child process; returns its journal entry (decisions included)."""
+DONE = "done"
+
+
+class TunerProcess:
+    """The child (``python -m guard.autotune_worker``) of one worker thread, serving its jobs one after
+    another on one GPU. It is started on the first job, and again after a job that crashed it or hung
+    (then killed, process group and all)."""
+
+    def __init__(self, run_dir: Path, worker: int, device: str, children: set[subprocess.Popen]):
+        self.log_path = run_dir / "logs" / f"worker-{worker}.log"
+        self.device = device
+        self.children = children
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> subprocess.Popen:
+        # mamba-ssm runs in a job only as the precision peer, so the choice its @triton.autotune makes can be
+        # cached on disk (TRITON_CACHE_AUTOTUNING) instead of being re-benchmarked in every child.
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.device, PYTHONUNBUFFERED="1", TRITON_CACHE_AUTOTUNING="1")
+        with open(self.log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "guard.autotune_worker", "--parent", str(os.getpid())],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0, env=env,
+                                    cwd=str(PROJECT_ROOT), start_new_session=True)
+        self.children.add(proc)
+        return proc
+
+    def _drop(self) -> None:
+        if self.proc is not None:
+            self.children.discard(self.proc)
+            self.proc = None
+
+    def run(self, spec_path: Path, timeout: float) -> str | int | None:
+        """``DONE``; the exit code (negative: the signal) of a child the job ended; None on a timeout."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._drop()
+            self.proc = self._start()
+        proc = self.proc
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(BrokenPipeError):  # it died between jobs: the read below sees its end
+            proc.stdin.write(f"{spec_path}\n".encode())
+        ready, _, _ = select.select([proc.stdout], [], [], max(1.0, timeout))
+        if not ready:
+            _kill_group(proc)
+            self._drop()
+            return None
+        if proc.stdout.readline().startswith(DONE.encode()):
+            return DONE
+        rc = proc.wait()
+        self._drop()
+        return rc
+
+    def close(self, grace: float = 10.0) -> None:
+        """End of the worker's jobs: the child exits when its stdin closes."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.proc)
+        self._drop()
+
+
+def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: float) -> dict[str, Any]:
+    """One job in the worker's child process; returns its journal entry (decisions included)."""
     opts = run.opts
     name = _safe(job.id)
     spec_path, result_path = run.dir / "jobs" / f"{name}.spec.json", run.dir / "jobs" / f"{name}.result.json"
@@ -230,36 +296,23 @@ def run_job(run: Run, job: Job, device: str, worker: int, timeout: float,
     result_path.unlink(missing_ok=True)
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
             "budget_seconds": opts.budget_seconds, "rounds": opts.rounds, "base_configs": str(run.base_path),
-            "result": str(result_path), "gpu_slug": opts.gpu_slug, "device": device, "worker": worker,
-            "parent_pid": os.getpid(), "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries())}
+            "result": str(result_path), "log": str(log_path), "gpu_slug": opts.gpu_slug, "device": process.device,
+            "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
+            "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}
     atomic_write_text(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
-    # mamba-ssm runs in a job only as the precision peer, so the choice its @triton.autotune makes can be
-    # cached on disk (TRITON_CACHE_AUTOTUNING) instead of being re-benchmarked in every child.
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=device, HELION_AUTOTUNE_LOG=str(run.dir / "logs" / name),
-               PYTHONUNBUFFERED="1", TRITON_CACHE_AUTOTUNING="1")
     entry: dict[str, Any] = {"job": job.id, "kernel": job.kernel, "shape": job.shape, "index": job.index,
-                             "worker": worker, "device": device, "log": str(log_path)}
+                             "worker": worker, "device": process.device, "log": str(log_path)}
     t0 = time.monotonic()
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "guard.autotune_worker", str(spec_path)], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(PROJECT_ROOT),
-                                start_new_session=True)
-        children.add(proc)
-        try:
-            rc = proc.wait(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            rc = None
-        finally:
-            children.discard(proc)
+    answer = process.run(spec_path, timeout)
     entry["seconds"] = round(time.monotonic() - t0, 3)
-    if rc is None:
+    if answer is None:
         return {**entry, "status": tuneplan.FAILED, "reason": "timeout",
                 "detail": f"hard timeout after {timeout:.0f}s; killed (log {log_path})"}
-    if rc != 0 or not result_path.exists():
+    if answer != DONE or not result_path.exists():
         tail = _tail(log_path)
+        why = _signal_name(answer) if isinstance(answer, int) else "no result"
         return {**entry, "status": tuneplan.FAILED, "reason": "crash",
-                "detail": f"worker {_signal_name(rc)}" + (f": {tail}" if tail else "") + f" (log {log_path})"}
+                "detail": f"worker {why}" + (f": {tail}" if tail else "") + f" (log {log_path})"}
     try:
         result = json.loads(result_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -269,6 +322,7 @@ def run_job(run: Run, job: Job, device: str, worker: int, timeout: float,
         decision = tuneplan.decide(launch, opts.criteria)
         launches.append({**launch, "decision": decision.to_dict()})
     return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
+            "setup_seconds": result.get("setup_seconds"), "process": result.get("process"),
             "tuned_elsewhere": result.get("tuned_elsewhere") or []}
 
 
@@ -312,18 +366,22 @@ def run_autotune(opts: AutotuneOptions, progress: Progress, on_job: Callable[[di
         run.save()  # a resumed run: bring the file in step with the journal first
 
     def worker(index: int, jobs: list[Job]) -> None:
-        for job in jobs:
-            # A job starts only with its whole tuning budget still inside the overall one, and then runs
-            # to its own timeout: a job cut short would be killed mid-search and leave nothing.
-            if deadline is not None and deadline - time.monotonic() < opts.budget_seconds:
-                skipped.append(job.id)
-                continue
-            entry = run_job(run, job, opts.devices[index], index, opts.job_timeout, children)
-            run.append(entry)
-            run.save()
-            progress(describe(entry))
-            if on_job:
-                on_job(entry)
+        process = TunerProcess(run.dir, index, opts.devices[index], children)
+        try:
+            for job in jobs:
+                # A job starts only with its whole tuning budget still inside the overall one, and then runs
+                # to its own timeout: a job cut short would be killed mid-search and leave nothing.
+                if deadline is not None and deadline - time.monotonic() < opts.budget_seconds:
+                    skipped.append(job.id)
+                    continue
+                entry = run_job(run, job, process, index, opts.job_timeout)
+                run.append(entry)
+                run.save()
+                progress(describe(entry))
+                if on_job:
+                    on_job(entry)
+        finally:
+            process.close()
 
     threads = [threading.Thread(target=worker, args=(i, shard), name=f"autotune-worker-{i}", daemon=True)
                for i, shard in enumerate(shards) if shard]

@@ -1,11 +1,19 @@
-"""One autotune job in a child process: ``python -m guard.autotune_worker SPEC.json``.
+"""The autotune child process: ``python -m guard.autotune_worker [--parent PID]``.
 
-The orchestrator (``guard.autotune``) starts this in its own session with ``CUDA_VISIBLE_DEVICES`` set to
-one GPU and a hard timeout; a crash or a hang here costs this job only. The spec names the tuner
-(``module:function`` or ``/path/file.py:function``; tests pass a fake one), the job and the settings; the
-tuner returns ``{"launches": [...]}`` (see ``guard.core.tuneplan.decide`` for a launch's fields), which
-is written atomically to ``spec["result"]``. If the orchestrator dies (kill -9), a watch thread kills
-this process group, Helion's own benchmark workers included.
+The orchestrator (``guard.autotune``) starts one per worker thread, in its own session with
+``CUDA_VISIBLE_DEVICES`` set to that worker's GPU, and sends it jobs one at a time: the path of a job's
+spec JSON on a line of stdin. The child runs the job (its output, Helion's and Triton's included, goes to
+the job's own log), writes the tuner's result atomically to ``spec["result"]`` and answers ``done`` on its
+stdout. It serves jobs until stdin closes, so imports, the CUDA context, compiled kernels and mamba-ssm's
+autotune picks are paid once per worker, not once per job. The orchestrator's hard timeout still holds
+per job: a job that crashes the child or hangs costs that job only (the orchestrator kills the process
+group and starts a fresh child for the next job). A tuner that raises ends the child too: a CUDA error
+can leave the context unusable for the jobs after it. If the orchestrator dies (kill -9), a watch thread
+kills this process group, Helion's own benchmark workers included.
+
+The spec names the tuner (``module:function`` or ``/path/file.py:function``; tests pass a fake one), the
+job and the settings; the tuner returns ``{"launches": [...]}`` (see ``guard.core.tuneplan.decide`` for a
+launch's fields).
 
 ``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public
 function, and for each distinct (kernel, shape key) that no earlier job of the run tuned
@@ -15,10 +23,12 @@ committed config where the installed helion still accepts it and from the kernel
 measures what the keep-or-reject decision needs: the public function's precision with the winner (against
 mamba-ssm and fp64, the bench's criterion) and the public function on the winner against it on the
 incumbent, interleaved (``guard.bench.timing.Timer``), so that host-side work the config changes counts.
+Each launch records the seconds of each phase (tune, precision, timing), the job those of its set-up.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -27,7 +37,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,21 +72,59 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m guard.autotune_worker SPEC.json", file=sys.stderr)
-        return 2
-    spec = json.loads(Path(argv[0]).read_text())
-    if spec.get("parent_pid"):
-        _watch_parent(int(spec["parent_pid"]))
-    started = time.monotonic()
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """stdout and stderr of this process (fds 1 and 2: compilers' and Helion's output too) into ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for handle in (fd, *saved):
+            os.close(handle)
+
+
+def run_one(spec: dict[str, Any], job_number: int, started: float) -> None:
+    """One job: the tuner on the spec, its result written atomically to ``spec["result"]``."""
+    os.environ.update(spec.get("env") or {})
+    t0 = time.monotonic()
     tuner = load_tuner(spec["tuner"])
-    result = tuner(spec)
-    result = dict(result or {})
+    result = dict(tuner(spec) or {})
     result.setdefault("launches", [])
-    result["seconds"] = round(time.monotonic() - started, 3)
+    result["seconds"] = round(time.monotonic() - t0, 3)
+    result["process"] = {"pid": os.getpid(), "job_number": job_number,
+                         "age_seconds": round(t0 - started, 3)}  # 0 for the first job: it paid the imports
     _write_atomic(Path(spec["result"]), json.dumps(result, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m guard.autotune_worker",
+                                     description="run autotune jobs whose spec paths arrive on stdin")
+    parser.add_argument("--parent", type=int, help="exit with the process group when this pid is gone")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.parent:
+        _watch_parent(args.parent)
+    started = time.monotonic()
+    answers = os.dup(1)
+    os.dup2(2, 1)  # stray prints go to the worker log, never into the answers
+    for number, line in enumerate(sys.stdin, start=1):
+        spec_path = Path(line.strip())
+        spec = json.loads(spec_path.read_text())
+        with _output_to(Path(spec["log"])):
+            try:
+                run_one(spec, number, started)
+            except Exception:
+                traceback.print_exc()
+                return 1
+        os.write(answers, f"done {spec_path}\n".encode())
     return 0
 
 
@@ -85,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
     import helion
     import torch
 
@@ -122,6 +171,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             launches.append((tk, kargs, key))
     timer = Timer(device)
+    setup_seconds = round(time.monotonic() - started, 3)  # imports (first job), inputs, the recording run
     out = []
     for i, (tk, kargs, key) in enumerate(launches):
         record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name}
@@ -156,8 +206,10 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             continue
         record.update(config=best, tune_seconds=round(time.monotonic() - t0, 1))
         try:
+            t0 = time.monotonic()
             with pinned_config(tk, best, key):
                 precision = _precision(entry, inputs, entry.run_helion(inputs))
+            record["precision_seconds"] = round(time.monotonic() - t0, 1)
             record["precision"] = {"ok": precision.ok,
                                    "detail": failing_outputs(precision.outputs),
                                    "max_rel_err_vs_fp64": precision.max_rel_err_vs_fp64,
@@ -168,13 +220,14 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             samples = timer.interleaved({"incumbent": _entry_on(entry, inputs, tk, incumbent or default, key),
                                          "candidate": _entry_on(entry, inputs, tk, best, key)},
                                         rounds=rounds, warmup=3)
-            record["samples_ms"] = samples
+            timing_seconds = time.monotonic() - t0 - record["precision_seconds"]
+            record.update(samples_ms=samples, timing_seconds=round(timing_seconds, 1))
         except Exception as exc:
             record.update(error=f"validation: {type(exc).__name__}: {exc}",
                           traceback=traceback.format_exc()[-3000:])
         out.append(record)
         torch.cuda.empty_cache()
-    return {"launches": out, "tuned_elsewhere": tuned_elsewhere}
+    return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "setup_seconds": setup_seconds}
 
 
 def _entry_on(entry: Any, inputs: Any, kernel: Any, config: dict[str, Any], key: Any) -> Any:

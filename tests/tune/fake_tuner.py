@@ -7,7 +7,8 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
   ``launches``  the launch records to return (see guard.core.tuneplan.decide); default: one winner that
                 is 10 % faster than Helion's default config, precision ok. Those in ``spec["tuned_elsewhere"]``
                 are left out and listed there, as the real tuner does.
-Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id and pid) when that is set.
+Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id, pid, device) when that is set, and
+prints the job id to its output (the job's log).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def tune(spec: dict) -> dict:
         fd = os.open(calls, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.write(fd, f"{job['id']} {os.getpid()} {spec.get('device')}\n".encode())
         os.close(fd)
+    print(f"fake tuner: {job['id']}", flush=True)  # lands in the job's own log
     time.sleep(float(behaviour.get("sleep", 0)))
     if behaviour.get("crash"):
         os.kill(os.getpid(), signal.SIGSEGV)

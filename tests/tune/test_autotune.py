@@ -64,6 +64,23 @@ def test_crash_and_hang_are_recorded_as_failed_and_the_run_continues(tmp_path):
     assert again.complete and again.summary["failed"] == 0
 
 
+def test_a_worker_keeps_one_process_until_a_job_crashes_or_hangs_it(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(calls))
+    extra = {"jobs": {"chunk_state@smoke": {"crash": True}, "chunk_cumsum@mamba2-default": {"hang": True}}}
+    outcome = run_autotune(options(tmp_path, extra=extra, job_timeout_seconds=3), quiet)
+    pids = {line.split()[0]: int(line.split()[1]) for line in calls.read_text().splitlines()}
+    assert list(pids) == [j.id for j in outcome.jobs]
+    first, second, third = (pids["chunk_cumsum@smoke"], pids["chunk_state@smoke"]), \
+        (pids["state_passing@smoke"], pids["chunk_cumsum@mamba2-default"]), \
+        (pids["chunk_state@mamba2-default"], pids["state_passing@mamba2-default"])
+    assert len(set(first)) == len(set(second)) == len(set(third)) == 1
+    assert len({first[0], second[0], third[0]}) == 3  # a fresh child after the crash and after the hang
+    by_job = {e["job"]: e for e in outcome.entries}
+    assert [by_job[j]["process"]["job_number"] for j in pids if by_job[j]["status"] == "ok"] == [1, 1, 1, 2]
+    assert {by_job[j]["status"] for j in ("chunk_state@smoke", "chunk_cumsum@mamba2-default")} == {"failed"}
+
+
 def test_never_ship_a_slower_config(tmp_path):
     out = tmp_path / "configs" / "fake.yaml"
     committed = {"num_warps": 4}
@@ -154,8 +171,11 @@ def test_resume_after_kill_9(tmp_path):
     cf = config_store.load(out)
     assert sum(len(v) for v in cf.kernels.values()) == 6
     assert not list(out.parent.glob(".*.tmp"))
-    logs = list(state.glob("autotune/*/logs/*.log"))
-    assert len(logs) == 6
+    logs = [p for p in state.glob("autotune/*/logs/*.log") if not p.name.startswith("worker-")]
+    assert sorted(p.stem for p in logs) == sorted(f"{k}@{s}" for k in KERNELS for s in SHAPES)
+    for log in logs:  # each job's output in its own log (the job killed in flight ran twice), none other's
+        lines = log.read_text().splitlines()
+        assert lines and set(lines) == {f"fake tuner: {log.stem}"}, (log, lines)
 
 
 def test_overall_budget_starts_no_job_it_cannot_hold_and_cuts_none_short(tmp_path):
