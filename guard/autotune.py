@@ -71,17 +71,42 @@ class AutotuneOptions:
     job_timeout_seconds: float | None = None  # hard kill; default 2 x budget + 120 s (compile, validation)
     rounds: int = 30
     max_attempts: int = 2
+    # Helion's own per-search benchmark subprocess: isolation the job's child already gives (hard timeout,
+    # restart), at ~15 s of cold start per launch on an H200, longer than a quick budget (see the docs).
+    helion_benchmark_subprocess: bool = False
     criteria: Criteria = field(default_factory=Criteria)
     devices: Sequence[str] = ("0",)  # CUDA_VISIBLE_DEVICES value of each worker
     tuner: str = DEFAULT_TUNER
     fresh: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # handed to the tuner (tests)
 
+    def __post_init__(self) -> None:
+        for name in ("budget_seconds", "total_budget_seconds", "job_timeout_seconds"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"{name}: expected a number of seconds > 0, got {value!r}")
+        if self.effort not in ("quick", "full"):
+            raise ValueError(f"effort: expected quick or full, got {self.effort!r}")
+        if self.rounds < 2 or self.max_attempts < 1:
+            raise ValueError(f"rounds >= 2 and max_attempts >= 1 expected, got {self.rounds!r}, {self.max_attempts!r}")
+
     @property
     def job_timeout(self) -> float:
         if self.job_timeout_seconds is not None:
             return float(self.job_timeout_seconds)
         return 2 * float(self.budget_seconds) + 120.0
+
+
+def config_options(cfg: Any) -> dict[str, Any]:
+    """The ``AutotuneOptions`` fields the guard config's ``autotune`` section sets, with the embedded
+    defaults where it is silent (the CLI's flags override them)."""
+    return {"effort": cfg.autotune_value("effort", "quick"), "seed": cfg.autotune_value("seed", 1234),
+            "budget_seconds": cfg.autotune_value("budget_seconds", 300),
+            "total_budget_seconds": cfg.autotune_value("total_budget_seconds", None),
+            "job_timeout_seconds": cfg.autotune_value("job_timeout_seconds", None),
+            "rounds": cfg.autotune_value("rounds", 30), "max_attempts": cfg.autotune_value("max_attempts", 2),
+            "helion_benchmark_subprocess": cfg.autotune_value("helion_benchmark_subprocess", False),
+            "criteria": cfg.criteria}
 
 
 @dataclass
@@ -142,7 +167,8 @@ class Run:
         self.plan = {"jobs": [j.id for j in self.jobs], "effort": opts.effort, "seed": opts.seed,
                      "budget_seconds": opts.budget_seconds, "fingerprint_digest": opts.fingerprint_digest,
                      "gpu_slug": opts.gpu_slug, "out": str(Path(opts.out).resolve()), "tuner": opts.tuner,
-                     "criteria": opts.criteria.to_dict(), "rounds": opts.rounds}
+                     "criteria": opts.criteria.to_dict(), "rounds": opts.rounds,
+                     "helion_benchmark_subprocess": opts.helion_benchmark_subprocess}
         self.id = tuneplan.run_id(self.plan)
         self.dir = Path(opts.state_dir) / "autotune" / f"{_safe(opts.gpu_slug)}-{self.id}"
         self.journal = self.dir / "journal.jsonl"
@@ -296,6 +322,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     result_path.unlink(missing_ok=True)
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
             "budget_seconds": opts.budget_seconds, "rounds": opts.rounds, "base_configs": str(run.base_path),
+            "helion_benchmark_subprocess": opts.helion_benchmark_subprocess,
             "result": str(result_path), "log": str(log_path), "gpu_slug": opts.gpu_slug, "device": process.device,
             "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
             "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}

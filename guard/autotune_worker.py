@@ -188,7 +188,8 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
         budget = max(10, int((deadline - time.monotonic()) / (len(launches) - i)))
         settings: dict[str, Any] = {"autotune_effort": effort, "autotune_random_seed": seed,
-                                    "autotune_budget_seconds": budget}
+                                    "autotune_budget_seconds": budget,
+                                    "autotune_benchmark_subprocess": bool(spec.get("helion_benchmark_subprocess"))}
         record["settings"] = dict(settings)
         seeds = ([incumbent] if incumbent is not None else []) + tk.seed_configs(kargs)
         if seeds:
@@ -201,6 +202,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             tuner = tk.helion_kernel(None, "compiled", **settings)
             best = dict(tuner.autotune(kargs, force=True))
         except Exception as exc:  # one launch failing must not lose the others
+            _raise_if_cuda_broken()
             record.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:])
             out.append(record)
             continue
@@ -223,11 +225,20 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             timing_seconds = time.monotonic() - t0 - record["precision_seconds"]
             record.update(samples_ms=samples, timing_seconds=round(timing_seconds, 1))
         except Exception as exc:
+            _raise_if_cuda_broken()
             record.update(error=f"validation: {type(exc).__name__}: {exc}",
                           traceback=traceback.format_exc()[-3000:])
         out.append(record)
         torch.cuda.empty_cache()
     return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "setup_seconds": setup_seconds}
+
+
+def _raise_if_cuda_broken() -> None:
+    """A candidate that faulted (illegal address, launch failure) leaves the CUDA context unusable: end
+    the job, and with it this child, so the next job gets a fresh process instead of the same error."""
+    import torch
+
+    torch.cuda.synchronize()
 
 
 def _entry_on(entry: Any, inputs: Any, kernel: Any, config: dict[str, Any], key: Any) -> Any:

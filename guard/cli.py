@@ -264,6 +264,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         DEFAULT_TUNER,
         TUNER_ENV,
         AutotuneOptions,
+        config_options,
         rebaseline,
         rich_bar,
         run_autotune,
@@ -286,19 +287,16 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     fp = fingerprint.collect()
     slug = args.gpu_slug or fingerprint.gpu_slug(fp)
     out = Path(args.out) if args.out else config_store.path_for(slug)
-    criteria = cfg.criteria
+    fields = config_options(cfg)
     if args.margin is not None:
-        criteria = type(criteria)(**{**criteria.to_dict(), "margin": args.margin})
+        fields["criteria"] = type(cfg.criteria)(**{**cfg.criteria.to_dict(), "margin": args.margin})
+    flags = {"effort": args.effort, "seed": args.seed, "budget_seconds": args.budget_seconds,
+             "total_budget_seconds": args.total_budget_seconds, "job_timeout_seconds": args.job_timeout}
+    fields.update({k: v for k, v in flags.items() if v is not None})
     opts = AutotuneOptions(
         kernels=[e.name for e in entries if e.has_helion], shapes=shapes, out=out, state_dir=Path(args.state_dir),
         gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
-        effort=args.effort or cfg.autotune_value("effort", "quick"),
-        seed=args.seed if args.seed is not None else cfg.autotune_value("seed", 1234),
-        budget_seconds=args.budget_seconds or cfg.autotune_value("budget_seconds", 300),
-        total_budget_seconds=args.total_budget_seconds or cfg.autotune_value("total_budget_seconds", None),
-        job_timeout_seconds=args.job_timeout or cfg.autotune_value("job_timeout_seconds", None),
-        rounds=cfg.autotune_value("rounds", 30), max_attempts=cfg.autotune_value("max_attempts", 2),
-        criteria=criteria, devices=visible_devices(args.workers), tuner=tuner, fresh=args.fresh)
+        devices=visible_devices(args.workers), tuner=tuner, fresh=args.fresh, **fields)
     with rich_bar(sys.stderr.isatty()) as (on_start, on_job, log):
         progress = log or _progress()
         outcome = run_autotune(opts, progress, on_job=on_job, on_start=on_start)

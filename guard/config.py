@@ -7,7 +7,7 @@ Everything has a default, so no file is needed (embedded defaults)::
     policy:                      # verdict policy (guard.core.verdicts.Policy), e.g. threshold, overrides
       threshold: 0.05
     autotune: {effort: quick, budget_seconds: 300, total_budget_seconds: null, margin: 0.02, alpha: 0.01,
-               rounds: 30, max_attempts: 2, seed: 1234}
+               rounds: 30, max_attempts: 2, seed: 1234, helion_benchmark_subprocess: false}
     github: {repo: owner/name, base_url: https://api.github.com, token_env: GITHUB_TOKEN, labels: [mamba2-guard]}
     git: {origin: https://github.com/owner/name.git, base_branch: main}
     bot: {name: "mamba2-guard[bot]", email: "mamba2-guard[bot]@users.noreply.github.com"}
@@ -34,7 +34,8 @@ FILE_NAME = "guard.yaml"
 SECTIONS = ("drift", "policy", "autotune", "github", "git", "bot", "pr")
 AUTOTUNE_KEYS = {"effort": str, "budget_seconds": (int, float), "total_budget_seconds": (int, float, type(None)),
                  "margin": (int, float), "alpha": (int, float), "confidence": (int, float), "rounds": int,
-                 "max_attempts": int, "seed": int, "job_timeout_seconds": (int, float, type(None))}
+                 "max_attempts": int, "seed": int, "job_timeout_seconds": (int, float, type(None)),
+                 "helion_benchmark_subprocess": bool}
 GITHUB_KEYS = {"repo": (str, type(None)), "base_url": str, "token_env": str, "labels": list}
 GIT_KEYS = {"origin": (str, type(None)), "base_branch": str, "token_env": (str, type(None))}
 BOT_KEYS = {"name": str, "email": str}

@@ -283,12 +283,7 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
                 opts = autotune.AutotuneOptions(
                     kernels=tuned, shapes=[s.name for s in shapes], out=configs_path, state_dir=state_dir,
                     gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
-                    effort=cfg.autotune_value("effort", "quick"), seed=cfg.autotune_value("seed", 1234),
-                    budget_seconds=cfg.autotune_value("budget_seconds", 300),
-                    total_budget_seconds=cfg.autotune_value("total_budget_seconds", None),
-                    job_timeout_seconds=cfg.autotune_value("job_timeout_seconds", None),
-                    rounds=cfg.autotune_value("rounds", 30), max_attempts=cfg.autotune_value("max_attempts", 2),
-                    criteria=cfg.criteria, devices=autotune.visible_devices())
+                    devices=autotune.visible_devices(), **autotune.config_options(cfg))
                 progress(f"re-tune ({why}): {len(tuned)} kernels x {len(shapes)} shapes")
                 outcome = autotune.run_autotune(opts, progress)
                 steps["retune"] = {"status": "done", **outcome.to_dict(),

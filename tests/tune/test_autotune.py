@@ -243,3 +243,10 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
     assert [k.name for k, _ in timed] == ["causal_conv1d_bwd"]  # the whole public function ran
     assert built == [candidate]
     assert "lookup" not in vars(kernel)  # the pin is gone: the config store answers again
+
+
+@pytest.mark.parametrize("field, value", [("budget_seconds", 0), ("total_budget_seconds", -5),
+                                          ("job_timeout_seconds", "soon"), ("effort", "medium")])
+def test_bad_options_are_refused_by_name(tmp_path, field, value):
+    with pytest.raises(ValueError, match=field.split("_seconds")[0]):
+        options(tmp_path, **{field: value})
