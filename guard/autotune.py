@@ -74,6 +74,7 @@ class AutotuneOptions:
     # Helion's own per-search benchmark subprocess: isolation the job's child already gives (hard timeout,
     # restart), at ~15 s of cold start per launch on an H200, longer than a quick budget (see the docs).
     helion_benchmark_subprocess: bool = False
+    whole_suite: bool = True  # the plan covers every tuned kernel x suite shape (``covers_whole_suite``)
     criteria: Criteria = field(default_factory=Criteria)
     devices: Sequence[str] = ("0",)  # CUDA_VISIBLE_DEVICES value of each worker
     tuner: str = DEFAULT_TUNER
@@ -95,6 +96,15 @@ class AutotuneOptions:
         if self.job_timeout_seconds is not None:
             return float(self.job_timeout_seconds)
         return 2 * float(self.budget_seconds) + 120.0
+
+
+def covers_whole_suite(kernels: Sequence[str], shapes: Sequence[str], suite: str = "default") -> bool:
+    """Whether a plan reaches every Helion kernel at every shape of ``suite``: only such a run may stamp
+    the config file with its environment."""
+    from kernels import registry, suites
+
+    every = {e.name for e in registry.select(None) if e.has_helion}
+    return every <= set(kernels) and {s.name for s in suites.load().suite(suite)} <= set(shapes)
 
 
 def config_options(cfg: Any) -> dict[str, Any]:
@@ -215,8 +225,10 @@ class Run:
         summary = tuneplan.summary(self.jobs, entries)
         complete = summary["ok"] == summary["jobs"]
         # The configs carry the environment they were tuned (or re-validated) under: the new one once
-        # every job finished, or when the file had none; else the old one stays, so drift stays visible.
-        fingerprint = self.opts.fingerprint if (complete or not self.base.fingerprint) else self.base.fingerprint
+        # every job of a whole-suite plan finished, or when the file had none; else the old one stays, so
+        # drift stays visible (a run over a few kernels says nothing of the others).
+        stamp = (complete and self.opts.whole_suite) or not self.base.fingerprint
+        fingerprint = self.opts.fingerprint if stamp else self.base.fingerprint
         spent = sum(float(e.get("seconds") or 0) for e in entries)
         tuned = {"date": datetime.date.today().isoformat(), "effort": self.opts.effort, "seed": self.opts.seed,
                  "budget_s": self.opts.budget_seconds, "tool": "mamba2-guard autotune", "run": self.id,
@@ -230,6 +242,15 @@ class Run:
             cf, changed = self.rebuild(self.entries())
             config_store.save(Path(self.opts.out), cf)
             return changed
+
+
+def earlier_job_seconds(state_dir: Path, gpu_slug: str) -> tuple[dict[str, float], int]:
+    """Job times of the earlier autotune runs for this GPU in ``state_dir`` (newest wins), and how many
+    runs gave them: round-robin gave one of two H200s 319 s of jobs and the other 188 s."""
+    journals = sorted((state_dir / "autotune").glob(f"{_safe(gpu_slug)}-*/journal.jsonl"),
+                      key=lambda path: path.stat().st_mtime)
+    seconds = tuneplan.job_seconds(tuneplan.parse_journal(path.read_text()) for path in journals)
+    return seconds, len(journals)
 
 
 def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
@@ -385,7 +406,11 @@ def run_autotune(opts: AutotuneOptions, progress: Progress, on_job: Callable[[di
              f"{len(opts.devices)} worker(s) on CUDA_VISIBLE_DEVICES {', '.join(opts.devices)}")
     if on_start:
         on_start(len(run.jobs), done)
-    shards = tuneplan.assign(todo, len(opts.devices))
+    cost, sources = earlier_job_seconds(Path(opts.state_dir), opts.gpu_slug)
+    shards = tuneplan.assign(todo, len(opts.devices), cost)
+    if len(opts.devices) > 1:
+        progress(f"split: longest first, by the job times of {sources} earlier run(s)" if cost else
+                 "split: round-robin (no earlier run to take job times from)")
     deadline = time.monotonic() + opts.total_budget_seconds if opts.total_budget_seconds else None
     skipped: list[str] = []
     children: set[subprocess.Popen] = set()

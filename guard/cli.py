@@ -265,6 +265,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         TUNER_ENV,
         AutotuneOptions,
         config_options,
+        covers_whole_suite,
         rebaseline,
         rich_bar,
         run_autotune,
@@ -296,7 +297,8 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     opts = AutotuneOptions(
         kernels=[e.name for e in entries if e.has_helion], shapes=shapes, out=out, state_dir=Path(args.state_dir),
         gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
-        devices=visible_devices(args.workers), tuner=tuner, fresh=args.fresh, **fields)
+        devices=visible_devices(args.workers), tuner=tuner, fresh=args.fresh,
+        whole_suite=covers_whole_suite([e.name for e in entries], shapes), **fields)
     with rich_bar(sys.stderr.isatty()) as (on_start, on_job, log):
         progress = log or _progress()
         outcome = run_autotune(opts, progress, on_job=on_job, on_start=on_start)

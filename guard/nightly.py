@@ -283,7 +283,8 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
                 opts = autotune.AutotuneOptions(
                     kernels=tuned, shapes=[s.name for s in shapes], out=configs_path, state_dir=state_dir,
                     gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
-                    devices=autotune.visible_devices(), **autotune.config_options(cfg))
+                    devices=autotune.visible_devices(), **autotune.config_options(cfg),
+                    whole_suite=autotune.covers_whole_suite(tuned, [s.name for s in shapes]))
                 progress(f"re-tune ({why}): {len(tuned)} kernels x {len(shapes)} shapes")
                 outcome = autotune.run_autotune(opts, progress)
                 steps["retune"] = {"status": "done", **outcome.to_dict(),

@@ -147,6 +147,18 @@ def pending(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]], max_attem
     return out
 
 
+def job_seconds(journals: Iterable[Iterable[Mapping[str, Any]]]) -> dict[str, float]:
+    """Seconds per job id of the finished attempts in ``journals`` (oldest first: a later run's time
+    replaces an earlier one's), the costs ``assign`` splits a new run by."""
+    out: dict[str, float] = {}
+    for entries in journals:
+        for entry in entries:
+            seconds = entry.get("seconds")
+            if entry.get("status") == OK and isinstance(seconds, int | float) and seconds > 0:
+                out[str(entry["job"])] = float(seconds)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Keep or reject one winner
 

@@ -250,3 +250,42 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
 def test_bad_options_are_refused_by_name(tmp_path, field, value):
     with pytest.raises(ValueError, match=field.split("_seconds")[0]):
         options(tmp_path, **{field: value})
+
+
+def test_a_sharded_run_splits_longest_first_by_the_job_times_of_earlier_runs(tmp_path):
+    slow = {"jobs": {"chunk_state@smoke": {"sleep": 1.2}}}
+    first = run_autotune(options(tmp_path, extra=slow), quiet)  # one worker: the times to split by
+    assert first.complete
+    messages: list[str] = []
+    second = run_autotune(options(tmp_path, budget_seconds=6, devices=("0", "1")), messages.append)
+    by_job = {e["job"]: e["worker"] for e in second.entries}
+    # The slow job alone on one GPU, the five quick ones on the other (round-robin would give 3 and 3).
+    assert sorted(by_job.values()).count(by_job["chunk_state@smoke"]) == 1
+    assert any("longest first" in m for m in messages)
+
+
+def test_job_seconds_newest_run_wins_and_failures_do_not_count():
+    older = [{"job": "a@s", "status": "ok", "seconds": 10.0}, {"job": "b@s", "status": "ok", "seconds": 4.0}]
+    newer = [{"job": "a@s", "status": "ok", "seconds": 30.0}, {"job": "b@s", "status": "failed", "seconds": 99.0},
+             {"job": "c@s", "status": "ok", "seconds": 0}]
+    assert tuneplan.job_seconds([older, newer]) == {"a@s": 30.0, "b@s": 4.0}
+
+
+def test_only_a_whole_suite_run_stamps_the_file_with_its_environment(tmp_path):
+    out = tmp_path / "configs" / "fake.yaml"
+    config_store.save(out, config_store.ConfigFile(fingerprint={"helion": "1.0"}, tuned={}, kernels={}))
+    outcome = run_autotune(options(tmp_path, whole_suite=False), quiet)
+    assert outcome.complete and config_store.load(out).fingerprint == {"helion": "1.0"}
+    outcome = run_autotune(options(tmp_path, budget_seconds=6), quiet)
+    assert outcome.complete and config_store.load(out).fingerprint == {"helion": "9.9"}
+
+
+def test_covers_whole_suite():
+    from guard.autotune import covers_whole_suite
+    from kernels import registry, suites
+
+    every = [e.name for e in registry.select(None)]
+    default = [s.name for s in suites.load().suite("default")]
+    assert covers_whole_suite(every, default + ["smoke"])
+    assert not covers_whole_suite(every[1:], default)
+    assert not covers_whole_suite(every, default[1:])
