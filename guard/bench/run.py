@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +47,31 @@ def gpu_lock(state_dir: Path, gpu_key: str, timeout_s: float = 3600) -> FileLock
     return FileLock(str(path), timeout=timeout_s)
 
 
-def _precision(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch.Tensor]) -> Precision:
-    ref64 = entry.run_reference(inputs)
+@dataclass(frozen=True)
+class References:
+    """What Helion's outputs are judged against: the fp64 reference, mamba-ssm's outputs (None where it
+    does not run) and, only without that peer and for low-precision outputs, the same-dtype reference."""
+
+    fp64: dict[str, torch.Tensor]
+    peer: dict[str, torch.Tensor] | None
+    same_dtype: dict[str, torch.Tensor] | None
+
+
+def references(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch.Tensor]) -> References:
+    """Computed once per inputs; a tuner judges several configs' outputs against them."""
+    fp64 = entry.run_reference(inputs)
     try:
         peer = entry.run_baseline(inputs)
     except BaselineUnavailable:
         peer = None
     same_dtype = entry.run_reference(inputs, dtype=None) if peer is None and low_precision(ours) else None
-    outputs = compare(ours, ref64, peer, entry.tolerance, same_dtype)
-    del ref64, same_dtype
+    return References(fp64, peer, same_dtype)
+
+
+def _precision(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch.Tensor],
+               refs: References | None = None) -> Precision:
+    refs = refs or references(entry, inputs, ours)
+    outputs = compare(ours, refs.fp64, refs.peer, entry.tolerance, refs.same_dtype)
 
     def worst(name: str) -> float | None:
         values = [getattr(o, name) for o in outputs if getattr(o, name) is not None]

@@ -221,8 +221,9 @@ def _finite(x: float | None) -> float | None:
 def decide(launch: Mapping[str, Any], criteria: Criteria = Criteria()) -> Decision:
     """Keep the launch's winner or keep the incumbent. ``launch`` is what the worker reports:
     ``config`` (the winner or None), ``error``, ``incumbent`` (kind), ``incumbent_config``,
-    ``precision`` ({ok, detail}) of the public function run with the winner, and
-    ``samples_ms`` {incumbent: [...], candidate: [...]} measured interleaved."""
+    ``precision`` ({ok, detail}) of the public function run with the winner, ``incumbent_precision``
+    (the same with the incumbent; absent for Helion's default) and ``samples_ms``
+    {incumbent: [...], candidate: [...]} measured interleaved."""
     if launch.get("error"):
         return Decision(False, f"tuning failed: {launch['error']}")
     config = launch.get("config")
@@ -240,9 +241,14 @@ def decide(launch: Mapping[str, Any], criteria: Criteria = Criteria()) -> Decisi
     samples = launch.get("samples_ms") or {}
     c = stats.compare(samples.get("incumbent"), samples.get("candidate"), min_samples=criteria.min_samples,
                       confidence=criteria.confidence)
+    base = {"effect": c.effect, "p_value": c.p_value, "upper": c.upper}
+    wrong = launch.get("incumbent_precision") or {}
+    if incumbent != DEFAULT and wrong.get("ok") is False:
+        # A config that computes wrong results (after an upgrade) goes, whatever the winner's speed.
+        return Decision(True, f"replaces the {incumbent} config, which fails precision now "
+                              f"({wrong.get('detail') or 'see the record'})", **base)
     if c.effect is None:
         return Decision(False, "no timing samples")
-    base = {"effect": c.effect, "p_value": c.p_value, "upper": c.upper}
     if incumbent == DEFAULT:
         if c.effect <= 0:
             than = "faster than" if c.effect < 0 else "as fast as"

@@ -25,6 +25,24 @@ def test_whole_call_entries_run_helion_against_fp64(name, smoke_shape):
         torch.testing.assert_close(ours[output].double(), value, atol=1e-5, rtol=1e-4, msg=output)
 
 
+def test_references_computed_once_judge_each_config_as_the_bench_does(smoke_shape, monkeypatch):
+    from guard.bench import run
+
+    entry = registry.get("chunk_scan")
+    inputs = entry.inputs(smoke_shape, seed=3)
+    with execution_mode("ref"):
+        ours = entry.run_helion(inputs)
+    refs = run.references(entry, inputs, ours)
+    calls = []
+    monkeypatch.setattr(run, "references", lambda *a: calls.append(a))  # must not be called again
+    good = run._precision(entry, inputs, ours, refs)
+    wrong = run._precision(entry, inputs, {**ours, "out": ours["out"] * 1.1}, refs)
+    assert good.ok and not wrong.ok and not calls
+    assert [o["output"] for o in wrong.outputs if not o["ok"]] == ["out"]
+    monkeypatch.undo()
+    assert run._precision(entry, inputs, ours) == good  # the bench's own call, references made inside
+
+
 def test_gradient_entry_binds_a_forward_and_backward(smoke_shape):
     entry = registry.get("ssd_combined_fwd_bwd")
     inputs = entry.inputs(smoke_shape, seed=2)

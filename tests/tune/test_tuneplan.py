@@ -102,6 +102,18 @@ def test_precision_failure_and_errors_are_rejected():
     assert not decide(launch(scaled(0.5), config={"num_warps": 4})).keep  # the committed config itself
 
 
+def test_a_committed_config_that_fails_precision_now_is_replaced_by_a_passing_winner_however_slow():
+    wrong = {"ok": False, "detail": "dx: rel err 3e-1"}
+    for kind in ("committed", "nearest"):
+        d = decide({**launch(scaled(1.3), kind=kind), "incumbent_precision": wrong})
+        assert d.keep and "fails precision" in d.reason and "dx" in d.reason and d.effect > 0.2
+    no_samples = {**launch(scaled(1.3)), "incumbent_precision": wrong, "samples_ms": {}}
+    assert decide(no_samples).keep  # a correct config needs no timing to beat a wrong one
+    # ... but never by a winner that fails too, and a passing incumbent is judged on speed as before.
+    assert not decide({**launch(scaled(0.5), ok=False), "incumbent_precision": wrong}).keep
+    assert not decide({**launch(scaled(1.3)), "incumbent_precision": {"ok": True}}).keep
+
+
 def test_too_few_samples_cannot_show_a_speedup():
     assert not decide(launch(scaled(0.5, BASE[:4]), BASE[:4])).keep
 
