@@ -347,6 +347,21 @@ def _environment_line(fp: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _jobs_done(tuned: Mapping[str, Any]) -> str:
+    if tuned.get("jobs") is None:
+        return "-"
+    return f"{tuned.get('jobs_ok', 0)}/{tuned['jobs']}" + (f" ({tuned['jobs_failed']} failed)"
+                                                            if tuned.get("jobs_failed") else "")
+
+
+def _jobs_left(tuned: Mapping[str, Any]) -> str:
+    """What a partial re-tune (overall budget spent, jobs failed) left undone, for the reviewer."""
+    jobs, ok = tuned.get("jobs"), tuned.get("jobs_ok")
+    if not isinstance(jobs, int) or not isinstance(ok, int) or ok >= jobs:
+        return ""
+    return f"{jobs - ok} of {jobs} autotune jobs did not finish (budget spent or failed)"
+
+
 def _render_body(
     inp: PrInput,
     fp_hash: str,
@@ -432,13 +447,18 @@ def _render_body(
     if tuned:
         out.append("### Autotune")
         out.append("")
-        out.append("| Seed | Effort | Budget (s) | Date |")
-        out.append("|---|---|---|---|")
+        out.append("| Seed | Effort | Budget (s) | Date | Jobs done | Seconds spent |")
+        out.append("|---|---|---|---|---|---|")
         out.append(
             f"| {_cell(tuned.get('seed'))} | {_cell(tuned.get('effort'))} | "
-            f"{_cell(tuned.get('budget_s'))} | {_cell(tuned.get('date'))} |"
+            f"{_cell(tuned.get('budget_s'))} | {_cell(tuned.get('date'))} | {_jobs_done(tuned)} | "
+            f"{_cell(tuned.get('seconds_spent', '-'))} |"
         )
         out.append("")
+        left = _jobs_left(tuned)
+        if left:
+            out.append(f"_{left}: their committed configs stay; the next run resumes them._")
+            out.append("")
     out.append("### Reproduce")
     out.append("")
     if inp.reproduce_command:

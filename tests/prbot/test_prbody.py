@@ -96,11 +96,19 @@ def test_pr_body_contents():
     assert "| `ssd_chunk_scan_fwd` | `hd64_ds128_cs256_bf16_L4k` | 0.5 | 0.4 | -20.0% | 0.6 | 1.20x | 1.50x |" in body
     assert "1.00e-03" in body and "2.00e-04" in body
     assert "~ ssd_chunk_scan_fwd / hd64_ds128_cs256_bf16_L4k: num_warps 4 -> 8" in body
-    assert "| 7 | full | 3600 | 2026-02-01 |" in body
+    assert "| 7 | full | 3600 | 2026-02-01 | - | - |" in body and "did not finish" not in body
     assert "mamba2-guard autotune --gpu nvidia-h200 --seed 7" in body
     assert "https://ci.example/runs/42" in body
     assert not pr.truncated
     assert render_pr(_input()).body == body  # deterministic
+
+
+def test_pr_body_says_when_the_re_tune_was_partial():
+    configs = new_configs()
+    configs["tuned"] = {**configs["tuned"], "jobs": 69, "jobs_ok": 21, "jobs_failed": 1, "seconds_spent": 534.2}
+    body = render_pr(_input(new_configs=configs)).body
+    assert "| 21/69 (1 failed) | 534.2 |" in body
+    assert "48 of 69 autotune jobs did not finish" in body
 
 
 def test_pr_body_new_gpu_and_no_drift_report():
