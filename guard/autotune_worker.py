@@ -200,8 +200,12 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
         record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
         budget = max(10, int((deadline - time.monotonic()) / (len(launches) - i)))
+        # A search waits for the compiles in flight when its budget ends, each up to the compile timeout
+        # (Helion's: 60 s, adapted down to no less than 30 s): state_passing's 10 s search took 39 s. A
+        # candidate that compiles for longer than a short budget could not be benchmarked within it anyway.
         settings: dict[str, Any] = {"autotune_effort": effort, "autotune_random_seed": seed,
                                     "autotune_budget_seconds": budget,
+                                    "autotune_compile_timeout": int(min(60, max(15, budget))),
                                     "autotune_benchmark_subprocess": bool(spec.get("helion_benchmark_subprocess"))}
         record["settings"] = dict(settings)
         seeds = ([incumbent] if incumbent is not None else []) + tk.seed_configs(kargs)
