@@ -370,7 +370,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
         decision = tuneplan.decide(launch, opts.criteria)
         launches.append({**launch, "decision": decision.to_dict()})
     return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
-            "setup_seconds": result.get("setup_seconds"), "process": result.get("process"),
+            "setup_seconds": result.get("setup_seconds"), "process": result.get("process"), "gpu": result.get("gpu"),
             "tuned_elsewhere": result.get("tuned_elsewhere") or []}
 
 

@@ -140,6 +140,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     from guard.bench.precision import failing_outputs
     from guard.bench.run import _precision, references
     from guard.bench.timing import Timer
+    from guard.bench.worker import gpu_identity
     from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
     from kernels import config_store, registry, suites
     from kernels._runtime import capture_launches, complete_config, pinned_config, validate_config
@@ -257,7 +258,8 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                           traceback=traceback.format_exc()[-3000:])
         out.append(record)
         torch.cuda.empty_cache()
-    return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "setup_seconds": setup_seconds}
+    return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "setup_seconds": setup_seconds,
+            "gpu": gpu_identity(spec.get("device"))}  # which card tuned it: the UUID keeps GPUs apart
 
 
 def _raise_if_cuda_broken() -> None:

@@ -50,5 +50,6 @@ def tune(spec: dict) -> dict:
     launches = behaviour.get("launches")
     launches = launches if launches is not None else [default_launch(job)]
     elsewhere = spec.get("tuned_elsewhere") or []  # as the real tuner: launches earlier jobs tuned are skipped
-    return {"launches": [x for x in launches if [x["kernel"], x["key"]] not in elsewhere],
+    return {"gpu": {"uuid": f"GPU-fake-{spec.get('device')}"},
+            "launches": [x for x in launches if [x["kernel"], x["key"]] not in elsewhere],
             "tuned_elsewhere": [[x["kernel"], x["key"]] for x in launches if [x["kernel"], x["key"]] in elsewhere]}

@@ -117,8 +117,9 @@ def test_sharded_run_equals_sequential(tmp_path, workers):
     assert config_store.load(seq.out).kernels == config_store.load(par.out).kernels
     assert {e["job"]: [lc["decision"] for lc in e["launches"]] for e in seq.entries} == {
         e["job"]: [lc["decision"] for lc in e["launches"]] for e in par.entries}
-    for e in par.entries:  # one worker per GPU, by the static assignment
+    for e in par.entries:  # one worker per GPU, by the static assignment, each job naming its card
         assert e["worker"] == e["index"] % workers and e["device"] == str(e["worker"])
+        assert e["gpu"]["uuid"] == f"GPU-fake-{e['device']}"
 
 
 def _journal(state: Path) -> list[dict]:
