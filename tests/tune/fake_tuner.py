@@ -4,6 +4,7 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
   ``sleep``     seconds to sleep before answering;
   ``crash``     die by SIGSEGV (a candidate that takes the process down);
   ``hang``      sleep forever (a hung compile or kernel);
+  ``raise``     raise RuntimeError with this message (a tuner error, e.g. a CUDA fault);
   ``launches``  the launch records to return (see guard.core.tuneplan.decide); default: one winner that
                 is 10 % faster than Helion's default config, precision ok. Those in ``spec["tuned_elsewhere"]``
                 are left out and listed there, as the real tuner does.
@@ -44,6 +45,8 @@ def tune(spec: dict) -> dict:
     time.sleep(float(behaviour.get("sleep", 0)))
     if behaviour.get("crash"):
         os.kill(os.getpid(), signal.SIGSEGV)
+    if behaviour.get("raise"):
+        raise RuntimeError(behaviour["raise"])
     if behaviour.get("hang"):
         while True:
             time.sleep(1)

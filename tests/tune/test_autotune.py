@@ -81,6 +81,20 @@ def test_a_worker_keeps_one_process_until_a_job_crashes_or_hangs_it(tmp_path, mo
     assert {by_job[j]["status"] for j in ("chunk_state@smoke", "chunk_cumsum@mamba2-default")} == {"failed"}
 
 
+def test_a_tuner_that_raises_fails_its_job_with_the_error_and_the_next_job_gets_a_fresh_child(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(calls))
+    extra = {"jobs": {"chunk_state@smoke": {"raise": "CUDA error: an illegal memory access"}}}
+    outcome = run_autotune(options(tmp_path, kernels=KERNELS, shapes=SHAPES[:1], extra=extra), quiet)
+    by_job = {e["job"]: e for e in outcome.entries}
+    failed = by_job["chunk_state@smoke"]
+    assert failed["status"] == "failed" and failed["reason"] == "crash"
+    assert "illegal memory access" in failed["detail"] and "exit code 1" in failed["detail"]
+    pids = {line.split()[0]: line.split()[1] for line in calls.read_text().splitlines()}
+    assert pids["chunk_cumsum@smoke"] == pids["chunk_state@smoke"] != pids["state_passing@smoke"]
+    assert by_job["state_passing@smoke"]["status"] == "ok"
+
+
 def test_never_ship_a_slower_config(tmp_path):
     out = tmp_path / "configs" / "fake.yaml"
     committed = {"num_warps": 4}
