@@ -465,10 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
     guard_options(p)
     p.add_argument("--effort", choices=("quick", "full"), help="Helion's autotune effort (default: quick)")
     p.add_argument("--seed", type=int, help="autotuner random seed, recorded in the file (default: 1234)")
-    p.add_argument("--budget-seconds", type=float, metavar="N", help="per kernel x shape job (default: 300)")
+    p.add_argument("--budget-seconds", type=float, metavar="N",
+                   help="Helion's search per kernel x shape job (default: 10, a warm re-tune; a new GPU's first "
+                        "tune deserves ~300)")
     p.add_argument("--total-budget-seconds", type=float, metavar="N",
-                   help="whole run: a job starts only while its --budget-seconds still fit (it then runs to its "
-                        "own timeout)")
+                   help="whole run (default: 1800): a job starts only while its --budget-seconds still fit (it "
+                        "then runs to its own timeout); rerun to resume the rest")
     p.add_argument("--job-timeout", type=float, metavar="S", help="hard kill of a job (default: 2 x budget + 120)")
     p.add_argument("--workers", type=int, metavar="N", help="parallel workers, one per GPU (default: all GPUs)")
     p.add_argument("--margin", type=float, help="a winner must beat the committed config by this (default 0.02)")

@@ -6,7 +6,7 @@ Everything has a default, so no file is needed (embedded defaults)::
       policy: {new-gpu: retune, software: {helion: retune, mamba_ssm: rebaseline}, kernel-source: retune}
     policy:                      # verdict policy (guard.core.verdicts.Policy), e.g. threshold, overrides
       threshold: 0.05
-    autotune: {effort: quick, budget_seconds: 300, total_budget_seconds: null, margin: 0.02, alpha: 0.01,
+    autotune: {effort: quick, budget_seconds: 10, total_budget_seconds: 1800, margin: 0.02, alpha: 0.01,
                rounds: 30, max_attempts: 2, seed: 1234, helion_benchmark_subprocess: false}
     github: {repo: owner/name, base_url: https://api.github.com, token_env: GITHUB_TOKEN, labels: [mamba2-guard]}
     git: {origin: https://github.com/owner/name.git, base_branch: main}
