@@ -290,9 +290,9 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
                 steps["retune"] = {"status": "done", **outcome.to_dict(),
                                    "autotune_s": tune_seconds_by_kernel(outcome.entries)}
                 if not outcome.complete:
-                    s = outcome.summary
-                    progress(f"re-tune partial: {s['ok']}/{s['jobs']} jobs done ({s['failed']} failed, {s['not_run']} "
-                             "not run); the next re-tune of this environment resumes it")
+                    done = outcome.summary
+                    progress(f"re-tune partial: {done['ok']}/{done['jobs']} jobs done ({done['failed']} failed, "
+                             f"{done['not_run']} not run); the next re-tune of this environment resumes it")
                 produced = produced or outcome.written
                 if outcome.changed:
                     steps["rebaseline"] = autotune.rebaseline(tuned, [s.name for s in shapes], state_dir, progress,
