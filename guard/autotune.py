@@ -390,8 +390,10 @@ def _tail(path: Path, lines: int = 1) -> str:
 
 
 def describe(entry: dict[str, Any]) -> str:
+    """One progress line per finished job: what became of each launch, and the job's wall seconds."""
+    head = f"{entry['job']} ({float(entry.get('seconds') or 0):.0f} s)"
     if entry["status"] != tuneplan.OK:
-        return f"{entry['job']}: FAILED ({entry.get('reason')}) {entry.get('detail', '')}"
+        return f"{head}: FAILED ({entry.get('reason')}) {entry.get('detail', '')}"
     parts = []
     for launch in entry.get("launches") or ():
         d = launch.get("decision") or {}
@@ -400,7 +402,7 @@ def describe(entry: dict[str, Any]) -> str:
     skipped = len(entry.get("tuned_elsewhere") or ())
     if skipped:
         parts.append(f"{skipped} launch(es) tuned by an earlier job")
-    return f"{entry['job']}: " + ("; ".join(parts) if parts else "no Helion launches")
+    return f"{head}: " + ("; ".join(parts) if parts else "no Helion launches")
 
 
 def run_autotune(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, Any]], None] | None = None,
