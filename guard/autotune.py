@@ -350,7 +350,8 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     result_path.unlink(missing_ok=True)
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
             "budget_seconds": opts.budget_seconds, "rounds": opts.rounds, "base_configs": str(run.base_path),
-            "helion_benchmark_subprocess": opts.helion_benchmark_subprocess,
+            "helion_benchmark_subprocess": (opts.helion_benchmark_subprocess
+                                            or tuneplan.isolate_candidates(job.id, run.entries())),
             "result": str(result_path), "log": str(log_path), "gpu_slug": opts.gpu_slug, "device": process.device,
             "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
             "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}

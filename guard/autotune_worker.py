@@ -228,7 +228,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             # Helion checks candidates against the outputs of its conservative reference config, which
             # at nemotron3-nano ran 50 s for the norm backward before its first candidate (budget 10 s);
             # the incumbent, just shown to pass the precision criterion, gives them in milliseconds.
-            settings["autotune_baseline_fn"] = tk.helion_kernel(incumbent, "compiled")
+            settings["autotune_baseline_fn"] = incumbent_run(tk, incumbent)
         record["reference"] = "incumbent" if "autotune_baseline_fn" in settings else "helion"
         record.update(warm_start=incumbent is not None, seed_configs=len(seeds))
         t0 = time.monotonic()
@@ -260,6 +260,27 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.empty_cache()
     return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "setup_seconds": setup_seconds,
             "gpu": gpu_identity(spec.get("device"))}  # which card tuned it: the UUID keeps GPUs apart
+
+
+def run_on_config(module: str, name: str, config: dict[str, Any], *args: Any) -> Any:
+    """The tuned kernel ``module.name`` on ``config``, compiled: Helion's reference run for a search."""
+    import importlib
+
+    return getattr(importlib.import_module(module), name).helion_kernel(config, "compiled")(*args)
+
+
+def incumbent_run(kernel: Any, config: dict[str, Any]) -> Callable[..., Any]:
+    """``kernel`` on ``config`` as Helion's ``autotune_baseline_fn``. Helion deep-copies its settings
+    (``Settings.to_dict``) and may pickle them for its subprocesses, which a ``helion.Kernel`` (it holds
+    locks) does not survive: on the H200 every search given one failed before its first candidate. So a
+    module function bound to the kernel's import path and a plain config."""
+    import functools
+    import importlib
+
+    module, name = kernel.__module__, kernel.__name__
+    if getattr(importlib.import_module(module), name, None) is not kernel:
+        raise ValueError(f"kernel: expected a tuned kernel importable as {module}.{name}")
+    return functools.partial(run_on_config, module, name, dict(config))
 
 
 def _raise_if_cuda_broken() -> None:

@@ -147,6 +147,15 @@ def pending(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]], max_attem
     return out
 
 
+def isolate_candidates(job_id: str, entries: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether ``job_id``'s next attempt benchmarks Helion's candidates in Helion's own subprocess: after
+    an attempt that crashed or hung. In the job's child a candidate that faults the GPU (an illegal
+    address: chunk_scan at long-context on the H200) ends the search, and the same seed would meet it
+    again; isolated, the search outlives it at the cost of the subprocess's start (15 s on the H200)."""
+    return any(entry["job"] == job_id and entry.get("status") == FAILED and entry.get("reason") in {"crash", "timeout"}
+               for entry in entries)
+
+
 def job_seconds(journals: Iterable[Iterable[Mapping[str, Any]]]) -> dict[str, float]:
     """Seconds per job id of the finished attempts in ``journals`` (oldest first: a later run's time
     replaces an earlier one's), the costs ``assign`` splits a new run by."""
@@ -293,22 +302,30 @@ def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> 
             continue
         for launch in entry.get("launches") or ():
             slot = (str(launch["kernel"]), str(launch["key"]))
-            if not launch.get("config") or slot in owners:
+            if not searched(launch) or slot in owners:
                 continue
             decision = launch.get("decision") or {}
-            stored = (launch["config"] if decision.get("keep") else
+            stored = (launch.get("config") if decision.get("keep") else
                       launch.get("incumbent_config") if decision.get("store_default") else None)
             owners[slot] = Accepted(slot[0], slot[1], dict(stored), job_id) if stored else None
     return [a for a in owners.values() if a is not None]
 
 
+def searched(launch: Mapping[str, Any]) -> bool:
+    """Whether the tuner ran a search for this launch: it returned a winner, or the search itself failed.
+    A failed search (NoConfigFound: the gated RMSNorm backward's candidates compile for longer than a
+    10 s budget) fails again with the same seed and budget, so the whole-call jobs do not repeat it: on
+    the H200 they spent 117 s doing so for nothing."""
+    return bool(launch.get("config") or launch.get("error"))
+
+
 def tuned_launches(entries: Iterable[Mapping[str, Any]]) -> list[list[str]]:
-    """The (Helion kernel, key) pairs that finished jobs already ran the tuner on, sorted. A later job
-    (a whole call launches the same kernels as the per-kernel jobs before it) skips them: its result for
-    them would lose the merge to the earlier job anyway."""
+    """The (Helion kernel, key) pairs that finished jobs already searched, sorted. A later job (a whole
+    call launches the same kernels as the per-kernel jobs before it) skips them: its result for them would
+    lose the merge to the earlier job anyway."""
     slots = {(str(launch["kernel"]), str(launch["key"]))
              for entry in latest_by_job(entries).values() if entry.get("status") == OK
-             for launch in entry.get("launches") or () if launch.get("config")}
+             for launch in entry.get("launches") or () if searched(launch)}
     return [list(slot) for slot in sorted(slots)]
 
 

@@ -62,6 +62,12 @@ def test_crash_and_hang_are_recorded_as_failed_and_the_run_continues(tmp_path):
     assert sorted(line.split()[0] for line in calls.read_text().splitlines()) == [
         "chunk_state@smoke", "state_passing@smoke"]
     assert again.complete and again.summary["failed"] == 0
+    # The retries benchmark Helion's candidates in its own subprocess: a faulting candidate would end an
+    # in-process search again.
+    isolated = {job: json.loads((again.run_dir / "jobs" / f"{job}.spec.json").read_text())
+                ["helion_benchmark_subprocess"] for job in ("chunk_state@smoke", "state_passing@smoke",
+                                                            "chunk_cumsum@smoke")}
+    assert isolated == {"chunk_state@smoke": True, "state_passing@smoke": True, "chunk_cumsum@smoke": False}
 
 
 def test_a_worker_keeps_one_process_until_a_job_crashes_or_hangs_it(tmp_path, monkeypatch):
@@ -167,7 +173,9 @@ def test_resume_after_kill_9(tmp_path):
     finished = {e["job"] for e in _journal(state)}
     assert 2 <= len(finished) < 6
     cf = config_store.load(out)
-    assert sum(len(v) for v in cf.kernels.values()) == len(finished)
+    # The file is rewritten right after each journal line: a kill between the two leaves it one job
+    # behind the journal (the resume brings it in step first), never ahead and never torn.
+    assert len(finished) - 1 <= sum(len(v) for v in cf.kernels.values()) <= len(finished)
     # The orphaned child kills itself when its parent is gone.
     pids = [int(line.split()[1]) for line in calls.read_text().splitlines()]
     time.sleep(1.0)
@@ -258,6 +266,37 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
     assert [k.name for k, _ in timed] == ["causal_conv1d_bwd"]  # the whole public function ran
     assert built == [candidate]
     assert "lookup" not in vars(kernel)  # the pin is gone: the config store answers again
+
+
+def test_the_incumbent_as_helions_reference_survives_its_settings_copy():
+    """Helion deep-copies its settings before a search (and pickles them for subprocesses): a
+    ``helion.Kernel`` there failed every warm-started search on the H200 (`cannot pickle RLock`)."""
+    import copy
+    import pickle
+
+    import helion
+    import torch
+
+    from guard.autotune_worker import incumbent_run
+    from kernels import registry, suites
+    from kernels._runtime import capture_launches
+    from kernels.testing import execution_mode
+
+    entry = registry.get("chunk_cumsum")
+    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
+    with capture_launches() as launches, execution_mode("triton"):
+        entry.run_helion(inputs)
+    kernel, args = launches[0]
+    config = {"block_sizes": [2], "num_warps": 2}
+    reference = incumbent_run(kernel, config)
+    assert helion.Settings(autotune_baseline_fn=reference).to_dict()
+    for copied in (copy.deepcopy(reference), pickle.loads(pickle.dumps(reference))):
+        with execution_mode("triton"):
+            got, want = copied(*args), kernel.helion_kernel(config, "compiled")(*args)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="kernel: expected a tuned kernel importable"):
+        incumbent_run(copy.copy(kernel), config)
 
 
 @pytest.mark.parametrize("field, value", [("budget_seconds", 0), ("total_budget_seconds", -5),

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from guard.core import tuneplan
-from guard.core.tuneplan import Criteria, decide
+from guard.core.tuneplan import Criteria, decide, isolate_candidates
 
 BASE = [1.00 + 0.002 * (i % 9) for i in range(30)]
 
@@ -152,16 +152,18 @@ def test_summary_counts():
 
 
 def test_later_jobs_skip_launches_that_finished_jobs_tuned():
-    def launch(kernel, key, config=True):
-        return {"kernel": kernel, "key": key, "config": {"block_sizes": [16]} if config else None}
+    def launch(kernel, key, config=True, error=None):
+        return {"kernel": kernel, "key": key, "config": {"block_sizes": [16]} if config else None, "error": error}
 
     entries = [
-        {"job": "a@s", "status": "ok", "launches": [launch("k", "x"), launch("k2", "y", config=False)]},
+        {"job": "a@s", "status": "ok", "launches": [launch("k", "x"), launch("k2", "y", config=False),
+                                                    launch("k4", "w", config=False, error="NoConfigFound")]},
         {"job": "b@s", "status": "failed"},
         {"job": "c@s", "status": "ok", "launches": [launch("k", "x"), launch("k3", "z")]},
     ]
-    # Only launches the tuner produced a winner for count (k2 had none), whatever the keep decision.
-    assert tuneplan.tuned_launches(entries) == [["k", "x"], ["k3", "z"]]
+    # Launches the tuner searched count, whatever the keep decision: with a winner, or a search that
+    # failed (k4: it would fail again); k2 never reached a search.
+    assert tuneplan.tuned_launches(entries) == [["k", "x"], ["k3", "z"], ["k4", "w"]]
     assert tuneplan.tuned_launches([]) == []
 
 
@@ -177,6 +179,10 @@ def test_a_slot_belongs_to_the_first_job_that_tuned_it_even_when_it_rejected_its
     assert tuneplan.accepted([kernel_job, call_skipped], order) == []
     assert tuneplan.accepted([call_tuned, kernel_job], order) == []
     assert [a.config for a in tuneplan.accepted([call_tuned], order)] == [{"w": 2}]  # alone, it owns k
+    # A kernel job whose search failed owns the slot too: sequentially the whole call skips it.
+    failed_search = {"job": "kernel@s", "status": "ok", "launches": [
+        {"kernel": "k", "key": "x", "config": None, "error": "NoConfigFound", "decision": {"keep": False}}]}
+    assert tuneplan.accepted([call_tuned, failed_search], order) == []
 
 
 def test_assignment_by_known_cost_puts_the_longest_jobs_on_different_workers():
@@ -189,3 +195,12 @@ def test_assignment_by_known_cost_puts_the_longest_jobs_on_different_workers():
     assert [[j.index for j in s] for s in tuneplan.assign(jobs, 2)] == [[0, 2, 4], [1, 3, 5]]  # round-robin
     assert tuneplan.assign(jobs, 2, {}) == tuneplan.assign(jobs, 2)  # no known cost: round-robin
     assert sorted(j.index for s in tuneplan.assign(jobs, 4, cost) for j in s) == list(range(6))
+
+
+def test_only_a_job_that_crashed_or_hung_isolates_its_candidates_next_time():
+    entries = [{"job": "a@s", "status": "failed", "reason": "crash"},
+               {"job": "b@s", "status": "failed", "reason": "timeout"},
+               {"job": "c@s", "status": "ok"},
+               {"job": "d@s", "status": "failed", "reason": "no result"}]
+    assert [job for job in ("a@s", "b@s", "c@s", "d@s", "e@s") if isolate_candidates(job, entries)] == [
+        "a@s", "b@s"]
