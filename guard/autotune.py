@@ -169,7 +169,7 @@ def earlier_runs(tuned: dict[str, Any], keep: int = 10) -> list[dict[str, Any]]:
     old configs keeps the record of how they were made."""
     if not tuned:
         return []
-    runs = [*tuned.get("earlier", []), {k: v for k, v in tuned.items() if k != "earlier"}]
+    runs = [*tuned.get("earlier", []), {k: v for k, v in tuned.items() if k not in {"earlier", "searches_failed"}}]
     return runs[-keep:]
 
 
@@ -240,7 +240,8 @@ class Run:
         tuned = {"date": datetime.date.today().isoformat(), "effort": self.opts.effort, "seed": self.opts.seed,
                  "budget_s": self.opts.budget_seconds, "tool": "mamba2-guard autotune", "run": self.id,
                  "seconds_spent": round(spent, 1), "jobs_ok": summary["ok"], "jobs_failed": summary["failed"],
-                 "jobs": summary["jobs"], "earlier": earlier_runs(self.base.tuned)}
+                 "jobs": summary["jobs"], "searches_failed": tuneplan.failed_searches(entries),
+                 "earlier": earlier_runs(self.base.tuned)}
         cf = config_store.ConfigFile(fingerprint=dict(fingerprint), tuned=tuned, kernels=kernels)
         return cf, kernels != tuneplan.merge(self.base.kernels, ())
 

@@ -25,6 +25,7 @@ from guard.core.drift import fingerprint_changes
 GITHUB_BODY_LIMIT = 65536
 MAX_BODY_BYTES = 60_000
 MAX_TITLE_CHARS = 200
+MAX_FAILED_SEARCHES = 10  # listed in the body; the full list is in the config file's `tuned` record
 BRANCH_PREFIX = "mamba2-guard"
 SHORT_HASH_LEN = 12
 
@@ -458,6 +459,12 @@ def _render_body(
         left = _jobs_left(tuned)
         if left:
             out.append(f"_{left}: their committed configs stay; the next run resumes them._")
+            out.append("")
+        failed = [str(x) for x in tuned.get("searches_failed") or ()]
+        if failed:
+            shown = ", ".join(f"`{x}`" for x in failed[:MAX_FAILED_SEARCHES])
+            more = f" and {len(failed) - MAX_FAILED_SEARCHES} more" if len(failed) > MAX_FAILED_SEARCHES else ""
+            out.append(f"_{len(failed)} search(es) failed, so their old configs stay: {shown}{more}._")
             out.append("")
     out.append("### Reproduce")
     out.append("")

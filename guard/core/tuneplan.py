@@ -319,6 +319,19 @@ def searched(launch: Mapping[str, Any]) -> bool:
     return bool(launch.get("config") or launch.get("error"))
 
 
+def failed_searches(entries: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``kernel[key]: error type`` of each launch whose search or validation failed in the jobs' last
+    attempts, sorted: the old config stays there, and a reviewer should know that nothing was tried."""
+    out = set()
+    for entry in latest_by_job(entries).values():
+        if entry.get("status") != OK:
+            continue
+        for launch in entry.get("launches") or ():
+            if launch.get("error"):
+                out.add(f"{launch['kernel']}[{launch['key']}]: {str(launch['error']).split(':')[0]}")
+    return sorted(out)
+
+
 def tuned_launches(entries: Iterable[Mapping[str, Any]]) -> list[list[str]]:
     """The (Helion kernel, key) pairs that finished jobs already searched, sorted. A later job (a whole
     call launches the same kernels as the per-kernel jobs before it) skips them: its result for them would

@@ -109,6 +109,16 @@ def test_pr_body_says_when_the_re_tune_was_partial():
     body = render_pr(_input(new_configs=configs)).body
     assert "| 21/69 (1 failed) | 534.2 |" in body
     assert "48 of 69 autotune jobs did not finish" in body
+    assert "search(es) failed" not in body
+
+
+def test_pr_body_lists_the_searches_that_failed():
+    configs = new_configs()
+    failed = [f"k{i:02d}[tokens=1]: NoConfigFound" for i in range(12)]
+    configs["tuned"] = {**configs["tuned"], "searches_failed": failed}
+    body = render_pr(_input(new_configs=configs)).body
+    assert "_12 search(es) failed, so their old configs stay: `k00[tokens=1]: NoConfigFound`," in body
+    assert "`k09[tokens=1]: NoConfigFound` and 2 more._" in body and "k10[" not in body
 
 
 def test_pr_body_new_gpu_and_no_drift_report():

@@ -268,6 +268,19 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
     assert "lookup" not in vars(kernel)  # the pin is gone: the config store answers again
 
 
+def test_the_config_file_names_the_searches_that_failed(tmp_path):
+    failed = {"kernel": "chunk_state_k", "key": "shape=smoke", "config": None, "incumbent": "default",
+              "error": "NoConfigFound: No working config found from autotuning"}
+    extra = {"jobs": {"chunk_state@smoke": {"launches": [failed]}}}
+    first = run_autotune(options(tmp_path, extra=extra), quiet)
+    tuned = config_store.load(first.out).tuned
+    assert tuned["searches_failed"] == ["chunk_state_k[shape=smoke]: NoConfigFound"]
+    # A later run records its own failures; the provenance of earlier runs does not carry the list.
+    second = run_autotune(options(tmp_path, budget_seconds=6), quiet)
+    tuned = config_store.load(second.out).tuned
+    assert tuned["searches_failed"] == [] and "searches_failed" not in tuned["earlier"][-1]
+
+
 def test_the_incumbent_as_helions_reference_survives_its_settings_copy():
     """Helion deep-copies its settings before a search (and pickles them for subprocesses): a
     ``helion.Kernel`` there failed every warm-started search on the H200 (`cannot pickle RLock`)."""

@@ -204,3 +204,17 @@ def test_only_a_job_that_crashed_or_hung_isolates_its_candidates_next_time():
                {"job": "d@s", "status": "failed", "reason": "no result"}]
     assert [job for job in ("a@s", "b@s", "c@s", "d@s", "e@s") if isolate_candidates(job, entries)] == [
         "a@s", "b@s"]
+
+
+def test_failed_searches_name_the_kernel_key_and_error_of_the_last_attempts():
+    entries = [
+        {"job": "a@s", "status": "ok", "launches": [
+            {"kernel": "norm_bwd", "key": "tokens=1", "config": None, "error": "NoConfigFound: No working config"},
+            {"kernel": "dx", "key": "tokens=1", "config": {"w": 1}, "error": "validation: TypeError: bad"},
+            {"kernel": "ok", "key": "tokens=1", "config": {"w": 1}}]},
+        {"job": "b@s", "status": "ok", "launches": [{"kernel": "scan", "key": "tokens=2", "error": "Boom: x"}]},
+        {"job": "b@s", "status": "failed", "reason": "crash"},  # an ok attempt stays the last one
+        {"job": "c@s", "status": "failed", "reason": "crash"},
+    ]
+    assert tuneplan.failed_searches(entries) == [
+        "dx[tokens=1]: validation", "norm_bwd[tokens=1]: NoConfigFound", "scan[tokens=2]: Boom"]
