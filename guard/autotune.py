@@ -403,7 +403,7 @@ def describe(entry: dict[str, Any]) -> str:
         parts.append(f"{launch.get('kernel')}[{launch.get('key')}] {verb}: {d.get('reason')}")
     skipped = len(entry.get("tuned_elsewhere") or ())
     if skipped:
-        parts.append(f"{skipped} launch(es) tuned by an earlier job")
+        parts.append(f"{skipped} launch(es) searched by an earlier job")
     return f"{head}: " + ("; ".join(parts) if parts else "no Helion launches")
 
 
