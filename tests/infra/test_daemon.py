@@ -6,12 +6,13 @@ import json
 import os
 import signal
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from guard.daemon import run_in_child
+from guard.daemon import run_in_child, shutdown_once_running
 from tests.infra import jobs
 from tests.infra.conftest import free_port, http_get, wait_for
 
@@ -209,3 +210,28 @@ def test_daemon_serves_metrics(tmp_path, start_daemon):
     assert 'mamba2_guard_runs_total{guard_job="nightly",status="success"} 1.0' in text
     assert 'mamba2_guard_last_success_timestamp_seconds{guard_job="nightly"}' in text
     assert d.stop() == 0
+
+
+def test_a_stop_signal_before_the_scheduler_runs_is_not_lost():
+    """SIGTERM between the handler's installation and the scheduler's start: the stop waits for the
+    scheduler to run, then stops it (a plain shutdown() there raised, and the daemon then ran on)."""
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    scheduler, ended, stopped = BlockingScheduler(), threading.Event(), []
+    stopper = threading.Thread(target=lambda: stopped.append(shutdown_once_running(scheduler, ended)))
+    stopper.start()  # the signal's thread, before start()
+    time.sleep(0.2)
+
+    def run() -> None:
+        scheduler.start()
+        ended.set()
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(10)
+    stopper.join(10)
+    assert not runner.is_alive() and stopped == [True]
+    # A scheduler whose start() ended without running (it raised): the stop gives up instead of waiting.
+    gave_up = threading.Event()
+    gave_up.set()
+    assert shutdown_once_running(BlockingScheduler(), gave_up) is False
