@@ -20,8 +20,7 @@ Robustness, and why (see docs/architecture.md, "Daemon"):
   jobs (a drift re-tune waits for a running nightly);
 * start-up catch-up: if the last successful nightly is older than the cron period, run it now;
 * SIGTERM/SIGINT: stop scheduling, wait for the running job up to ``--shutdown-grace`` seconds, then kill
-  its child's process group and record the run as ``killed`` (a signal during start-up stops the
-  scheduler as soon as it runs);
+  its child's process group and record the run as ``killed``;
 * missed, skipped, failed and timed-out runs are logged and counted (``mamba2_guard_runs_total``);
 * one daemon per state directory (``filelock``; the kernel releases it when the process dies);
 * ``jobs.sqlite`` is checked before use; a corrupt one is moved aside and rebuilt (it only caches the
@@ -467,10 +466,10 @@ def build_scheduler(config: DaemonConfig, catch_up: bool = False):
     )
     from apscheduler.executors.pool import ThreadPoolExecutor
     from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
-    from apscheduler.schedulers.blocking import BlockingScheduler
+    from apscheduler.schedulers.background import BackgroundScheduler
 
     state = StateDir(config.state_dir)
-    sched = BlockingScheduler(
+    sched = BackgroundScheduler(
         jobstores={"default": SQLAlchemyJobStore(url=state.jobstore_url)},
         executors={"default": ThreadPoolExecutor(4)},
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": int(config.misfire_grace_s)},
@@ -521,20 +520,6 @@ def catch_up_needed(config: DaemonConfig, data: Mapping[str, Any], now: float | 
     return now - float(last) > period
 
 
-def shutdown_once_running(scheduler: Any, ended: threading.Event, poll_s: float = 0.05) -> bool:
-    """Shut ``scheduler`` down as soon as it runs; False when ``ended`` (its start returned) came first.
-    A signal between the handler's installation and ``start()`` would otherwise meet a scheduler not
-    running yet, be dropped, and leave the daemon deaf to SIGTERM for good."""
-    from apscheduler.schedulers import SchedulerNotRunningError
-
-    while not scheduler.running:
-        if ended.wait(poll_s):
-            return False
-    with contextlib.suppress(SchedulerNotRunningError):  # it stopped on its own meanwhile
-        scheduler.shutdown(wait=False)
-    return True
-
-
 def _wait_idle(limit_s: float) -> bool:
     deadline = time.monotonic() + limit_s
     with CTX.lock:
@@ -578,22 +563,24 @@ def run_daemon(config: DaemonConfig) -> int:
             log.warning("nightly: the last success is older than its period; running a catch-up now")
         sched = build_scheduler(config, catch_up=catch_up)
         CTX.scheduler = sched
-        stopping, ended = threading.Event(), threading.Event()
+        stopping = threading.Event()
 
         def on_signal(signum, _frame) -> None:
-            if stopping.is_set():
-                return
+            if not stopping.is_set():
+                log.warning("signal %d: stopping (waiting up to %.0f s for a running job)", signum,
+                            config.shutdown_grace_s)
             stopping.set()
-            log.warning("signal %d: stopping (waiting up to %.0f s for a running job)", signum,
-                        config.shutdown_grace_s)
-            # Not from inside the handler: the main thread may be in the middle of the job store.
-            threading.Thread(target=shutdown_once_running, args=(sched, ended), daemon=True).start()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            sched.start()  # BlockingScheduler: returns after shutdown()
+            sched.start()  # jobs run in the scheduler's threads
+            # CPython runs signal handlers in the main thread only, and a signal that the kernel hands to
+            # another thread does not wake a wait blocked here: so wake twice a second. (Blocked in a
+            # BlockingScheduler until its next job, the daemon once outlived 30 s after SIGTERM.)
+            while not stopping.wait(0.5):
+                pass
+            sched.shutdown(wait=False)
         finally:
-            ended.set()
             if not _wait_idle(config.shutdown_grace_s):
                 n = kill_children(config.kill_grace_s)
                 log.error("shutdown: the running job outlived the %.0f s grace; killed %d child(ren)",

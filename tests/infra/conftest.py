@@ -154,7 +154,7 @@ class Daemon:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            # Once, under two test runs on two cores, a daemon outlived 30 s after SIGTERM; keep what it said.
+            # A daemon that outlives its stop: what it said is the only clue (it found the lost-signal bug).
             pytest.fail(f"daemon still running {timeout:.0f} s after signal {sig}; its output:\n"
                         f"{self.output()[-6000:]}")
         finally:
