@@ -20,7 +20,9 @@ Robustness, and why (see docs/architecture.md, "Daemon"):
   jobs (a drift re-tune waits for a running nightly);
 * start-up catch-up: if the last successful nightly is older than the cron period, run it now;
 * SIGTERM/SIGINT: stop scheduling, wait for the running job up to ``--shutdown-grace`` seconds, then kill
-  its child's process group and record the run as ``killed``;
+  its child's process group and record the run as ``killed``. The scheduler runs in the background and
+  the main thread wakes twice a second, since CPython runs signal handlers there only, whichever thread
+  the kernel handed the signal to;
 * missed, skipped, failed and timed-out runs are logged and counted (``mamba2_guard_runs_total``);
 * one daemon per state directory (``filelock``; the kernel releases it when the process dies);
 * ``jobs.sqlite`` is checked before use; a corrupt one is moved aside and rebuilt (it only caches the
