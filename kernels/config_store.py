@@ -208,15 +208,27 @@ def find(cf: ConfigFile, kernel: str, key: ShapeKey) -> Lookup:
     exact = by_key.get(str(key))
     if exact is not None:
         return Lookup(exact, "exact", str(key))
-    candidates = []
+    candidates = _same_exact_fields(by_key, key)
+    if candidates:
+        text, config = candidates[0]
+        return Lookup(config, "nearest", text)
+    return Lookup(None, "default", None)
+
+
+def neighbours(cf: ConfigFile, kernel: str, key: ShapeKey) -> list[dict[str, Any]]:
+    """The configs of the other keys that ``find`` could fall back to for ``key``, nearest first."""
+    by_key = {text: config for text, config in cf.kernels.get(kernel, {}).items() if text != str(key)}
+    return [config for _, config in _same_exact_fields(by_key, key)]
+
+
+def _same_exact_fields(by_key: dict[str, dict[str, Any]], key: ShapeKey) -> list[tuple[str, dict[str, Any]]]:
+    """(key text, config) of the keys whose exact fields equal ``key``'s, by distance, then text."""
+    found = []
     for text, config in by_key.items():
         other = ShapeKey.parse(text)
         if other.exact() == key.exact():
-            candidates.append((key.distance(other), text, config))
-    if candidates:
-        _, text, config = min(candidates, key=lambda c: (c[0], c[1]))
-        return Lookup(config, "nearest", text)
-    return Lookup(None, "default", None)
+            found.append((key.distance(other), text, config))
+    return [(text, config) for _, text, config in sorted(found, key=lambda c: (c[0], c[1]))]
 
 
 _cache: dict[Path, tuple[float, ConfigFile | None]] = {}

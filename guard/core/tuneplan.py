@@ -290,10 +290,14 @@ class Accepted:
 
 
 def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> list[Accepted]:
-    """Kept winners of the jobs' last attempts, in plan order. A (kernel, key) tuned by several jobs (two
-    entries launching the same Helion kernel at the same key) belongs to the first job in the plan that
-    tuned it, kept or not, so the result never depends on which worker finished first, nor on whether a
-    later job skipped it (``tuned_launches``)."""
+    """What the jobs' last attempts store, in plan order: kept winners; Helion's default where it beat
+    the search; and a ``nearest`` incumbent that was not replaced, pinned under its own key. Unpinned, that
+    key would follow its neighbour, which this run may change: on the H200 the long-context dstates launch
+    kept nemotron3-nano's config and ran 18 % slower on nemotron3-nano's new one.
+
+    A (kernel, key) tuned by several jobs (two entries launching the same Helion kernel at the same key)
+    belongs to the first job in the plan that tuned it, kept or not, so the result never depends on which
+    worker finished first, nor on whether a later job skipped it (``tuned_launches``)."""
     latest = latest_by_job(entries)
     owners: dict[tuple[str, str], Accepted | None] = {}
     for job_id in sorted(latest, key=lambda j: (order.get(j, math.inf), j)):
@@ -306,7 +310,8 @@ def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> 
                 continue
             decision = launch.get("decision") or {}
             stored = (launch.get("config") if decision.get("keep") else
-                      launch.get("incumbent_config") if decision.get("store_default") else None)
+                      launch.get("incumbent_config")
+                      if decision.get("store_default") or launch.get("incumbent") == NEAREST else None)
             owners[slot] = Accepted(slot[0], slot[1], dict(stored), job_id) if stored else None
     return [a for a in owners.values() if a is not None]
 

@@ -21,6 +21,10 @@ _TILES_MN = ((32, 128), (128, 32), (64, 128), (128, 64), (64, 64), (64, 32), (32
 STATE_BLOCKS = (64, 128, 256, 512, 1024, 2048)
 # (BLOCK_SIZE_M, BLOCK_SIZE_N) of the dCB kernel.
 _TILES_DCB = ((32, 128), (128, 32), (64, 64), (64, 32), (32, 64), (32, 32))
+# (BLOCK_SIZE_M, BLOCK_SIZE_N) of the stable ddA kernel.
+_TILES_DDACS = ((64, 32), (64, 64), (128, 32), (128, 64), (128, 128))
+# BLOCK_SIZE_H of chunk_cumsum, forward and backward.
+HEAD_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def matmul_mnk() -> list[dict[str, Any]]:
@@ -33,15 +37,21 @@ def matmul_mnkk() -> list[dict[str, Any]]:
     return [_config([m, n, k, k], stages, warps) for m, n, k, stages, warps in _MATMUL]
 
 
-def tiles_mn_whole_k(headdim_block: int = 64) -> list[dict[str, Any]]:
-    """dC and db: (M, N) tiles with the head dimension in one block."""
-    return [_config([m, n, headdim_block]) for m, n in _TILES_MN]
+def tiles_mn_whole_k(headdim_block: int = 64, tiles: tuple[tuple[int, int], ...] = _TILES_MN) -> list[dict[str, Any]]:
+    """dC and db (and, with their own tiles, dCB and ddA): (M, N) tiles with the head dimension in one
+    block."""
+    return [_config([m, n, headdim_block]) for m, n in tiles]
 
 
-def tiles_dcb(headdim_block: int = 64) -> list[dict[str, Any]]:
-    return [_config([m, n, headdim_block]) for m, n in _TILES_DCB]
+def tiles_dcb() -> list[dict[str, Any]]:
+    return tiles_mn_whole_k(tiles=_TILES_DCB)
+
+
+def tiles_ddacs() -> list[dict[str, Any]]:
+    return tiles_mn_whole_k(tiles=_TILES_DDACS)
 
 
 def rows(sizes: tuple[int, ...], *inner: int) -> list[dict[str, Any]]:
-    """One block over rows (dz: chunk rows, state passing: the flattened state), the rest whole."""
+    """One block over rows (dz: chunk rows, state passing: the flattened state, chunk_cumsum: heads), the
+    rest whole."""
     return [_config([size, *inner]) for size in sizes]

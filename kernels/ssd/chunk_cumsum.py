@@ -17,6 +17,7 @@ import torch
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, tokens
 
 
@@ -27,7 +28,7 @@ def _shape_key(dt, A, dt_bias, chunk_size, dt_softplus, dt_min, dt_max) -> Shape
                        tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_cumsum", shape_key=_shape_key)
+@tuned_kernel(name="chunk_cumsum", shape_key=_shape_key, seeds=_seeds.rows(_seeds.HEAD_BLOCKS))
 def chunk_cumsum_kernel(
     dt: torch.Tensor,
     A: torch.Tensor,

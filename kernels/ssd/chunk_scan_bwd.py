@@ -3,7 +3,7 @@
 ``_chunk_scan_bwd_ddAcs_stable`` (same arguments, outputs and dtypes as kernels/ssd/naive.py).
 
 Deterministic: no atomics. Where mamba-ssm accumulates across programs with atomic adds (dD, dC and
-dCB over head splits), each program writes a partial sum and the host adds them.
+dCB over head splits), each program writes a partial sum and the host adds them, as for ddA's row blocks.
 Tunables: block sizes (mamba-ssm's autotune lists), warps, stages, indexing, and for dC / dCB the number
 of heads one program handles (``heads_per_program``: a divisor of nheads // ngroups, default all of them,
 no split; mamba-ssm derives it from the SM count).
@@ -13,7 +13,6 @@ group), flags for optional arguments, ``tokens`` = tokens_bucket(batch * seqlen)
 
 from __future__ import annotations
 
-import helion
 import helion.language as hl
 import torch
 
@@ -367,7 +366,8 @@ def _ddacs_key(x, dt, dA_cumsum, dout, cb) -> ShapeKey:
                        hpg=nheads // cb.shape[2], tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_bwd_ddAcs_stable", shape_key=_ddacs_key)
+@tuned_kernel(name="chunk_scan_bwd_ddAcs_stable", shape_key=_ddacs_key, partial_sums={0: 3},
+              seeds=_seeds.tiles_ddacs())
 def chunk_scan_bwd_ddAcs_stable_kernel(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -380,48 +380,55 @@ def chunk_scan_bwd_ddAcs_stable_kernel(
     ngroups = cb.size(2)
     chunk_size = hl.specialize(chunk_size)
     ratio = nheads // ngroups
-    ddA = torch.empty([batch, nheads, nchunks, chunk_size], dtype=torch.float32, device=x.device)
-    block_q = helion.next_power_of_2(chunk_size)
     block_m = hl.register_block_size(chunk_size)
+    block_n = hl.register_block_size(chunk_size)
     block_k = hl.register_block_size(headdim)
-    for tile_b, tile_c, tile_h in hl.tile([batch, nchunks, nheads], block_size=[1, 1, 1]):
+    # One program per block of rows l: a whole-chunk column tile (256 wide at chunk 256) spilled
+    # registers and ran 4x slower than mamba-ssm. Each row block's column sums are a partial, summed on
+    # the host.
+    ddA = torch.empty([batch, nheads, nchunks, (chunk_size + block_m - 1) // block_m, chunk_size],
+                      dtype=torch.float32, device=x.device)
+    for tile_b, tile_c, tile_h, tile_m in hl.tile([batch, nchunks, nheads, chunk_size],
+                                                  block_size=[1, 1, 1, block_m]):
         b = tile_b.begin
         c = tile_c.begin
         h = tile_h.begin
-        for tile_q in hl.tile(chunk_size, block_size=block_q):  # every column s of the chunk
-            pos_q = c * chunk_size + tile_q.index
-            valid_q = pos_q < seqlen
-            dA_q = dA_cumsum[b, h, c, tile_q].to(torch.float32)
-            dt_q = dt[b, h, c, tile_q].to(torch.float32)
-            acc = hl.zeros([tile_q], dtype=torch.float32)
-            for tile_m in hl.tile(chunk_size, block_size=block_m):  # rows l, in blocks
-                pos_m = c * chunk_size + tile_m.index
-                valid_m = pos_m < seqlen
-                m = hl.zeros([tile_m, tile_q], dtype=torch.float32)
-                for tile_k in hl.tile(headdim, block_size=block_k):
-                    do_k = hl.load(dout, [b, pos_m, h, tile_k], extra_mask=valid_m[:, None]).to(x.dtype)
-                    x_k = hl.load(x, [b, pos_q, h, tile_k], extra_mask=valid_q[:, None])
-                    m = hl.dot(do_k, x_k.T, acc=m)
-                dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
-                seg = dA_m[:, None] - dA_q[None, :]
-                m = m * cb[b, c, h // ratio, tile_m, tile_q].to(torch.float32)
-                m = m * torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt_q[None, :]
-                m = torch.where(tile_m.index[:, None] > tile_q.index[None, :], m, 0.0)
-                # row prefix sums: cs[l, s] = sum_{s' <= s} M[l, s'] goes to ddA[s + 1] for rows l >= s + 1
-                cs = torch.cumsum(m, dim=1)
-                cs = torch.where(tile_m.index[:, None] > tile_q.index[None, :], cs, 0.0)
-                acc = acc + torch.sum(cs, dim=0)
-            hl.store(ddA, [b, h, c, tile_q.index + 1], acc, extra_mask=tile_q.index + 1 < chunk_size)
-            hl.store(ddA, [b, h, c, tile_q.index], hl.zeros([tile_q], dtype=torch.float32),
-                     extra_mask=tile_q.index == 0)
+        pos_m = c * chunk_size + tile_m.index
+        valid_m = pos_m < seqlen
+        dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
+        rowsum = hl.zeros([tile_m], dtype=torch.float32)  # sum of M[l, s'] over the columns done so far
+        last = (tile_m.id + 1) * block_m  # columns s >= last have no row l > s in this block
+        for tile_n in hl.tile(0, last, block_size=block_n):  # columns s, in order
+            pos_n = c * chunk_size + tile_n.index
+            valid_n = pos_n < seqlen
+            m = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(headdim, block_size=block_k):
+                do_k = hl.load(dout, [b, pos_m, h, tile_k], extra_mask=valid_m[:, None]).to(x.dtype)
+                x_k = hl.load(x, [b, pos_n, h, tile_k], extra_mask=valid_n[:, None])
+                m = hl.dot(do_k, x_k.T, acc=m)
+            seg = dA_m[:, None] - dA_cumsum[b, h, c, tile_n].to(torch.float32)[None, :]
+            m = m * cb[b, c, h // ratio, tile_m, tile_n].to(torch.float32)
+            m = m * torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
+            below = tile_m.index[:, None] > tile_n.index[None, :]
+            m = torch.where(below, m, 0.0)
+            # row prefix sums: cs[l, s] = sum_{s' <= s} M[l, s'] goes to ddA[s + 1] for rows l >= s + 1
+            cs = torch.where(below, rowsum[:, None] + torch.cumsum(m, dim=1), 0.0)
+            rowsum = rowsum + torch.sum(m, dim=1)
+            hl.store(ddA, [b, h, c, tile_m.id, tile_n.index + 1], torch.sum(cs, dim=0),
+                     extra_mask=tile_n.index + 1 < chunk_size)
+            hl.store(ddA, [b, h, c, tile_m.id, tile_n.index], hl.zeros([tile_n], dtype=torch.float32),
+                     extra_mask=tile_n.index == 0)
+        for tile_z in hl.tile(last, chunk_size, block_size=block_n):
+            ddA[b, h, c, tile_m.id, tile_z] = hl.zeros([tile_z], dtype=torch.float32)
     return ddA
 
 
 def chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb):
     """Same arguments and result as mamba-ssm's ``_chunk_scan_bwd_ddAcs_stable``: ddA (b, h, c, Q) fp32,
-    summed over its row blocks in-kernel (one program per (batch, chunk, head))."""
+    the sum of the per-row-block partials."""
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
     assert cb.shape == (batch, nchunks, cb.shape[2], chunk_size, chunk_size) and nheads % cb.shape[2] == 0
     _pow2_chunk("chunk_scan_bwd_ddAcs_stable", chunk_size)
-    return chunk_scan_bwd_ddAcs_stable_kernel(x, dt, dA_cumsum, dout, cb)
+    part = chunk_scan_bwd_ddAcs_stable_kernel(x, dt, dA_cumsum, dout, cb)
+    return part[:, :, :, 0] if part.shape[3] == 1 else part.sum(3)

@@ -126,7 +126,7 @@ def _cumsum_key(ddA, ddt_out, dt, A, dt_bias, ddt, dt_softplus, dt_min, dt_max) 
                        tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_cumsum_bwd", shape_key=_cumsum_key)
+@tuned_kernel(name="chunk_cumsum_bwd", shape_key=_cumsum_key, seeds=_seeds.rows(_seeds.HEAD_BLOCKS))
 def chunk_cumsum_bwd_kernel(
     ddA: torch.Tensor,
     ddt_out: torch.Tensor,

@@ -71,6 +71,18 @@ def test_lookup_rule(stored, query):
         assert (found.source, found.config) == ("default", None)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(keys, configs, min_size=1, max_size=8), keys)
+def test_neighbours_are_the_fallback_candidates_nearest_first(stored, query):
+    cf = ConfigFile(kernels={"k": {str(k): c for k, c in stored.items()}})
+    got = config_store.neighbours(cf, "k", query)
+    others = sorted((query.distance(k), str(k)) for k in stored if k != query and k.exact() == query.exact())
+    assert got == [cf.kernels["k"][text] for _, text in others]
+    if query not in stored and got:
+        assert got[0] == config_store.find(cf, "k", query).config
+    assert config_store.neighbours(cf, "other", query) == []
+
+
 def test_lookup_counts_and_logs_fallbacks(tmp_path, caplog):
     key = ShapeKey.of(dtype="bfloat16", headdim=64, tokens=16384)
     config_store.save(config_store.path_for("test-gpu", tmp_path),

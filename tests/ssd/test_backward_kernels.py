@@ -47,7 +47,7 @@ SMALL = {  # block sizes (in register_block_size order) below every dimension th
     "chunk_scan_bwd_dstates": {"block_sizes": [16, 8, 16]},
     "chunk_scan_bwd_dC": {"block_sizes": [16, 8, 16], "heads_per_program": 1},
     "chunk_scan_bwd_dcb": {"block_sizes": [16, 16, 16], "heads_per_program": 1},
-    "chunk_scan_bwd_ddAcs_stable": {"block_sizes": [16, 16]},
+    "chunk_scan_bwd_ddAcs_stable": {"block_sizes": [16, 8, 16]},
     "state_passing_bwd": {"block_sizes": [64]},
     "state_passing_bwd_scan": {"block_sizes": [64]},  # with scan=True, pinned in _runs
     "chunk_scan_chunk_state_bwd_dx": {"block_sizes": [16, 16, 16, 8]},

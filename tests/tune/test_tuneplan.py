@@ -136,6 +136,27 @@ def test_a_default_that_beat_the_search_is_stored_as_the_tuned_config():
     assert tuneplan.accepted([entry], order) == []  # no measured comparison, nothing stored
 
 
+def test_a_nearest_incumbent_that_stays_is_pinned_under_its_own_key():
+    # Otherwise the key follows its neighbour's config, which the same run may replace.
+    order = {"a@s": 0}
+    neighbours = {"num_warps": 8, "block_sizes": [64]}
+
+    def stored(**launch_fields):
+        entry = {"job": "a@s", "status": "ok", "launches": [launch_fields]}
+        return [(a.key, a.config) for a in tuneplan.accepted([entry], order)]
+
+    rejected = {**launch(scaled(1.0), kind="nearest"), "incumbent_config": neighbours}
+    assert stored(**rejected, decision=decide(rejected).to_dict()) == [("tokens=1", neighbours)]
+    failed = {**rejected, "config": None, "error": "NoConfigFound: none", "samples_ms": {}}
+    assert stored(**failed, decision=decide(failed).to_dict()) == [("tokens=1", neighbours)]
+    kept = {**launch(scaled(0.5), kind="nearest"), "incumbent_config": neighbours}
+    assert stored(**kept, decision=decide(kept).to_dict()) == [("tokens=1", kept["config"])]
+    committed = {**rejected, "incumbent": "committed"}
+    assert stored(**committed, decision=decide(committed).to_dict()) == []  # already under its key
+    unsearched = {**rejected, "config": None}
+    assert stored(**unsearched, decision={}) == []  # never reached a search: not this run's slot
+
+
 def test_margin_is_configurable_and_validated():
     assert decide(launch(scaled(0.97)), Criteria(margin=0.02)).keep
     assert not decide(launch(scaled(0.97)), Criteria(margin=0.05)).keep
