@@ -279,8 +279,8 @@ def search_settings(effort: str, seed: int, budget: int, benchmark_subprocess: b
 
 def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any) -> list[dict[str, Any]]:
     """The committed configs of the kernel's other shapes that fit ``args``: a neighbour's config can beat
-    the nearest one. On the H200, long-context's chunk_scan ran 27 % faster on nemotron3-nano's new
-    config than on the old one it was still tuned against."""
+    the nearest one. On the H200, long-context's chunk_scan ran in 1.27 ms on nemotron3-nano's new config
+    and in 1.78 ms on the old one, the nearest config it was tuned against."""
     from kernels import config_store
     from kernels._runtime import complete_config, validate_config
 

@@ -383,9 +383,9 @@ def chunk_scan_bwd_ddAcs_stable_kernel(
     block_m = hl.register_block_size(chunk_size)
     block_n = hl.register_block_size(chunk_size)
     block_k = hl.register_block_size(headdim)
-    # One program per block of rows l: a whole-chunk column tile (256 wide at chunk 256) spilled
-    # registers and ran 4x slower than mamba-ssm. Each row block's column sums are a partial, summed on
-    # the host.
+    # One program per block of rows l, as mamba-ssm: with one program per chunk and a whole-chunk column
+    # tile (256 wide at chunk 256) it ran 4x slower than mamba-ssm there. Each row block's column sums are
+    # a partial, summed on the host.
     ddA = torch.empty([batch, nheads, nchunks, (chunk_size + block_m - 1) // block_m, chunk_size],
                       dtype=torch.float32, device=x.device)
     for tile_b, tile_c, tile_h, tile_m in hl.tile([batch, nchunks, nheads, chunk_size],
