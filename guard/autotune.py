@@ -432,17 +432,21 @@ def run_autotune(opts: AutotuneOptions, progress: Progress, on_job: Callable[[di
         process = TunerProcess(run.dir, index, opts.devices[index], children)
         try:
             for job in jobs:
-                # A job starts only with its whole tuning budget still inside the overall one, and then runs
-                # to its own timeout: a job cut short would be killed mid-search and leave nothing.
-                if deadline is not None and deadline - time.monotonic() < opts.budget_seconds:
-                    skipped.append(job.id)
-                    continue
-                entry = run_job(run, job, process, index, opts.job_timeout)
-                run.append(entry)
-                run.save()
-                progress(describe(entry))
-                if on_job:
-                    on_job(entry)
+                while True:
+                    # A job starts only with its whole tuning budget still inside the overall one, and then
+                    # runs to its own timeout: a job cut short would be killed mid-search and leave nothing.
+                    if deadline is not None and deadline - time.monotonic() < opts.budget_seconds:
+                        skipped.append(job.id)
+                        break
+                    entry = run_job(run, job, process, index, opts.job_timeout)
+                    run.append(entry)
+                    run.save()
+                    progress(describe(entry))
+                    if not tuneplan.retry_now(job.id, run.entries(), opts.max_attempts):
+                        if on_job:
+                            on_job(entry)
+                        break
+                    progress(f"{job.id}: retrying with Helion's benchmarks in their own subprocess")
         finally:
             process.close()
 

@@ -133,7 +133,8 @@ def attempts(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 def pending(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]], max_attempts: int = 2) -> list[Job]:
     """Jobs still to run: those without an ``ok`` attempt and with fewer than ``max_attempts`` failed
-    ones. A finished job is never redone; a failed one is retried by a later run until the limit."""
+    ones. A finished job is never redone; a failed one is retried (at once, ``retry_now``, and by later
+    runs) until the limit."""
     done = latest_by_job(entries)
     tries = attempts(entries)
     out = []
@@ -154,6 +155,15 @@ def isolate_candidates(job_id: str, entries: Iterable[Mapping[str, Any]]) -> boo
     again; isolated, the search outlives it at the cost of the subprocess's start (15 s on the H200)."""
     return any(entry["job"] == job_id and entry.get("status") == FAILED and entry.get("reason") in {"crash", "timeout"}
                for entry in entries)
+
+
+def retry_now(job_id: str, entries: Sequence[Mapping[str, Any]], max_attempts: int = 2) -> bool:
+    """Whether the worker reruns ``job_id`` at once: its last attempt failed (crashed or hung) and it has
+    attempts left. The rerun is isolated (``isolate_candidates``), so a faulting candidate no longer ends
+    the search; waiting for the next run would leave the job, and the config file's stamp, for another
+    night."""
+    mine = [e for e in entries if e.get("job") == job_id]
+    return bool(mine) and mine[-1].get("status") == FAILED and len(mine) < max_attempts
 
 
 def job_seconds(journals: Iterable[Iterable[Mapping[str, Any]]]) -> dict[str, float]:

@@ -3,6 +3,8 @@
 Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
   ``sleep``     seconds to sleep before answering;
   ``crash``     die by SIGSEGV (a candidate that takes the process down);
+  ``crash_in_process``  the same, but only when Helion's benchmarks run in the job's process (a candidate
+                that faults the GPU, which Helion's own subprocess survives);
   ``hang``      sleep forever (a hung compile or kernel);
   ``raise``     raise RuntimeError with this message (a tuner error, e.g. a CUDA fault);
   ``launches``  the launch records to return (see guard.core.tuneplan.decide); default: one winner that
@@ -43,7 +45,7 @@ def tune(spec: dict) -> dict:
         os.close(fd)
     print(f"fake tuner: {job['id']}", flush=True)  # lands in the job's own log
     time.sleep(float(behaviour.get("sleep", 0)))
-    if behaviour.get("crash"):
+    if behaviour.get("crash") or (behaviour.get("crash_in_process") and not spec.get("helion_benchmark_subprocess")):
         os.kill(os.getpid(), signal.SIGSEGV)
     if behaviour.get("raise"):
         raise RuntimeError(behaviour["raise"])
