@@ -11,7 +11,7 @@ File layout (stable: keys sorted, one config per line, so that config-update PRs
 Lookup rule, the same for every kernel (``lookup``):
   1. the exact shape key;
   2. else the nearest key: every *exact* field must be equal, and among those keys the one with the
-     smallest sum over the *scaled* fields (``tokens``, see ``ShapeKey``) of |log2(a / b)| wins; ties go
+     smallest sum over the *scaled* fields (``tokens``, ``channels``) of |log2(a / b)| wins; ties go
      to the lexicographically smallest key, so the choice is deterministic;
   3. else the kernel's default config (``None`` here; the runtime then asks Helion for its default).
 A fallback (2 or 3) is logged once per kernel and key, and counted in ``FALLBACKS``.
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # Fields of a shape key compared by distance rather than equality.
-SCALED_FIELDS = frozenset({"tokens"})
+SCALED_FIELDS = frozenset({"tokens", "channels"})
 TOP_LEVEL_KEYS = ("fingerprint", "tuned", "kernels")
 
 FALLBACKS: Counter[tuple[str, str]] = Counter()

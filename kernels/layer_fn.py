@@ -243,13 +243,15 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
             doutproj_bias = dout_og.sum(dim=(0, 1)) if outproj_bias is not None else None
         dxBC = torch.cat([dx.flatten(-2).to(zxbcdt.dtype), dB.flatten(-2).to(zxbcdt.dtype),
                           dC.flatten(-2).to(zxbcdt.dtype)], dim=-1)
-        dxBC_in, dweight, dbias = causal_conv1d_bwd(xBC.transpose(1, 2), conv1d_weight, conv1d_bias,
-                                                    dxBC.transpose(1, 2), seq_idx, ctx.activation)
-        parts = [dz.reshape(batch, seqlen, dim).to(zxbcdt.dtype), dxBC_in.transpose(1, 2).to(zxbcdt.dtype),
-                 ddt.to(zxbcdt.dtype)]
+        # The input gradient is filled in place, part by part; the conv writes its slice directly.
+        dzxbcdt = torch.empty(zxbcdt.shape, dtype=zxbcdt.dtype, device=zxbcdt.device)
+        dzx0_slot, dz_slot, dxBC_slot, ddt_slot = _split(dzxbcdt, d_nonssm, dim, ngroups, dstate, nheads)
+        _, dweight, dbias = causal_conv1d_bwd(xBC.transpose(1, 2), conv1d_weight, conv1d_bias, dxBC.transpose(1, 2),
+                                              seq_idx, ctx.activation, dx=dxBC_slot.transpose(1, 2))
+        dz_slot.copy_(dz.reshape(batch, seqlen, dim))
+        ddt_slot.copy_(ddt)
         if dzx0 is not None:
-            parts.insert(0, dzx0)
-        dzxbcdt = torch.cat(parts, dim=-1)
+            dzx0_slot.copy_(dzx0)
         return (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, None, dinitial_states, None, None, None, None,
                 drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None)
 

@@ -471,7 +471,8 @@ ENTRIES: tuple[KernelEntry, ...] = (
            helion="kernels.norm.gated_rmsnorm:gated_rmsnorm_bwd"),
     # ---- causal depthwise conv1d over x, B and C (the causal-conv1d package is the CUDA baseline)
     _entry("causal_conv1d_fwd", "conv", "conv_fwd", "causal_conv1d_fwd (CUDA, causal-conv1d)", inputs_conv,
-           ("x", "weight", "bias", "seq_idx", "activation"), ("out",),
+           # by keyword: causal_conv1d_fn's fifth parameter is initial_states
+           ("x", "weight", "bias", "seq_idx=seq_idx", "activation=activation"), ("out",),
            "kernels.conv.naive:causal_conv1d_fwd", "causal_conv1d:causal_conv1d_fn",
            _conv_bytes(2), lambda s: 2 * s.batch * s.conv_dim * s.seqlen * s.conv_width,
            baseline_name="causal_conv1d", baseline_requires="causal_conv1d",

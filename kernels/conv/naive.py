@@ -34,10 +34,13 @@ def causal_conv1d_bwd(x, weight, bias, dout, seq_idx=None, activation=None):
 
 
 def causal_conv1d_cuda_bwd(x, weight, bias, dout, seq_idx=None, activation=None):
-    """The causal-conv1d package's CUDA backward, when that package is installed."""
-    from causal_conv1d import causal_conv1d_fn
+    """The causal-conv1d package's CUDA backward kernel alone (as its autograd Function calls it), when that
+    package is installed; dweight and dbias come back in the weights' dtype, as autograd gives them."""
+    from causal_conv1d.cpp_functions import causal_conv1d_bwd_function
 
-    return _grads(causal_conv1d_fn, x, weight, bias, dout, seq_idx, activation)
+    dx, dweight, dbias, _ = causal_conv1d_bwd_function(x, weight, bias, dout, seq_idx, None, None, None, False,
+                                                       activation in ("silu", "swish"))
+    return dx, dweight.to(weight.dtype), dbias.to(bias.dtype) if bias is not None else None
 
 
 def _grads(conv, x, weight, bias, dout, seq_idx, activation):

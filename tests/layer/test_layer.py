@@ -74,7 +74,7 @@ def _run(fn, leaves, static, dtype, seed=7):
     result = fn(**inputs, **static)
     outs = result if isinstance(result, tuple) else (result,)
     gen = torch.Generator().manual_seed(seed)
-    cotangents = [torch.randn(o.shape, generator=gen).to(o.dtype) for o in outs]
+    cotangents = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs]
     wanted = {k: v for k, v in inputs.items() if v is not None}
     grads = torch.autograd.grad(outs, list(wanted.values()), cotangents)
     return [o.detach() for o in outs], dict(zip(wanted, grads, strict=True))
@@ -352,19 +352,19 @@ def test_gpu_matches_mamba_ssm(shape_name):
     def rnd(*s, scale=1.0, shift=0.0, dt=dtype):
         return (torch.randn(*s, generator=gen, device="cuda") * scale + shift).to(dt)
 
-    # dtypes as in a bf16 Mamba2: A and D stay fp32 (mamba2.py builds them so).
+    # dtypes as in a bf16 Mamba2: A, D and dt_bias stay fp32 (mamba2.py builds them so).
     leaves = {
         "zxbcdt": rnd(b, L, 2 * dim + 2 * g * n + h),
-        "conv1d_weight": rnd(dim + 2 * g * n, shape.conv.width, scale=0.5),
+        "conv1d_weight": rnd(dim + 2 * g * n, shape.conv_width, scale=0.5),
         "conv1d_bias": rnd(dim + 2 * g * n, scale=0.1),
-        "dt_bias": rnd(h, scale=0.5, shift=-3.0),
+        "dt_bias": rnd(h, scale=0.5, shift=-3.0, dt=torch.float32),
         "A": -torch.rand(h, generator=gen, device="cuda") * 8 - 1,
         "D": rnd(h, dt=torch.float32),
         "rmsnorm_weight": rnd(dim, scale=0.1, shift=1.0),
         "outproj_weight": rnd(1024, dim, scale=dim ** -0.5),
     }
     static = {"chunk_size": Q, "headdim": p, "ngroups": g, "rmsnorm_eps": 1e-5,
-              "norm_before_gate": shape.norm.norm_before_gate}
+              "norm_before_gate": shape.norm_before_gate}
     ours_out, ours_grads = _run(kernels.mamba_split_conv1d_scan_combined, leaves, static, None)
     ref_out, ref_grads = _run(combined.mamba_split_conv1d_scan_combined, leaves, static, None)
     for name, mine, ref in [("out", ours_out[0], ref_out[0])] + [(k, ours_grads[k], ref_grads[k]) for k in ref_grads]:

@@ -278,7 +278,7 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
     with capture_launches() as launches, execution_mode("triton"):
         entry.run_helion(inputs)
     kernel, args = launches[0]
-    candidate = {"block_sizes": [16, 8, 4], "num_warps": 2}
+    candidate = {"block_sizes": [16, 4], "num_warps": 2}
     built = []
     real = kernel.helion_kernel
     monkeypatch.setattr(kernel, "helion_kernel", lambda config, mode="compiled", **kw: (
