@@ -396,6 +396,15 @@ ENTRIES: tuple[KernelEntry, ...] = (
            _flops(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p + 2 * b * L * h * p * n),
            helion="kernels.ssd.chunk_scan:chunk_scan_fwd"),
     # ---- SSD backward (launch order of _mamba_chunk_scan_combined_bwd)
+    # The backward's recompute of state passing (fp32 output, as mamba-ssm's backward calls it): the same
+    # kernel under its own shape key, so that the bench watches it and the tuner gives it a whole job (inside
+    # the whole call's job it ran Helion's default config, 4.5x slower than the forward's, on the H200).
+    _entry("state_passing_fp32", "ssd", "bwd_3", "_state_passing_fwd_kernel (backward recompute, fp32 out)",
+           inputs_state_passing, ("states", "dA_chunk_cumsum", "none", "seq_idx", "chunk_size"),
+           ("states", "final_states"), f"{_SSD}:state_passing_fwd", f"{_PASS}:_state_passing_fwd",
+           _model(lambda z: 2 * z["states32"] + z["final"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * c * h * p * n),
+           helion="kernels.ssd.state_passing:state_passing_fwd"),
     _entry("chunk_scan_bwd_dz", "ssd", "bwd_5", "_chunk_scan_bwd_dz_kernel", inputs_chunk_scan_bwd_dz,
            ("x", "z", "out_x", "dout", "chunk_size", "false", "D_per_dim"), ("dz", "dout_x", "dD"),
            f"{_SSD}:chunk_scan_bwd_dz", f"{_SCAN}:_chunk_scan_bwd_dz",
@@ -493,7 +502,7 @@ def _total(names: Sequence[str], model: str) -> Callable[[ShapeSpec], int]:
 # The whole drop-in call, as a user makes it (x, dt, A, B, C, D per head, dt_bias with softplus, no z).
 _CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "dt_bias=dt_bias", "dt_softplus=dt_softplus")
 _FWD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan")
-_FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state", "state_passing",  # recomputed
+_FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state", "state_passing_fp32",  # recomputed
                    "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
                    "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "bmm_chunk_bwd", "bmm_chunk_bwd",
                    "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd")
