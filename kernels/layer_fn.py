@@ -131,13 +131,14 @@ def _swiglu_fwd(zx0):
     return F.silu(a) * b
 
 
-def _swiglu_bwd(zx0, dout):
+def _swiglu_bwd(zx0, dout, dzx0):
+    """Writes the gradient of zx0 into ``dzx0`` (its slice of the layer's input gradient)."""
     a, b = zx0.float().chunk(2, dim=-1)
     dout = dout.float()
     sig = torch.sigmoid(a)
-    da = dout * b * sig * (1 + a * (1 - sig))
-    db = dout * a * sig
-    return torch.cat([da, db], dim=-1).to(zx0.dtype)
+    da, db = dzx0.chunk(2, dim=-1)
+    da.copy_(dout * b * sig * (1 + a * (1 - sig)))
+    db.copy_(dout * a * sig)
 
 
 class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
@@ -205,53 +206,52 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
         # Recompute x, B, C: the conv output is not saved.
         x, B, C = _xbc(_conv(xBC, conv1d_weight, conv1d_bias, seq_idx, ctx.activation), dim, nheads, ngroups, dstate)
         z = z.unflatten(-1, (nheads, headdim))
+        # As mamba-ssm: each gradient is written by its producer straight into its slice of the input gradient;
+        # the SSD's dx, dB, dC go to one xBC-shaped buffer, which the conv backward reads.
+        dzxbcdt = torch.empty(zxbcdt.shape, dtype=zxbcdt.dtype, device=zxbcdt.device)  # dense: slices are views
+        dzx0, dz, dxBC_given, ddt_given = _split(dzxbcdt, d_nonssm, dim, ngroups, dstate, nheads)
+        dxBC = torch.empty(xBC.shape, dtype=xBC.dtype, device=xBC.device)
+        dx, dB, dC = _xbc(dxBC, dim, nheads, ngroups, dstate)
+        ssd_grads = dict(dx=dx, ddt=ddt_given, dB=dB, dC=dC)
         dout_og = dout
         if outproj_weight is not None:
             dout = F.linear(dout, outproj_weight.t())
-        dzx0 = y0 = None
+        y0 = None
         if d_nonssm > 0:
             dout0, dout = dout.split([d_nonssm, dim], dim=-1)
-            dzx0 = _swiglu_bwd(zx0, dout0)
+            _swiglu_bwd(zx0, dout0, dzx0)
             y0 = _swiglu_fwd(zx0) if recompute_output else None
         dout = dout.reshape(batch, seqlen, nheads, headdim)
         drmsnorm_weight = None
         y1 = None
         if rmsnorm_weight is None:
-            dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
+            _, _, dA, _, _, dD, _, ddt_bias, dinitial_states = ssd_backward(
                 dout, x, dt, A, B, C, out_x, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-                dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=True, dt_limit=ctx.dt_limit)
+                dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=True, dt_limit=ctx.dt_limit,
+                dz=dz.unflatten(-1, (nheads, headdim)), **ssd_grads)
             if recompute_output:
                 y1 = (out_x * F.silu(z.float())).to(out_x.dtype).flatten(-2)
         else:
             x_rms = out_x.reshape(batch * seqlen, dim)
             z_rms = z.reshape(batch * seqlen, dim)
-            dy_rms, drmsnorm_weight, _, dz = gated_rmsnorm_bwd(
+            dy_rms, drmsnorm_weight, _, _ = gated_rmsnorm_bwd(
                 dout.reshape(batch * seqlen, dim), x_rms, rmsnorm_weight, None, ctx.rmsnorm_eps, None, rstd, z_rms,
-                group_size=dim // ngroups, norm_before_gate=ctx.norm_before_gate)
+                group_size=dim // ngroups, norm_before_gate=ctx.norm_before_gate, dz=dz.view(batch * seqlen, dim))
             if recompute_output:  # the norm output is recomputed, not saved
                 y1 = gated_rmsnorm_fwd(x_rms, rmsnorm_weight, None, ctx.rmsnorm_eps, z=z_rms, group_size=dim // ngroups,
                                        norm_before_gate=ctx.norm_before_gate)[0].view(batch, seqlen, dim)
-            dx, ddt, dA, dB, dC, dD, _, ddt_bias, dinitial_states = ssd_backward(
+            _, _, dA, _, _, dD, _, ddt_bias, dinitial_states = ssd_backward(
                 dy_rms.view(batch, seqlen, nheads, headdim), x, dt, A, B, C, out_x, ctx.chunk_size, D=D, z=None,
                 dt_bias=dt_bias, initial_states=initial_states, dfinal_states=dfinal_states, seq_idx=seq_idx,
-                dt_softplus=True, dt_limit=ctx.dt_limit)
+                dt_softplus=True, dt_limit=ctx.dt_limit, **ssd_grads)
         doutproj_weight = doutproj_bias = None
         if outproj_weight is not None:
             y = y1 if y0 is None else torch.cat([y0, y1.to(y0.dtype)], dim=-1)
             out_dim = dout_og.shape[-1]
             doutproj_weight = dout_og.reshape(-1, out_dim).t().mm(y.reshape(-1, y.shape[-1]).to(dout_og.dtype))
             doutproj_bias = dout_og.sum(dim=(0, 1)) if outproj_bias is not None else None
-        dxBC = torch.cat([dx.flatten(-2).to(zxbcdt.dtype), dB.flatten(-2).to(zxbcdt.dtype),
-                          dC.flatten(-2).to(zxbcdt.dtype)], dim=-1)
-        # The input gradient is filled in place, part by part; the conv writes its slice directly.
-        dzxbcdt = torch.empty(zxbcdt.shape, dtype=zxbcdt.dtype, device=zxbcdt.device)
-        dzx0_slot, dz_slot, dxBC_slot, ddt_slot = _split(dzxbcdt, d_nonssm, dim, ngroups, dstate, nheads)
         _, dweight, dbias = causal_conv1d_bwd(xBC.transpose(1, 2), conv1d_weight, conv1d_bias, dxBC.transpose(1, 2),
-                                              seq_idx, ctx.activation, dx=dxBC_slot.transpose(1, 2))
-        dz_slot.copy_(dz.reshape(batch, seqlen, dim))
-        ddt_slot.copy_(ddt)
-        if dzx0 is not None:
-            dzx0_slot.copy_(dzx0)
+                                              seq_idx, ctx.activation, dx=dxBC_given.transpose(1, 2))
         return (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, None, dinitial_states, None, None, None, None,
                 drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import types
 import warnings
@@ -97,3 +98,13 @@ def execution_mode(mode: str) -> Iterator[None]:
             os.environ.pop("HELION_INTERPRET", None)
         else:
             os.environ["HELION_INTERPRET"] = previous
+
+
+def column_slice(shape, dtype=torch.float32, row_dims: int = 2, pad: tuple[int, int] = (3, 5)):
+    """(view, buffer): a NaN-filled view of ``shape`` whose rows (its first ``row_dims`` dimensions) are a
+    column slice of a wider buffer, as the layer's gradient slices are. A kernel that fills the view leaves
+    no NaN in it, and one that writes beside it shows in the buffer's padding."""
+    rows, inner = tuple(shape[:row_dims]), tuple(shape[row_dims:])
+    width = math.prod(inner)
+    buffer = torch.full((*rows, pad[0] + width + pad[1]), float("nan"), dtype=dtype)
+    return buffer[..., pad[0]:pad[0] + width].unflatten(-1, inner), buffer

@@ -25,6 +25,7 @@ import helion
 import helion.language as hl
 import torch
 
+from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey, tokens_bucket
 
@@ -245,11 +246,9 @@ def causal_conv1d_bwd(x, weight, bias, dout, seq_idx=None, activation=None, dx=N
     if dout.shape != x.shape:
         raise ValueError(f"dout: expected shape {tuple(x.shape)}, got {tuple(dout.shape)}")
     x, dout = _as_channels_last(x), _as_channels_last(dout)
+    check_out("dx", dx, x.shape, x.dtype, unit_stride_dim=1)
     if dx is None:
         dx = _empty_like_layout(x)
-    elif dx.shape != x.shape or dx.stride(1) != 1 or dx.dtype != x.dtype:
-        raise ValueError(f"dx: expected a {x.dtype} tensor of shape {tuple(x.shape)} with stride 1 over dim, got "
-                         f"{dx.dtype} {tuple(dx.shape)} strides {dx.stride()}")
     dx, dw_part, db_part = causal_conv1d_bwd_kernel(x, weight, bias, dout, seq_idx, dx, silu)
     dweight = dw_part.sum(0)[4 - weight.shape[1]:].t().to(weight.dtype)  # taps right-aligned
     dbias = db_part.sum(0).to(bias.dtype) if bias is not None else None

@@ -19,6 +19,7 @@ import helion
 import helion.language as hl
 import torch
 
+from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey, tokens_bucket
 
@@ -37,7 +38,7 @@ def _fwd_key(x, z, weight, bias, eps, norm_before_gate) -> ShapeKey:
                        tokens=tokens_bucket(x.shape[0]))
 
 
-def _bwd_key(dy, x, z, weight, bias, rstd, norm_before_gate) -> ShapeKey:
+def _bwd_key(dy, x, z, weight, bias, rstd, dz, norm_before_gate) -> ShapeKey:
     return ShapeKey.of(dtype=str(x.dtype).removeprefix("torch."), group_size=int(x.shape[2]),
                        gate=_gate_mode(z, norm_before_gate), bias=int(bias is not None),
                        tokens=tokens_bucket(x.shape[0]))
@@ -83,15 +84,15 @@ def gated_rmsnorm_bwd_kernel(
     weight: torch.Tensor,  # (ngroups, G)
     bias: torch.Tensor | None,  # (ngroups, G) or None
     rstd: torch.Tensor,  # (ngroups, M) fp32
+    dz: torch.Tensor | None,  # (M, ngroups, G), written; None without z
     norm_before_gate: hl.constexpr,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     M, ngroups, G = x.size()
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32  # compute dtype
     G = hl.specialize(G)
     m_block = hl.register_block_size(M)
     nchunks = helion.cdiv(M, m_block)
     dx = torch.empty_like(x)
-    dz = torch.empty_like(x) if z is not None else x.new_zeros([1])
     dw_part = torch.empty([nchunks, ngroups, G], dtype=cdt, device=x.device)
     if bias is not None:
         db_part = torch.empty([nchunks, ngroups, G], dtype=cdt, device=x.device)
@@ -180,20 +181,27 @@ def gated_rmsnorm_fwd(x, weight, bias, eps, z=None, out=None, group_size=None, n
 
 
 def gated_rmsnorm_bwd(dy, x, weight, bias, eps, mean, rstd, z=None, group_size=None, norm_before_gate=True,
-                      is_rms_norm=True):
+                      is_rms_norm=True, dz=None):
     """(dx, dw, db, dz): mamba-ssm ``_layer_norm_bwd`` with ``is_rms_norm=True`` (``rstd`` as saved by the
-    forward; ``eps`` and ``mean`` are unused, as there)."""
+    forward; ``eps`` and ``mean`` are unused, as there). A given ``dz`` (z's shape and dtype, rows may be
+    strided, such as a slice of the layer's input gradient) is filled by the kernel and returned."""
     M, N, group_size, ngroups = _check(x, weight, bias, z, group_size, is_rms_norm)
     if dy.shape != x.shape:
         raise ValueError(f"dy: expected shape {tuple(x.shape)}, got {tuple(dy.shape)}")
+    if dz is not None:
+        if z is None:
+            raise ValueError("dz: given without z")
+        check_out("dz", dz, x.shape, z.dtype, unit_stride_dim=-1)  # written through _rows' view, not a copy
+    elif z is not None:
+        dz = torch.empty(x.shape, dtype=z.dtype, device=z.device)
     x3 = _rows(x, M, ngroups, group_size)
     dy3 = _rows(dy, M, ngroups, group_size)
     z3 = _rows(z, M, ngroups, group_size) if z is not None else None
     w2 = weight.contiguous().view(ngroups, group_size)
     b2 = bias.contiguous().view(ngroups, group_size) if bias is not None else None
     r2 = rstd.contiguous().view(ngroups, M).to(torch.float64 if x.dtype == torch.float64 else torch.float32)
-    dx3, dz3, dw, db = gated_rmsnorm_bwd_kernel(dy3, x3, z3, w2, b2, r2, bool(norm_before_gate))
+    dz3 = _rows(dz, M, ngroups, group_size) if dz is not None else None
+    dx3, _, dw, db = gated_rmsnorm_bwd_kernel(dy3, x3, z3, w2, b2, r2, dz3, bool(norm_before_gate))
     dw = dw.view(N).to(weight.dtype)
     db = db.view(N).to(bias.dtype) if bias is not None else None
-    dz = dz3.view(M, N) if z is not None else None
     return dx3.view(M, N), dw, db, dz

@@ -14,6 +14,7 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
+from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd._keys import dtype_name, tokens
@@ -58,18 +59,17 @@ def bmm_chunk_bwd_kernel(
 
 
 def bmm_chunk_bwd(a, dout, residual=None, out=None):
-    """Same arguments and result as mamba-ssm's ``_bmm_chunk_bwd``."""
-    has_groups = a.dim() == 4
-    if not has_groups:
-        a = a.unsqueeze(2)
-        dout = dout.unsqueeze(2)
+    """Same arguments and result as mamba-ssm's ``_bmm_chunk_bwd``. A given ``out`` (a's shape, any floating
+    dtype, any strides) is filled by the kernel, cast on store, and returned."""
+    check_out("out", out, a.shape, None)
+    result = torch.empty_like(a) if out is None else out
+    grouped = result
+    if a.dim() == 3:
+        a, dout, grouped = a.unsqueeze(2), dout.unsqueeze(2), result.unsqueeze(2)
         residual = None if residual is None else residual.unsqueeze(2)
     batch, seqlen, ngroups, k = a.shape
     assert dout.shape[:3] == (batch, -(-seqlen // dout.shape[-1]), ngroups)
     if residual is not None:
         assert residual.shape == a.shape
-    result = torch.empty_like(a, dtype=a.dtype if out is None else out.dtype)
-    bmm_chunk_bwd_kernel(a, dout, residual, result)
-    if not has_groups:
-        result = result.squeeze(2)
-    return result if out is None else out.copy_(result)
+    bmm_chunk_bwd_kernel(a, dout, residual, grouped)
+    return result

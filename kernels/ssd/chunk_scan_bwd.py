@@ -16,6 +16,7 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
+from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
@@ -31,7 +32,7 @@ def _pow2_chunk(name: str, chunk_size: int) -> None:
 # dz: backward of the silu(z) gate
 
 
-def _dz_key(x, z, out, dout, D, outz, chunk_size, has_ddAcs, recompute_output, d_kind) -> ShapeKey:
+def _dz_key(x, z, out, dout, D, outz, dz, chunk_size, has_ddAcs, recompute_output, d_kind) -> ShapeKey:
     batch, seqlen, nheads, headdim = x.shape
     return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, chunk_size=chunk_size,
                        D=("none", "h", "hp")[d_kind], ddA=int(bool(has_ddAcs)),
@@ -46,6 +47,7 @@ def chunk_scan_bwd_dz_kernel(
     dout: torch.Tensor,
     D: torch.Tensor | None,
     outz: torch.Tensor,
+    dz: torch.Tensor,  # z's shape, written; may be strided (a slice of the layer's input gradient)
     chunk_size: hl.constexpr,
     has_ddAcs: hl.constexpr,
     recompute_output: hl.constexpr,
@@ -53,7 +55,6 @@ def chunk_scan_bwd_dz_kernel(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, seqlen, nheads, headdim = x.shape
     nchunks = (seqlen + chunk_size - 1) // chunk_size
-    dz = torch.empty_like(z)
     dout_x = torch.empty_like(dout)
     block_m = hl.register_block_size(chunk_size)
     block_p = hl.register_block_size(headdim)
@@ -99,23 +100,24 @@ def chunk_scan_bwd_dz_kernel(
 
 def chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=True, D=None, dz=None, recompute_output=False):
     """Same arguments and results as mamba-ssm's ``_chunk_scan_bwd_dz``: (dz, dout_x, dD[, ddA_cumsum]
-    [, outz]). ``out`` is the pre-gate output. A given ``dz`` buffer is filled and returned."""
+    [, outz]). ``out`` is the pre-gate output. A given ``dz`` (z's shape and dtype, any strides) is filled by the
+    kernel and returned."""
     batch, seqlen, nheads, headdim = x.shape
     assert z.shape == out.shape == dout.shape == x.shape
+    check_out("dz", dz, z.shape, z.dtype)
     d_kind = 0
     if D is not None:
         assert D.shape in ((nheads,), (nheads, headdim))
         d_kind = 2 if D.dim() == 2 else 1
     outz = torch.empty_like(x) if recompute_output else torch.empty(0, device=x.device, dtype=x.dtype)
-    dz_, dout_x, dD_part, ddA = chunk_scan_bwd_dz_kernel(x, z, out, dout, D, outz, int(chunk_size),
-                                                         bool(has_ddAcs), bool(recompute_output), d_kind)
-    if dz is not None:
-        dz_ = dz.copy_(dz_)
+    dz, dout_x, dD_part, ddA = chunk_scan_bwd_dz_kernel(
+        x, z, out, dout, D, outz, torch.empty_like(z) if dz is None else dz, int(chunk_size), bool(has_ddAcs),
+        bool(recompute_output), d_kind)
     dD = None
     if D is not None:
         dD = dD_part.sum(dim=(0, 1, 3))
         dD = (dD.sum(-1) if d_kind == 1 else dD).to(D.dtype)
-    vals = (dz_, dout_x, dD)
+    vals = (dz, dout_x, dD)
     if has_ddAcs:
         vals = (*vals, ddA)
     if recompute_output:

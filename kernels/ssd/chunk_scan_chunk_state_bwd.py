@@ -20,13 +20,14 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
+from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, seq_last, tokens
 
 
-def _shape_key(x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last_seq, d_kind) -> ShapeKey:
+def _shape_key(x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last_seq, dx, d_kind) -> ShapeKey:
     batch, seqlen, nheads, headdim = x.shape
     return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, dstate=B.shape[3], chunk_size=dt.shape[3],
                        hpg=nheads // B.shape[2], D=("none", "h", "hp")[d_kind], seq=int(seq_idx is not None),
@@ -46,6 +47,7 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
     D: torch.Tensor | None,
     seq_idx: torch.Tensor | None,
     last_seq: torch.Tensor | None,
+    dx: torch.Tensor,  # x's shape, written; may be strided (a slice of the layer's xBC gradient)
     d_kind: hl.constexpr,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, seqlen, nheads, headdim = x.shape
@@ -54,7 +56,6 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
     dstate = B.shape[3]
     chunk_size = hl.specialize(chunk_size)
     ratio = nheads // ngroups
-    dx = torch.empty_like(x)
     block_m = hl.register_block_size(chunk_size)
     block_n = hl.register_block_size(headdim)
     block_k = hl.register_block_size(chunk_size)
@@ -113,7 +114,7 @@ def chunk_scan_chunk_state_bwd_dx_kernel(
 
 def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None, seq_idx=None, dx=None):
     """Same arguments and results as mamba-ssm's ``_chunk_scan_chunk_state_bwd_dx``: (dx, ddt, dD).
-    A given ``dx`` buffer is filled and returned."""
+    A given ``dx`` (x's shape and dtype, any strides) is filled by the kernel and returned."""
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
     ngroups = B.shape[2]
@@ -121,6 +122,7 @@ def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None
     assert CB.shape == (batch, nchunks, ngroups, chunk_size, chunk_size)
     assert dstates.shape == (batch, nchunks, nheads, headdim, B.shape[3])
     assert dout.shape == x.shape
+    check_out("dx", dx, x.shape, x.dtype)
     if chunk_size & (chunk_size - 1):
         raise NotImplementedError(f"chunk_scan_chunk_state_bwd_dx: chunk_size {chunk_size} is not a power of two")
     d_kind = 0
@@ -131,13 +133,11 @@ def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None
     if seq_idx is not None:
         assert seq_idx.shape == (batch, seqlen)
         last = seq_last(seq_idx, chunk_size)
-    dx_, ddt_part, dD_part = chunk_scan_chunk_state_bwd_dx_kernel(x, dt, dA_cumsum, B, CB, dout, dstates, D,
-                                                                  seq_idx, last, d_kind)
-    if dx is not None:
-        dx_ = dx.copy_(dx_)
+    dx, ddt_part, dD_part = chunk_scan_chunk_state_bwd_dx_kernel(
+        x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last, torch.empty_like(x) if dx is None else dx, d_kind)
     ddt = ddt_part[0] if ddt_part.shape[0] == 1 else ddt_part.sum(0)
     dD = None
     if D is not None:
         dD = dD_part.sum(dim=(0, 1, 3))
         dD = (dD.sum(-1) if d_kind == 1 else dD).to(D.dtype)
-    return dx_, ddt, dD
+    return dx, ddt, dD

@@ -20,6 +20,7 @@ import helion
 import helion.language as hl
 import torch
 
+from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
@@ -177,11 +178,13 @@ def chunk_cumsum_bwd_kernel(
 
 def chunk_cumsum_bwd(ddA, ddt_out, dt, A, dt_bias=None, dt_softplus=False, dt_limit=(0.0, float("inf")), ddt=None):
     """Same arguments and results as mamba-ssm's ``_chunk_cumsum_bwd``: (ddt (b, L, h) dt.dtype, dA (h)
-    fp32, ddt_bias (h) fp32 or None). A given ``ddt`` buffer is filled and returned."""
+    fp32, ddt_bias (h) fp32 or None). A given ``ddt`` (dt's shape and dtype, any strides) is filled by the
+    kernel and returned."""
     batch, seqlen, nheads = dt.shape
     assert A.shape == (nheads,) and ddA.shape[:2] == (batch, nheads) and ddt_out.shape == ddA.shape
     if dt_bias is not None:
         assert dt_bias.shape == (nheads,)
+    check_out("ddt", ddt, dt.shape, dt.dtype)
     out = torch.empty_like(dt) if ddt is None else ddt
     dA_part, dbias_part = chunk_cumsum_bwd_kernel(ddA, ddt_out, dt, A, dt_bias, out, bool(dt_softplus),
                                                   float(dt_limit[0]), float(dt_limit[1]))

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from kernels._buffers import check_out
+
 INF = float("inf")
 
 
@@ -44,11 +46,22 @@ def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
 
 
 def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None,
-             initial_states=None, dfinal_states=None, seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF)):
+             initial_states=None, dfinal_states=None, seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF),
+             dx=None, ddt=None, dB=None, dC=None, dz=None):
     """``_mamba_chunk_scan_combined_bwd``: recompute the forward stages, then the backward chain.
 
     ``out`` is the forward's pre-gate output when z is given, else its output. Returns
-    (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states)."""
+    (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states).
+
+    dx, ddt, dB, dC, dz: optional output buffers, each of its input's shape and dtype and any strides (such
+    as slices of one layer gradient): the stage that computes a gradient writes it there, and the buffer is
+    returned. The stages of ``kernels.ssd.naive`` ignore them, as documented there."""
+    for name, given, like in (("dx", dx, x), ("ddt", ddt, dt), ("dB", dB, B), ("dC", dC, C)):
+        check_out(name, given, like.shape, like.dtype)
+    if dz is not None:
+        if z is None:
+            raise ValueError("dz: given without z")
+        check_out("dz", dz, z.shape, z.dtype)
     ngroups, dstate = B.shape[2], B.shape[3]
     dA_cumsum, dt_out = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                                 dt_limit=dt_limit)
@@ -58,22 +71,26 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
                                          initial_states=_flat(initial_states), seq_idx=seq_idx,
                                          chunk_size=chunk_size)
     states = _unflat(states, dstate)
-    dz = dD = None
+    dD = None
     if z is not None:
-        dz, dout, dD = stages.chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=False, D=D)
+        dz, dout, dD = stages.chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=False, D=D, dz=dz)
     dstates = stages.chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
     dstates, ddA_chunk_cumsum, dinitial_states, states = stages.state_passing_bwd(
         _flat(states), dA_cumsum[:, :, :, -1], _flat(dstates), dfinal_states=_flat(dfinal_states),
         seq_idx=seq_idx, has_initial_states=initial_states is not None, dstates_dtype=x.dtype,
         states_dtype=x.dtype, chunk_size=chunk_size)
     states, dstates, dinitial_states = (_unflat(t, dstate) for t in (states, dstates, dinitial_states))
-    dx, ddt, dD_from_x = stages.chunk_scan_chunk_state_bwd_dx(x, dt_out, dA_cumsum, B, CB, dout, dstates, D=D,
-                                                              seq_idx=seq_idx)
-    dB, ddA_next = stages.chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, seq_idx=seq_idx, B=B, ngroups=ngroups)
-    dC, ddA_cumsum_prev = stages.chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C, ngroups=ngroups)
+    dx, ddt_from_x, dD_from_x = stages.chunk_scan_chunk_state_bwd_dx(x, dt_out, dA_cumsum, B, CB, dout, dstates,
+                                                                     D=D, seq_idx=seq_idx, dx=dx)
+    dB_state, ddA_next = stages.chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, seq_idx=seq_idx, B=B,
+                                                   ngroups=ngroups)
+    dC_state, ddA_cumsum_prev = stages.chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C,
+                                                         ngroups=ngroups)
     dCB = stages.chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, seq_idx=seq_idx, ngroups=ngroups)
-    dB = stages.bmm_chunk_bwd(C, dCB, residual=dB).to(B.dtype)
-    dC = stages.bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC).to(C.dtype)
+    # The intra-chunk (CB) terms are added to the state terms and stored in B's / C's dtype, as mamba-ssm does.
+    dB = stages.bmm_chunk_bwd(C, dCB, residual=dB_state, out=torch.empty_like(B) if dB is None else dB)
+    dC = stages.bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC_state,
+                              out=torch.empty_like(C) if dC is None else dC)
     if z is None:
         dD = dD_from_x
     # The state terms give the gradient of dA_cumsum; a reverse cumsum turns it into that of dA.
@@ -81,6 +98,6 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
     ddA_cumsum_prev[..., -1] += ddA_chunk_cumsum
     ddA_prev = ddA_cumsum_prev.flip([-1]).cumsum(dim=-1).flip([-1])
     ddA = stages.chunk_scan_bwd_ddAcs_stable(x, dt_out, dA_cumsum, dout, CB) + ddA_next + ddA_prev
-    ddt, dA, ddt_bias = stages.chunk_cumsum_bwd(ddA, ddt, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                                dt_limit=dt_limit)
+    ddt, dA, ddt_bias = stages.chunk_cumsum_bwd(ddA, ddt_from_x, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                dt_limit=dt_limit, ddt=ddt)
     return dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states

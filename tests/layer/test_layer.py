@@ -125,11 +125,14 @@ def test_conv_widths_and_ragged_length(width):
     _compare(leaves, static)
 
 
-def test_triton_interpreter_strided_views():
+@pytest.mark.parametrize("options", [("rmsnorm", "outproj", "seq_idx", "initial_states"),
+                                     ("seq_idx", "initial_states", "D_hdim")], ids=["rmsnorm", "z_gate"])
+def test_triton_interpreter_strided_views(options):
     # Helion's generated Triton code in the interpreter: real tiling and masking on the strided views of
-    # zxbcdt (dt, z) and of the conv output (x, B, C), ragged last chunk.
-    leaves, static = _problem(b=1, L=24, h=2, p=16, g=2, n=16,
-                              options=("rmsnorm", "outproj", "seq_idx", "initial_states"))
+    # zxbcdt (dt, z) and of the conv output (x, B, C), ragged last chunk; the kernels write dz, ddt and the
+    # conv's dx into slices of the input gradient, and the SSD's dx, dB, dC into slices of one buffer. dz comes
+    # from the norm's backward, or without the norm from the SSD's z gate.
+    leaves, static = _problem(b=1, L=24, h=2, p=16, g=2, n=16, options=options)
     with execution_mode("triton"):
         outs, grads = _run(kernels.mamba_split_conv1d_scan_combined, leaves, static, torch.float32)
     ref_outs, ref_grads = _run(layer_ref, leaves, static, torch.float64)

@@ -97,9 +97,42 @@ def test_interpreter_explicit_small_blocks_fp16():
         fwd = G.gated_rmsnorm_fwd_kernel.helion_kernel({"block_sizes": [8, 2], "num_warps": 2}, "compiled")
         y3, rstd = fwd(x3, z3, w2, b2, 1e-5, False)
         bwd = G.gated_rmsnorm_bwd_kernel.helion_kernel({"block_sizes": [16, 2, 4], "num_warps": 2}, "compiled")
-        dx3, dz3, dw, db = bwd(dy3, x3, z3, w2, b2, rstd, False)
+        dx3, dz3, dw, db = bwd(dy3, x3, z3, w2, b2, rstd, torch.empty_like(z3), False)
     ours = (y3.view(M, N), rstd.view(-1), (dx3.view(M, N), dw.view(N), db.view(N), dz3.view(M, N)))
     _assert_close(ours, ref, 1e-2, 1e-2)
+
+
+@pytest.mark.parametrize("mode", testing.MODES)
+@pytest.mark.parametrize("nbg", [False, True])
+def test_given_dz_is_filled_in_place(nbg, mode):
+    """z and dz as the layer hands them: column slices of wider buffers (strided rows); the kernel writes dz."""
+    inp = _inputs(True, True)
+    z, _ = testing.column_slice((M, N), row_dims=1)
+    z.copy_(inp["z"])
+    dz, buffer = testing.column_slice((M, N), row_dims=1)
+    with testing.execution_mode(mode):
+        _, _, rstd = G.gated_rmsnorm_fwd(inp["x"], inp["weight"], inp["bias"], 1e-5, z=z, group_size=16,
+                                         norm_before_gate=nbg)
+        args = (inp["dy"], inp["x"], inp["weight"], inp["bias"], 1e-5, None, rstd, z)
+        want = G.gated_rmsnorm_bwd(*args, group_size=16, norm_before_gate=nbg)
+        got = G.gated_rmsnorm_bwd(*args, group_size=16, norm_before_gate=nbg, dz=dz)
+    assert got[3] is dz
+    for name, a, b in zip(("dx", "dw", "db", "dz"), got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
+    assert torch.isnan(buffer).sum() == buffer.numel() - dz.numel(), "a write beside dz"
+
+
+@pytest.mark.parametrize(("dz", "with_z", "message"), [
+    (torch.empty(M, N + 1), True, r"dz: expected a torch.float32 tensor of shape \(37, 64\)"),
+    (torch.empty(M, N, dtype=torch.float16), True, "dz: expected a torch.float32 tensor"),
+    (torch.empty(N, M).t(), True, "dz: expected .* with stride 1 in dim -1"),
+    (torch.empty(M, N), False, "dz: given without z"),
+])
+def test_wrong_dz_is_refused(dz, with_z, message):
+    inp = _inputs(with_z, False)
+    rstd = torch.ones(M)
+    with testing.execution_mode("ref"), pytest.raises(ValueError, match=message):
+        G.gated_rmsnorm_bwd(inp["dy"], inp["x"], inp["weight"], None, 1e-5, None, rstd, inp["z"], dz=dz)
 
 
 @pytest.mark.parametrize("nbg", [False, True])
