@@ -62,6 +62,9 @@ class KernelEntry:
     baseline_requires: str | None = None
     # A whole call through autograd: the outputs are the gradients of these inputs for upstream "dout".
     grad_of: tuple[str, ...] = ()
+    # Outputs that concatenate quantities of different scales, judged part by part: inputs -> {output:
+    # ((part, width along the last dim), ...)}; the parts replace the output as "output.part".
+    output_parts: Callable[[Inputs], dict[str, tuple[tuple[str, int], ...]]] | None = None
 
     @property
     def has_helion(self) -> bool:
@@ -104,7 +107,17 @@ class KernelEntry:
             result = (result,)
         if len(result) < len(self.outputs):
             raise ValueError(f"{self.name}: expected outputs {self.outputs}, got {len(result)} values")
-        return {name: value for name, value in zip(self.outputs, result, strict=False) if value is not None}
+        outputs = {name: value for name, value in zip(self.outputs, result, strict=False) if value is not None}
+        return self._split_parts(outputs, inputs)
+
+    def _split_parts(self, outputs: Outputs, inputs: Inputs) -> Outputs:
+        if self.output_parts is None:
+            return outputs
+        for name, parts in self.output_parts(inputs).items():
+            whole = outputs.pop(name)
+            pieces = whole.split([width for _, width in parts], dim=-1)
+            outputs.update({f"{name}.{part}": piece for (part, _), piece in zip(parts, pieces, strict=True)})
+        return outputs
 
     def helion_fn(self) -> Callable[..., Any]:
         if self.helion is None:
@@ -527,16 +540,32 @@ _LAYER_FWD = ("causal_conv1d_fwd", *_FWD_STAGES, "gated_rmsnorm_fwd")
 _LAYER_FWD_BWD = (*_LAYER_FWD, "causal_conv1d_bwd", *_FWD_BWD_STAGES[len(_FWD_STAGES):], "gated_rmsnorm_bwd")
 _SPLIT = f"{_mamba_ssm.SSD_COMBINED}:mamba_split_conv1d_scan_combined"
 _LAYER_GRADS = ("dzxbcdt", "dconv_weight", "dconv_bias", "ddt_bias", "dA", "dD", "dnorm_weight")
+
+
+def _zxbcdt_parts(inputs: Inputs) -> dict[str, tuple[tuple[str, int], ...]]:
+    """The input gradient's slots (z, x, B, C, dt; no d_nonssm part in these inputs). Judged as one tensor,
+    its rms-scaled atol came from the bulk (rms 0.11 at nemotron3-nano), far below the ddt slot's scale."""
+    nheads, d_conv = inputs["A"].shape[0], inputs["conv_weight"].shape[0]
+    d_ssm = nheads * inputs["headdim"]
+    d_bc = (d_conv - d_ssm) // 2
+    return {"dzxbcdt": (("dz", d_ssm), ("dx", d_ssm), ("dB", d_bc), ("dC", d_bc), ("ddt", nheads))}
+
+
+# The layer's output passes two bf16 roundings (the SSD's y, then the norm's output): implementations that
+# accumulate in another order may differ by one ulp at each, up to 2**-6 relative (a 1e-2 rtol is below it).
+_LAYER_OUT_TOLERANCE = {"out": (DEFAULT_TOLERANCE[0], 2.0 ** -6)}
 LAYER: tuple[KernelEntry, ...] = (
     _entry("mamba2_layer_fwd", "layer", "layer_fwd", "mamba_split_conv1d_scan_combined (forward)", inputs_layer,
            _LAYER_ARGS, ("out",), "kernels.layer_naive:mamba_split_conv1d_scan_ref", _SPLIT,
            _total(_LAYER_FWD, "bytes_moved"), _total(_LAYER_FWD, "flops"),
-           helion="kernels.layer_fn:mamba_split_conv1d_scan_combined", baseline_requires="causal_conv1d"),
+           helion="kernels.layer_fn:mamba_split_conv1d_scan_combined", baseline_requires="causal_conv1d",
+           tolerances=_LAYER_OUT_TOLERANCE),
     _entry("mamba2_layer_fwd_bwd", "layer", "layer_fwd_bwd", "mamba_split_conv1d_scan_combined (forward + backward)",
            inputs_layer, _LAYER_ARGS, _LAYER_GRADS, "kernels.layer_naive:mamba_split_conv1d_scan_ref", _SPLIT,
            _total(_LAYER_FWD_BWD, "bytes_moved"), _total(_LAYER_FWD_BWD, "flops"),
            helion="kernels.layer_fn:mamba_split_conv1d_scan_combined", baseline_requires="causal_conv1d",
-           grad_of=("zxbcdt", "conv_weight", "conv_bias", "dt_bias", "A", "D", "norm_weight")),
+           grad_of=("zxbcdt", "conv_weight", "conv_bias", "dt_bias", "A", "D", "norm_weight"),
+           output_parts=_zxbcdt_parts),
 )
 ENTRIES = ENTRIES + CALLS + LAYER
 REGISTRY: dict[str, KernelEntry] = {e.name: e for e in ENTRIES}

@@ -323,18 +323,21 @@ def chunk_scan_bwd_dcb_kernel(
         valid_m = pos_m < seqlen
         valid_n = pos_n < seqlen
         acc_cb = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-        for hi in hl.grid(hpp):
-            h = g * hpg + split * hpp + hi
-            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-            for tile_k in hl.tile(headdim, block_size=block_k):
-                do_k = hl.load(dout, [b, pos_m, h, tile_k], extra_mask=valid_m[:, None]).to(x.dtype)
-                x_k = hl.load(x, [b, pos_n, h, tile_k], extra_mask=valid_n[:, None])
-                acc = hl.dot(do_k, x_k.T, acc=acc)
-            dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
-            dA_n = dA_cumsum[b, h, c, tile_n].to(torch.float32)
-            seg = dA_m[:, None] - dA_n[None, :]
-            w = torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
-            acc_cb = acc_cb + acc * w
+        # A block wholly above the diagonal is zero: skip its products, as mamba-ssm does (without the skip,
+        # 0.64x mamba-ssm at chunk 256 on the H200).
+        if tile_n.begin < tile_m.end:
+            for hi in hl.grid(hpp):
+                h = g * hpg + split * hpp + hi
+                acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+                for tile_k in hl.tile(headdim, block_size=block_k):
+                    do_k = hl.load(dout, [b, pos_m, h, tile_k], extra_mask=valid_m[:, None]).to(x.dtype)
+                    x_k = hl.load(x, [b, pos_n, h, tile_k], extra_mask=valid_n[:, None])
+                    acc = hl.dot(do_k, x_k.T, acc=acc)
+                dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
+                dA_n = dA_cumsum[b, h, c, tile_n].to(torch.float32)
+                seg = dA_m[:, None] - dA_n[None, :]
+                w = torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
+                acc_cb = acc_cb + acc * w
         keep = tile_m.index[:, None] >= tile_n.index[None, :]
         if seq_idx is not None:
             s_m = hl.load(seq_idx, [b, pos_m], extra_mask=valid_m)

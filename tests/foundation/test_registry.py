@@ -94,3 +94,21 @@ def test_conv_baseline_is_optional(smoke_shape):
                 entry.run_baseline(entry.inputs(smoke_shape, 0))
     else:  # pragma: no cover - only where the CUDA package is installed
         pytest.skip("causal-conv1d is installed")
+
+
+def test_layer_input_gradient_is_judged_slot_by_slot(smoke_shape):
+    """dzxbcdt concatenates gradients of different scales (dz, dx, dB, dC, ddt): each slot is its own output,
+    so that each gets an atol scaled to its own rms, as the whole SSD call's dx and ddt do."""
+    entry = registry.get("mamba2_layer_fwd_bwd")
+    inputs = entry.inputs(smoke_shape, 0)
+    parts = entry.output_parts(inputs)["dzxbcdt"]
+    s = smoke_shape
+    assert parts == (("dz", s.d_ssm), ("dx", s.d_ssm), ("dB", s.ngroups * s.dstate), ("dC", s.ngroups * s.dstate),
+                     ("ddt", s.nheads))
+    grad = torch.randn(inputs["zxbcdt"].shape)
+    split = entry._split_parts({"dzxbcdt": grad, "dA": grad[0, 0]}, inputs)
+    assert sorted(split) == sorted(["dA"] + [f"dzxbcdt.{p}" for p, _ in parts])
+    assert torch.equal(torch.cat([split[f"dzxbcdt.{p}"] for p, _ in parts], dim=-1), grad)
+    # the reference goes through the same split, so every slot is compared
+    reference = entry.run_reference(inputs)
+    assert "dzxbcdt" not in reference and {f"dzxbcdt.{p}" for p, _ in parts} <= set(reference)
