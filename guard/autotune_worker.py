@@ -207,7 +207,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                         + tk.seed_configs(kargs))
         if seeds:
             settings["autotune_seed_configs"] = [helion.Config(**seed) for seed in seeds]
-        if tk.partial_sums:  # Helion's own check would reject every config that splits the partials differently
+        if tk.partial_sums or tk.finish:  # Helion's own check would reject configs that split partials otherwise
             settings["autotune_baseline_accuracy_check_fn"] = tk.autotune_accuracy_check
         if incumbent is not None:
             # After a helion or triton upgrade the committed config may compute wrong results; then any

@@ -87,6 +87,15 @@ LAYERNORM_GATED = "ops.triton.layernorm_gated"
 SSD_MINIMAL = "modules.ssd_minimal"
 
 
+def dcb_and_intra_ddA(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1):
+    """dCB and the intra-chunk ddA as mamba-ssm's combined backward computes them: its dCB kernel, then its
+    stable ddA kernel over the same products (its dCB kernel's own CB= form is unused there and has no
+    seq_idx support). The counterpart of our dCB kernel's CB= form."""
+    scan = module(SSD_CHUNK_SCAN)
+    dcb = scan._chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=seq_idx, ngroups=ngroups)
+    return dcb, scan._chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, CB)
+
+
 def _autotuners() -> dict[str, Any]:
     """mamba-ssm's autotuned Triton kernels loaded so far, as ``"ops.triton.ssd_bmm:_bmm_chunk_fwd_kernel"``."""
     from triton.runtime.autotuner import Autotuner

@@ -87,10 +87,13 @@ def scaled_atol(expected: torch.Tensor, atol: float) -> float:
     return atol * max(1.0, rms)
 
 
-def check_outputs_against_baseline(name: str, partial_sums: dict[int, int], actual: Any, expected: Any,
-                                   atol: float = 1e-2, rtol: float = 1e-2) -> None:
-    """Raise AssertionError when a candidate config's outputs differ from the baseline config's. An output
-    listed in ``partial_sums`` whose partial count differs is compared summed over that dimension."""
+def check_outputs_against_baseline(name: str, partial_sums: dict[int, int], finish: Callable[..., Any] | None,
+                                   actual: Any, expected: Any, atol: float = 1e-2, rtol: float = 1e-2) -> None:
+    """Raise AssertionError when a candidate config's outputs differ from the baseline config's. With
+    ``finish``, the finished outputs are compared; an output listed in ``partial_sums`` whose partial
+    count differs is compared summed over that dimension."""
+    if finish is not None:
+        actual, expected = finish(*actual), finish(*expected)
     pairs = zip(actual, expected, strict=True) if isinstance(actual, tuple | list) else [(actual, expected)]
     for index, (got, want) in enumerate(pairs):
         if not isinstance(got, torch.Tensor):
@@ -106,17 +109,21 @@ class TunedKernel:
 
     ``partial_sums`` maps an output's position to the dimension along which it holds per-program partial
     sums (reduced on the host): their number depends on the config, so the autotuner's check against the
-    default config's outputs compares those outputs summed over that dimension.
+    default config's outputs compares those outputs summed over that dimension. ``finish`` (a module-level
+    function, so that it pickles) turns the kernel's outputs into the finished ones where partials need more
+    than a sum; the check then compares its results.
 
     ``seeds`` are partial configs (block sizes, warps, stages: mamba-ssm's own autotune lists, where it
     has them) laid over Helion's default config to start the autotuner's search in known-good regions."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str, shape_key: Callable[..., ShapeKey],
-                 partial_sums: dict[int, int] | None = None, seeds: Sequence[dict[str, Any]] = ()):
+                 partial_sums: dict[int, int] | None = None, finish: Callable[..., Any] | None = None,
+                 seeds: Sequence[dict[str, Any]] = ()):
         self.fn = fn
         self.name = name
         self.shape_key = shape_key
         self.partial_sums = dict(partial_sums or {})
+        self.finish = finish
         self.seeds = [dict(seed) for seed in seeds]
         self._kernels: dict[tuple[str, str], Any] = {}
         self._dispatch: dict[tuple[torch.device, ShapeKey, str], tuple[Any, bool]] = {}  # kernel, on default
@@ -153,7 +160,7 @@ class TunedKernel:
     def autotune_accuracy_check(self) -> Callable[[Any, Any], None]:
         """Helion's ``autotune_baseline_accuracy_check_fn`` for this kernel: picklable (Helion sends
         settings to its precompile subprocesses), so a module function bound to plain values."""
-        return functools.partial(check_outputs_against_baseline, self.name, dict(self.partial_sums))
+        return functools.partial(check_outputs_against_baseline, self.name, dict(self.partial_sums), self.finish)
 
     def lookup(self, *args: Any) -> config_store.Lookup:
         device = _first_device(args)
@@ -294,10 +301,12 @@ def _config_error(bound: Any, config: dict[str, Any]) -> str | None:
 
 
 def tuned_kernel(*, name: str, shape_key: Callable[..., ShapeKey], partial_sums: dict[int, int] | None = None,
-                 seeds: Sequence[dict[str, Any]] = ()) -> Callable[[Callable[..., Any]], TunedKernel]:
+                 finish: Callable[..., Any] | None = None, seeds: Sequence[dict[str, Any]] = ()
+                 ) -> Callable[[Callable[..., Any]], TunedKernel]:
     """Decorator: ``@tuned_kernel(name="chunk_state", shape_key=...)`` over a Helion kernel body."""
 
     def wrap(fn: Callable[..., Any]) -> TunedKernel:
-        return TunedKernel(fn, name=name, shape_key=shape_key, partial_sums=partial_sums, seeds=seeds)
+        return TunedKernel(fn, name=name, shape_key=shape_key, partial_sums=partial_sums, finish=finish,
+                           seeds=seeds)
 
     return wrap

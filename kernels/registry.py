@@ -55,8 +55,8 @@ class KernelEntry:
     bytes_moved: Callable[[ShapeSpec], int]
     flops: Callable[[ShapeSpec], int]
     tolerances: dict[str, tuple[float, float]] = field(default_factory=dict)
-    # "mamba_ssm": ``baseline`` is a path inside mamba-ssm (loaded without its CUDA extension); otherwise
-    # ``baseline`` is a plain "module:function" of the package named here.
+    # "mamba_ssm": ``baseline`` is a path inside mamba-ssm (loaded without its CUDA extension) or a "kernels."
+    # wrapper over such paths; otherwise ``baseline`` is a plain "module:function" of the package named here.
     baseline_name: str = "mamba_ssm"
     # A package the baseline needs at run time (causal-conv1d's CUDA kernels), absent on many installs.
     baseline_requires: str | None = None
@@ -130,7 +130,7 @@ class KernelEntry:
         try:
             if self.baseline_requires:
                 importlib.import_module(self.baseline_requires)
-            if self.baseline_name == "mamba_ssm":
+            if self.baseline_name == "mamba_ssm" and not self.baseline.startswith("kernels."):
                 return _mamba_ssm.resolve(self.baseline)
             return load_target(self.baseline)
         except ImportError as exc:
@@ -461,6 +461,14 @@ ENTRIES: tuple[KernelEntry, ...] = (
            _model(lambda z: 2 * z["x"] + 2 * z["dt"] + z["cb"]),
            _flops(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p),
            helion="kernels.ssd.chunk_scan_bwd:chunk_scan_bwd_dcb"),
+    # dCB and the intra-chunk ddA in one pass (our backward's form), against mamba-ssm's backward, which runs
+    # the dCB kernel, then the stable ddA kernel on the same products.
+    _entry("chunk_scan_bwd_dcb_ddA", "ssd", "bwd_11_14", "_chunk_scan_bwd_dcb_kernel + _chunk_scan_bwd_ddAcs_stable_kernel",
+           inputs_bwd_with_states, ("x", "dt", "dA_cumsum", "dout", "seq_idx", "cb", "ngroups"), ("dcb", "ddA"),
+           f"{_SSD}:chunk_scan_bwd_dcb", "kernels._mamba_ssm:dcb_and_intra_ddA",
+           _model(lambda z: 2 * z["x"] + 2 * z["dt"] + 2 * z["cb"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p),
+           helion="kernels.ssd.chunk_scan_bwd:chunk_scan_bwd_dcb"),
     _entry("bmm_chunk_bwd", "ssd", "bwd_12", "_bmm_chunk_bwd_kernel", inputs_bmm_chunk_bwd,
            ("C", "dcb", "residual"), ("dB",),
            f"{_SSD}:bmm_chunk_bwd", f"{_BMM}:_bmm_chunk_bwd",
@@ -517,8 +525,8 @@ _CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "dt_bias=dt_bia
 _FWD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan")
 _FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state", "state_passing_fp32",  # recomputed
                    "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
-                   "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "bmm_chunk_bwd", "bmm_chunk_bwd",
-                   "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd")
+                   "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb_ddA", "bmm_chunk_bwd",
+                   "bmm_chunk_bwd", "chunk_cumsum_bwd")
 _COMBINED = f"{_mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined"
 CALLS: tuple[KernelEntry, ...] = (
     _entry("ssd_combined_fwd", "ssd", "call_fwd", "mamba_chunk_scan_combined (forward)", inputs_chunk_cumsum,

@@ -13,6 +13,8 @@ group), flags for optional arguments, ``tokens`` = tokens_bucket(batch * seqlen)
 
 from __future__ import annotations
 
+import functools
+
 import helion.language as hl
 import torch
 
@@ -282,25 +284,51 @@ def chunk_scan_bwd_dC(prev_states, dA_cumsum, dout, seq_idx=None, C=None, ngroup
 
 
 # ---------------------------------------------------------------------------------------------------
-# dCB: gradient of C B^T within each chunk
+# dCB: gradient of C B^T within each chunk, and (given CB) the intra-chunk ddA in the same pass
 
 
-def _dcb_key(x, dt, dA_cumsum, dout, seq_idx, ngroups, hpg) -> ShapeKey:
+def _dcb_key(x, dt, dA_cumsum, dout, seq_idx, cb, ngroups, hpg) -> ShapeKey:
     batch, seqlen, nheads, headdim = x.shape
     return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, chunk_size=dA_cumsum.shape[3], hpg=hpg,
-                       seq=int(seq_idx is not None), tokens=tokens(batch, seqlen))
+                       seq=int(seq_idx is not None), ddA=int(cb is not None), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan_bwd_dcb", shape_key=_dcb_key, partial_sums={0: 2}, seeds=_seeds.tiles_dcb())
+def dcb_sums(dcb_part: torch.Tensor, ddA_cols: torch.Tensor, ddA_rows: torch.Tensor, ddA_tiles: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The dCB kernel's partials summed: (dCB, ddA or None). ddA[t] = sum over l >= t > s of W[l, s], the
+    products of the stable ddA kernel, gathered tile by tile (see the kernel)."""
+    dcb = dcb_part[:, :, 0] if dcb_part.shape[2] == 1 else dcb_part.sum(2)
+    if ddA_cols.numel() == 0:
+        return dcb, None
+    ddA = ddA_cols.sum(3) + ddA_rows.sum(3)
+    between = _between(ddA_cols.shape[3], ddA_rows.shape[3], ddA_cols.shape[4], ddA_cols.device)
+    if between is not None:
+        ddA += torch.einsum("bhcij,ijt->bhct", ddA_tiles, between)
+    return dcb, ddA
+
+
+@functools.cache
+def _between(row_blocks: int, col_blocks: int, chunk_size: int, device: torch.device) -> torch.Tensor | None:
+    """[i, j, t] = 1.0 where position t lies after column block j and before row block i (None if no t
+    does): there tile (i, j)'s total is its whole share."""
+    t = torch.arange(chunk_size, device=device)
+    i = torch.arange(row_blocks, device=device)[:, None, None] * (chunk_size // row_blocks)
+    j_end = (torch.arange(col_blocks, device=device)[None, :, None] + 1) * (chunk_size // col_blocks)
+    mask = (j_end <= t) & (t < i)
+    return mask.to(torch.float32) if bool(mask.any()) else None
+
+
+@tuned_kernel(name="chunk_scan_bwd_dcb", shape_key=_dcb_key, finish=dcb_sums, seeds=_seeds.tiles_dcb())
 def chunk_scan_bwd_dcb_kernel(
     x: torch.Tensor,
     dt: torch.Tensor,
     dA_cumsum: torch.Tensor,
     dout: torch.Tensor,
     seq_idx: torch.Tensor | None,
+    cb: torch.Tensor | None,
     ngroups: int,
     hpg: hl.constexpr,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dA_cumsum.shape
     chunk_size = hl.specialize(chunk_size)
@@ -311,6 +339,15 @@ def chunk_scan_bwd_dcb_kernel(
     block_k = hl.register_block_size(headdim)
     dcb = torch.empty([batch, nchunks, nsplits, ngroups, chunk_size, chunk_size], dtype=torch.float32,
                       device=x.device)
+    # The fused ddA, in partials that no two programs share (zeros where a tile adds nothing): cols[.., i, t]
+    # row block i's sums at the positions t of column blocks, rows[.., j, t] column block j's sums at the
+    # positions t of row blocks, tiles[.., i, j] the total of tile (i, j).
+    fused = [batch, nheads, nchunks] if cb is not None else [0, 0, 0]
+    row_blocks = (chunk_size + block_m - 1) // block_m
+    col_blocks = (chunk_size + block_n - 1) // block_n
+    ddA_cols = torch.zeros([*fused, row_blocks, chunk_size], dtype=torch.float32, device=x.device)
+    ddA_rows = torch.zeros([*fused, col_blocks, chunk_size], dtype=torch.float32, device=x.device)
+    ddA_tiles = torch.zeros([*fused, row_blocks, col_blocks], dtype=torch.float32, device=x.device)
     for tile_b, tile_c, tile_gs, tile_m, tile_n in hl.tile(
         [batch, nchunks, ngroups * nsplits, chunk_size, chunk_size], block_size=[1, 1, 1, block_m, block_n]
     ):
@@ -326,6 +363,8 @@ def chunk_scan_bwd_dcb_kernel(
         # A block wholly above the diagonal is zero: skip its products, as mamba-ssm does (without the skip,
         # 0.64x mamba-ssm at chunk 256 on the H200).
         if tile_n.begin < tile_m.end:
+            if cb is not None:
+                cb_mn = cb[b, c, g, tile_m, tile_n].to(torch.float32)  # 0 across sequences already
             for hi in hl.grid(hpp):
                 h = g * hpg + split * hpp + hi
                 acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
@@ -336,29 +375,50 @@ def chunk_scan_bwd_dcb_kernel(
                 dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
                 dA_n = dA_cumsum[b, h, c, tile_n].to(torch.float32)
                 seg = dA_m[:, None] - dA_n[None, :]
-                w = torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
-                acc_cb = acc_cb + acc * w
+                acc = acc * torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
+                acc_cb = acc_cb + acc
+                if cb is not None:
+                    # ddA[t] = sum over l >= t > s of W[l, s]. This tile's share at its columns t: a 2D scan
+                    # where it meets the diagonal, prefixed column sums below it; at rows t past its last
+                    # column: suffixed row sums; between the two blocks: its total (added on the host).
+                    w = torch.where(tile_m.index[:, None] > tile_n.index[None, :], acc * cb_mn, 0.0)
+                    if tile_n.end <= tile_m.begin:
+                        col = torch.sum(w, dim=0)
+                        ddA_cols[b, h, c, tile_m.id, tile_n] = torch.cumsum(col, dim=0) - col
+                        ddA_tiles[b, h, c, tile_m.id, tile_n.id] = torch.sum(col, dim=0)
+                    else:
+                        before = torch.cumsum(w, dim=1) - w  # [l, t]: sum over s < t
+                        ddA_cols[b, h, c, tile_m.id, tile_n] = torch.sum(
+                            torch.where(tile_m.index[:, None] >= tile_n.index[None, :], before, 0.0), dim=0)
+                    if tile_m.end > tile_n.end:
+                        row = torch.sum(w, dim=1)
+                        later = tile_m.index[None, :] >= tile_m.index[:, None]  # [t, l]: l >= t
+                        suffix = torch.sum(torch.where(later, row[None, :], 0.0), dim=1)
+                        ddA_rows[b, h, c, tile_n.id, tile_m] = torch.where(tile_m.index >= tile_n.end, suffix, 0.0)
         keep = tile_m.index[:, None] >= tile_n.index[None, :]
         if seq_idx is not None:
             s_m = hl.load(seq_idx, [b, pos_m], extra_mask=valid_m)
             s_n = hl.load(seq_idx, [b, pos_n], extra_mask=valid_n)
             keep = keep & (s_m[:, None] == s_n[None, :])
         dcb[b, c, split, g, tile_m, tile_n] = torch.where(keep, acc_cb, 0.0)
-    return dcb
+    return dcb, ddA_cols, ddA_rows, ddA_tiles
 
 
 def chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1):
-    """Same arguments and result as mamba-ssm's ``_chunk_scan_bwd_dcb`` with CB=None (the only way its
-    combined backward calls it): dCB (b, c, g, Q, Q) fp32, lower triangle only."""
-    if CB is not None:
-        raise NotImplementedError("chunk_scan_bwd_dcb: CB (the fused intra-chunk ddA) is not supported; "
-                                  "use chunk_scan_bwd_ddAcs_stable")
+    """Same arguments and result as mamba-ssm's ``_chunk_scan_bwd_dcb``: dCB (b, c, g, Q, Q) fp32, lower
+    triangle only; with CB, (dCB, ddA), ddA (b, h, c, Q) fp32 as ``_chunk_scan_bwd_ddAcs_stable`` gives it,
+    with seq_idx too (mamba-ssm's own CB path, which its backward does not use, supports no seq_idx)."""
     batch, seqlen, nheads, headdim = x.shape
+    _, _, nchunks, chunk_size = dt.shape
     assert nheads % ngroups == 0
     if seq_idx is not None:
         assert seq_idx.shape == (batch, seqlen)
-    part = chunk_scan_bwd_dcb_kernel(x, dt, dA_cumsum, dout, seq_idx, int(ngroups), nheads // ngroups)
-    return part[:, :, 0] if part.shape[2] == 1 else part.sum(2)
+    if CB is not None:
+        assert CB.shape == (batch, nchunks, ngroups, chunk_size, chunk_size)
+        _pow2_chunk("chunk_scan_bwd_dcb", chunk_size)
+    dcb, ddA = dcb_sums(*chunk_scan_bwd_dcb_kernel(x, dt, dA_cumsum, dout, seq_idx, CB, int(ngroups),
+                                                   nheads // ngroups))
+    return dcb if CB is None else (dcb, ddA)
 
 
 # ---------------------------------------------------------------------------------------------------

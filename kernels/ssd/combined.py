@@ -25,7 +25,6 @@ from kernels.ssd.chunk_scan import chunk_scan_fwd
 from kernels.ssd.chunk_scan_bwd import (
     chunk_scan_bwd_dC,
     chunk_scan_bwd_dcb,
-    chunk_scan_bwd_ddAcs_stable,
     chunk_scan_bwd_dstates,
     chunk_scan_bwd_dz,
 )
@@ -83,7 +82,7 @@ HELION_STAGES = types.SimpleNamespace(
     chunk_scan_bwd_dstates=chunk_scan_bwd_dstates, state_passing_bwd=state_passing_bwd,
     chunk_scan_chunk_state_bwd_dx=chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db=chunk_state_bwd_db,
     chunk_scan_bwd_dC=chunk_scan_bwd_dC, chunk_scan_bwd_dcb=chunk_scan_bwd_dcb, bmm_chunk_bwd=bmm_chunk_bwd,
-    chunk_scan_bwd_ddAcs_stable=chunk_scan_bwd_ddAcs_stable, chunk_cumsum_bwd=chunk_cumsum_bwd,
+    chunk_cumsum_bwd=chunk_cumsum_bwd,
 )
 ssd_forward = functools.partial(compose.forward, HELION_STAGES)
 ssd_backward = functools.partial(compose.backward, HELION_STAGES)

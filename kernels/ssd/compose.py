@@ -1,12 +1,14 @@
 """The SSD forward and backward as mamba-ssm's ``_mamba_chunk_scan_combined_fwd`` / ``_bwd`` compose them,
 written once over a set of stage functions: ``kernels.ssd.naive`` (the pure-PyTorch references) and the
 Helion kernels both run through it, so the two can only differ in their stages. Pure PyTorch glue; it
-imports no kernel implementation itself.
+imports no kernel implementation itself. One change from mamba-ssm's order: the intra-chunk ddA comes
+from the dCB stage (its ``CB=`` form), which has the same products in hand, not from a separate pass
+(``chunk_scan_bwd_ddAcs_stable``) that recomputes them.
 
 ``stages`` is any object with the stage functions as attributes, named as in ``kernels.ssd.naive``:
 chunk_cumsum_fwd, chunk_state_fwd, state_passing_fwd, bmm_chunk_fwd, chunk_scan_fwd, chunk_scan_bwd_dz,
 chunk_scan_bwd_dstates, state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db,
-chunk_scan_bwd_dC, chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_scan_bwd_ddAcs_stable, chunk_cumsum_bwd.
+chunk_scan_bwd_dC, chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_cumsum_bwd.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
                                                    ngroups=ngroups)
     dC_state, ddA_cumsum_prev = stages.chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C,
                                                          ngroups=ngroups)
-    dCB = stages.chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, seq_idx=seq_idx, ngroups=ngroups)
+    dCB, ddA_intra = stages.chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, seq_idx=seq_idx, CB=CB, ngroups=ngroups)
     # The intra-chunk (CB) terms are added to the state terms and stored in B's / C's dtype, as mamba-ssm does.
     dB = stages.bmm_chunk_bwd(C, dCB, residual=dB_state, out=torch.empty_like(B) if dB is None else dB)
     dC = stages.bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC_state,
@@ -97,7 +99,7 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
     ddA_cumsum_prev = ddA_cumsum_prev.clone()
     ddA_cumsum_prev[..., -1] += ddA_chunk_cumsum
     ddA_prev = ddA_cumsum_prev.flip([-1]).cumsum(dim=-1).flip([-1])
-    ddA = stages.chunk_scan_bwd_ddAcs_stable(x, dt_out, dA_cumsum, dout, CB) + ddA_next + ddA_prev
+    ddA = ddA_intra + ddA_next + ddA_prev
     ddt, dA, ddt_bias = stages.chunk_cumsum_bwd(ddA, ddt_from_x, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                                 dt_limit=dt_limit, ddt=ddt)
     return dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states

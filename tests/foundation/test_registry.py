@@ -13,8 +13,8 @@ from kernels.registry import BaselineUnavailable, MissingImplementation
 EXPECTED = {
     "ssd": ["chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan", "state_passing_fp32",
             "chunk_scan_bwd_dz", "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
-            "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "bmm_chunk_bwd",
-            "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd", "ssd_combined_fwd", "ssd_combined_fwd_bwd"],
+            "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb_ddA",
+            "bmm_chunk_bwd", "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd", "ssd_combined_fwd", "ssd_combined_fwd_bwd"],
     "norm": ["gated_rmsnorm_fwd", "gated_rmsnorm_bwd"],
     "conv": ["causal_conv1d_fwd", "causal_conv1d_bwd"],
     "layer": ["mamba2_layer_fwd", "mamba2_layer_fwd_bwd"],

@@ -374,3 +374,59 @@ def test_gpu_matches_mamba_ssm(shape_name):
         assert mine.dtype == ref.dtype, name
         err = (mine.float() - ref.float()).abs().max().item()
         assert err <= 2e-2 * (ref.float().abs().max().item() + 1.0), (name, err)
+
+
+# ---------------------------------------------------------------------------------------------------
+# scripts/bench_mamba2_module.py: the full module, GEMMs included
+
+
+def _module_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_mamba2_module.py"
+    spec = importlib.util.spec_from_file_location("bench_mamba2_module", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_module_script_builds_the_suite_layer_at_any_width(mamba2):
+    """A width that does not divide d_ssm (Nemotron's 2688 against 4096) still gives the suite's SSM part
+    and no MLP part; the patched module's gradients are finite, and the report compares tensor by tensor."""
+    from kernels import suites
+
+    script = _module_script()
+    shape = suites.load().shape("smoke")
+    module, u, dout = script.build(shape, 42, "cpu", seed=0)
+    assert module.d_ssm == module.d_inner == shape.d_ssm and module.nheads == shape.nheads
+    assert module.in_proj.out_features == 2 * shape.d_ssm + 2 * shape.ngroups * shape.dstate + shape.nheads
+    assert u.shape == dout.shape == (shape.batch, shape.seqlen, 42) and u.requires_grad
+    try:
+        with execution_mode("ref"):
+            grads = script.gradients(module, u, dout, patched=True)
+    finally:
+        kernels.unpatch_mamba_ssm()
+    assert all(p.grad is None for p in module.parameters()) and u.grad is None  # left as found
+    assert {"out", "du", "din_proj.weight", "dout_proj.weight", "dA_log", "dD", "ddt_bias"} <= set(grads)
+    same = script.differences(grads, grads)
+    assert all(r["max_abs_diff"] == 0.0 and r["finite"] for r in same.values())
+    broken = {**grads, "du": grads["du"] + 1.0}
+    broken["dD"] = grads["dD"].clone()
+    broken["dD"][0] = float("nan")
+    report = script.differences(broken, grads)
+    assert report["du"]["max_abs_diff"] == pytest.approx(1.0) and not report["dD"]["finite"]
+
+
+def test_module_script_rejects_bad_arguments(mamba2, capsys):
+    from kernels import suites
+
+    script = _module_script()
+    with pytest.raises(SystemExit):
+        script.main(["--shape", "smoke", "--d-model", "0", "--out", "x.json"])
+    assert "--d-model: expected a positive int, got 0" in capsys.readouterr().err
+    with pytest.raises(KeyError, match="nemotron3-nano"):
+        script.main(["--shape", "nemotron3-nan", "--d-model", "64", "--out", "x.json"])
+    other_groups = suites.load().shape("smoke").replace(norm_group_size=64)
+    with pytest.raises(ValueError, match="--shape smoke: Mamba2 normalizes groups of 32, the suite shape of 64"):
+        script.build(other_groups, 64, "cpu", seed=0)

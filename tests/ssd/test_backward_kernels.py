@@ -12,6 +12,8 @@ GPU (``-m gpu``): every suite shape, bf16, against mamba-ssm.
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -29,8 +31,8 @@ from kernels.ssd import (
 from kernels.testing import execution_mode
 
 KERNELS = ("chunk_scan_bwd_dz", "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
-           "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "bmm_chunk_bwd",
-           "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd")
+           "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb_ddA",
+           "bmm_chunk_bwd", "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd")
 MODULES = (chunk_scan_bwd, state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd, bmm_chunk_bwd)
 SMOKE = suites.load().shape("smoke")  # b1 L96 h4 p16 g2 n16 Q32 fp32
 ODD = {
@@ -42,7 +44,7 @@ ODD = {
 }
 # Interpreter shape: p32 n16 Q32 h4 g2 (2 heads per group), ragged last chunk.
 TILED = SMOKE.replace(headdim=32, seqlen=80, batch=2)
-SMALL = {  # block sizes (in register_block_size order) below every dimension they tile, one head/program
+SMALL: dict = {  # block sizes (in register_block_size order) below every dimension they tile, one head/program
     "chunk_scan_bwd_dz": {"block_sizes": [16, 16]},
     "chunk_scan_bwd_dstates": {"block_sizes": [16, 8, 16]},
     "chunk_scan_bwd_dC": {"block_sizes": [16, 8, 16], "heads_per_program": 1},
@@ -55,6 +57,7 @@ SMALL = {  # block sizes (in register_block_size order) below every dimension th
     "bmm_chunk_bwd": {"block_sizes": [16, 8, 16]},
     "chunk_cumsum_bwd": {"block_sizes": [2]},
 }
+SMALL["chunk_scan_bwd_dcb_ddA"] = SMALL["chunk_scan_bwd_dcb"]  # the same kernel, with CB (configs go by kernel)
 
 
 def _f64(value):
@@ -185,11 +188,51 @@ def test_chunk_cumsum_bwd_options(bias, softplus, limit):
     assert (ours[2] is None) == (not bias)
 
 
-def test_dcb_refuses_fused_ddA():
-    inp = registry.get("chunk_scan_bwd_dcb").inputs(SMOKE, 0)
-    with pytest.raises(NotImplementedError, match="CB"):
-        chunk_scan_bwd.chunk_scan_bwd_dcb(inp["x"], inp["dt"], inp["dA_cumsum"], inp["dout"], CB=inp["cb"],
-                                          ngroups=2)
+@pytest.mark.parametrize("blocks", [(16, 16), (16, 32), (32, 16), (64, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("seq", [False, True])
+def test_dcb_fused_ddA_every_tiling(blocks, seq):
+    """The fused ddA gathers each tile's share by the tile's place (on the diagonal, across it, below it,
+    with positions between its row and column blocks), for square and oblong tiles, and with seq_idx
+    through CB's zeros: Triton's interpreter, since ref mode runs whole-chunk tiles (and a dot's blocks are
+    16 or more, hence chunks of 64)."""
+    shape = SMOKE.replace(seqlen=150, batch=2, chunk_size=64)
+    inp = registry.get("chunk_scan_bwd_dcb_ddA").inputs(shape, 6)
+    seq_idx = _seq_idx(shape.batch, shape.seqlen) if seq else None
+    cb = inp["cb"]
+    if seq:  # as the forward's CB is: zero across sequences
+        cb = naive.bmm_chunk_fwd(inp["C"], inp["B"], shape.chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
+    args = (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dout"])
+    config = {"block_sizes": [*blocks, 16], "heads_per_program": 1, "num_warps": 4}
+    with execution_mode("triton"), pinned_config(chunk_scan_bwd.chunk_scan_bwd_dcb_kernel, config):
+        ours = chunk_scan_bwd.chunk_scan_bwd_dcb(*args, seq_idx=seq_idx, CB=cb, ngroups=shape.ngroups)
+    ref = naive.chunk_scan_bwd_dcb(*(_f64(a) for a in args), seq_idx=_f64(seq_idx), CB=_f64(cb),
+                                   ngroups=shape.ngroups)
+    _close(ours, ref, label="dcb, ddA")
+    stable = naive.chunk_scan_bwd_ddAcs_stable(*(_f64(a) for a in args), _f64(cb))
+    _close(ours[1:], (stable,), label="ddA against the stable kernel's reference")
+
+
+def test_dcb_tuner_check_compares_finished_outputs():
+    """The tuner's check of a candidate against the default config: the fused ddA's partials differ in
+    layout with the tiling, so it compares them finished (``dcb_sums``), and still catches a wrong one."""
+    shape = SMOKE.replace(seqlen=150, batch=2, chunk_size=64)
+    inp = registry.get("chunk_scan_bwd_dcb_ddA").inputs(shape, 6)
+    kernel = chunk_scan_bwd.chunk_scan_bwd_dcb_kernel
+    args = (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dout"], None, inp["cb"], shape.ngroups,
+            shape.nheads // shape.ngroups)
+    raw = {}
+    for blocks in ((16, 16), (64, 32)):
+        config = {"block_sizes": [*blocks, 16], "heads_per_program": 1, "num_warps": 4}
+        with execution_mode("triton"), pinned_config(kernel, config):
+            raw[blocks] = kernel(*args)
+    fine, coarse = raw[(16, 16)], raw[(64, 32)]
+    assert fine[1].shape != coarse[1].shape
+    check = pickle.loads(pickle.dumps(kernel.autotune_accuracy_check))  # Helion pickles it
+    check(fine, coarse)
+    tiles = fine[3].clone()
+    tiles[0, 0, 0, 3, 0] += 1.0  # a tile total that reaches positions between its blocks
+    with pytest.raises(AssertionError, match="chunk_scan_bwd_dcb output 1"):
+        check((*fine[:3], tiles), coarse)
 
 
 # ---------------------------------------------------------------------------------------------------
