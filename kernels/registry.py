@@ -464,7 +464,8 @@ ENTRIES: tuple[KernelEntry, ...] = (
     # dCB and the intra-chunk ddA in one pass (our backward's form), against mamba-ssm's backward, which runs
     # the dCB kernel, then the stable ddA kernel on the same products.
     _entry("chunk_scan_bwd_dcb_ddA", "ssd", "bwd_11_14",
-           "_chunk_scan_bwd_dcb_kernel + _chunk_scan_bwd_ddAcs_stable_kernel", inputs_bwd_with_states, ("x", "dt", "dA_cumsum", "dout", "seq_idx", "cb", "ngroups"), ("dcb", "ddA"),
+           "_chunk_scan_bwd_dcb_kernel + _chunk_scan_bwd_ddAcs_stable_kernel", inputs_bwd_with_states,
+           ("x", "dt", "dA_cumsum", "dout", "seq_idx", "cb", "ngroups"), ("dcb", "ddA"),
            f"{_SSD}:chunk_scan_bwd_dcb", "kernels._mamba_ssm:dcb_and_intra_ddA",
            _model(lambda z: 2 * z["x"] + 2 * z["dt"] + 2 * z["cb"]),
            _flops(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p),

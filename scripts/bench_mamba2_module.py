@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         r = report[phase]
         m = r["median_ms"]
         print(f"{shape.name} d_model={args.d_model} {phase}: ours {m['helion']:.3f} ms, "
-              f"mamba-ssm {m['mamba_ssm']:.3f} ms ({r['speedup_vs_mamba_ssm']:.3f}x); the two GEMMs {m['gemms']:.3f} ms")
+              f"mamba-ssm {m['mamba_ssm']:.3f} ms ({r['speedup_vs_mamba_ssm']:.3f}x); "
+              f"the two GEMMs {m['gemms']:.3f} ms")
     worst = max(report["precision"].items(), key=lambda kv: kv[1]["max_abs_diff_over_rms"])
     print(f"largest difference from mamba-ssm: {worst[0]} {worst[1]['max_abs_diff']:.3g} "
           f"({worst[1]['max_abs_diff_over_rms']:.3g} of its rms)")
