@@ -392,8 +392,7 @@ def chunk_scan_bwd_dcb_kernel(
                             torch.where(tile_m.index[:, None] >= tile_n.index[None, :], before, 0.0), dim=0)
                     if tile_m.end > tile_n.end:
                         row = torch.sum(w, dim=1)
-                        later = tile_m.index[None, :] >= tile_m.index[:, None]  # [t, l]: l >= t
-                        suffix = torch.sum(torch.where(later, row[None, :], 0.0), dim=1)
+                        suffix = torch.sum(row, dim=0) - torch.cumsum(row, dim=0) + row  # [t]: sum over l >= t
                         ddA_rows[b, h, c, tile_n.id, tile_m] = torch.where(tile_m.index >= tile_n.end, suffix, 0.0)
         keep = tile_m.index[:, None] >= tile_n.index[None, :]
         if seq_idx is not None:
