@@ -28,6 +28,7 @@ mamba2_guard_kernel_latency_seconds                   {kernel, shape, impl, quan
 mamba2_guard_speedup_ratio                            {kernel, shape}  mamba-ssm time / Helion time
 mamba2_guard_precision_abs_diff                       {kernel, shape, stat=max|mean, against=mamba_ssm}
 mamba2_guard_precision_rel_error_ratio                {kernel, shape, impl, against=fp64}
+mamba2_guard_precision_strays                         {kernel, shape}  output elements beyond the tolerance
 mamba2_guard_roofline_utilization_ratio               {kernel, shape}
 mamba2_guard_regression                               {kernel, shape}  1 = failing verdict "regression"
 mamba2_guard_case_status                              {kernel, shape, status}  one-hot verdict status
@@ -140,6 +141,9 @@ class GuardMetrics:
                               case + ("stat", "against") + g, registry=r)
         self.rel_err = Gauge(f"{PREFIX}_precision_rel_error_ratio", "Max relative error against a reference",
                              case + ("impl", "against") + g, registry=r)
+        self.strays = Gauge(f"{PREFIX}_precision_strays",
+                            "Output elements beyond the tolerance of mamba-ssm's value, over the case's outputs",
+                            case + g, registry=r)
         self.roofline = Gauge(f"{PREFIX}_roofline_utilization_ratio", "Roofline-bound time / achieved time (0..1)",
                               case + g, registry=r)
         self.regression = Gauge(f"{PREFIX}_regression", "1 when the case's verdict is a regression",
@@ -211,6 +215,7 @@ class GuardMetrics:
                 for impl, v in (("helion", p.max_rel_err_vs_fp64), ("mamba_ssm", p.mamba_ssm_max_rel_err_vs_fp64)):
                     if v is not None:
                         self.rel_err.labels(impl=impl, against="fp64", **labels).set(v)
+                self.strays.labels(**labels).set(sum(int(o.get("strays") or 0) for o in p.outputs))
         seen = set()
         for v in verdicts:
             vd = _as_dict(v)

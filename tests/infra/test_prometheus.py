@@ -20,7 +20,7 @@ FAMILIES = {
     "mamba2_guard_result_timestamp_seconds", "mamba2_guard_run_duration_seconds",
     "mamba2_guard_last_run_timestamp_seconds", "mamba2_guard_last_success_timestamp_seconds",
     "mamba2_guard_runs_total", "mamba2_guard_autotune_duration_seconds", "mamba2_guard_prs_opened_total",
-    "mamba2_guard_last_event_timestamp_seconds", "mamba2_guard_state_errors_total",
+    "mamba2_guard_last_event_timestamp_seconds", "mamba2_guard_state_errors_total", "mamba2_guard_precision_strays",
 }
 DCGM_LABELS = {"gpu", "UUID", "modelName", "Hostname"}
 BOUNDED = {"kernel", "shape", "impl", "quantile", "stat", "against", "status", "component", "guard_job", "event",
@@ -46,6 +46,8 @@ def test_exposition_names_units_and_labels():
     assert lat and 0.0005 < lat[0].value < 0.00056  # seconds, not milliseconds
     reg = {s.labels["kernel"]: s.value for s in series if s.name == "mamba2_guard_regression"}
     assert reg["ssd_chunk_state_fwd"] == 1 and reg["ssd_chunk_scan_fwd"] == 0
+    strays = {s.labels["kernel"]: s.value for s in series if s.name == "mamba2_guard_precision_strays"}
+    assert strays["gated_rmsnorm_bwd"] == 2 and strays["ssd_chunk_scan_fwd"] == 0
     drift = {s.labels["component"]: s.value for s in series if s.name == "mamba2_guard_drift"}
     assert drift["helion"] == 1 and drift["torch"] == 0
 
