@@ -1,6 +1,7 @@
 """Helion backward kernels of the chunk_scan stage: drop-ins for mamba-ssm's ``_chunk_scan_bwd_dz``,
 ``_chunk_scan_bwd_dstates``, ``_chunk_scan_bwd_dC``, ``_chunk_scan_bwd_dcb`` and
-``_chunk_scan_bwd_ddAcs_stable`` (same arguments, outputs and dtypes as kernels/ssd/naive.py).
+``_chunk_scan_bwd_ddAcs_stable`` (same arguments, outputs and dtypes as kernels/ssd/naive.py). dCB's
+``CB=`` form also gives the intra-chunk ddA from the same products; the SSD backward uses that form.
 
 Deterministic: no atomics. Where mamba-ssm accumulates across programs with atomic adds (dD, dC and
 dCB over head splits), each program writes a partial sum and the host adds them, as for ddA's row blocks.
