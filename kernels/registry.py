@@ -225,6 +225,12 @@ def inputs_state_passing(s, seed, device):
     return base
 
 
+def inputs_chunk_state_passing_bwd(s, seed, device):
+    base = _ssd_base(s, seed, device)
+    base["states_fp32"] = _states(s, base["g"], device, torch.float32, flat=False)
+    return base
+
+
 def inputs_bmm_chunk(s, seed, device):
     return _ssd_base(s, seed, device)
 
@@ -408,16 +414,23 @@ ENTRIES: tuple[KernelEntry, ...] = (
            _model(lambda z: z["cb"] + 2 * z["x"] + 2 * z["dt"] + z["bc"] + z["states"]),
            _flops(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p + 2 * b * L * h * p * n),
            helion="kernels.ssd.chunk_scan:chunk_scan_fwd"),
+    # chunk_state then state_passing in one pass (our forward's form), against mamba-ssm's two kernels.
+    _entry("chunk_state_passing", "ssd", "fwd_2_3", "_chunk_state_fwd_kernel + _state_passing_fwd_kernel",
+           inputs_chunk_state, ("B", "x", "dt", "dA_cumsum", "none", "seq_idx", "io_dtype"), ("states", "final_states"),
+           f"{_SSD}:chunk_state_passing_fwd", "kernels._mamba_ssm:chunk_state_passing_fwd",
+           _model(lambda z: z["bc"] + z["x"] + 2 * z["dt"] + z["states"] + z["final"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * L * h * p * n + 2 * b * c * h * p * n),
+           helion="kernels.ssd.chunk_state_passing:chunk_state_passing_fwd"),
     # ---- SSD backward (launch order of _mamba_chunk_scan_combined_bwd)
-    # The backward's recompute of state passing (fp32 output, as mamba-ssm's backward calls it): the same
-    # kernel under its own shape key, so that the bench watches it and the tuner gives it a whole job (inside
-    # the whole call's job it ran Helion's default config, 4.5x slower than the forward's, on the H200).
-    _entry("state_passing_fp32", "ssd", "bwd_3", "_state_passing_fwd_kernel (backward recompute, fp32 out)",
-           inputs_state_passing, ("states", "dA_chunk_cumsum", "none", "seq_idx", "chunk_size"),
-           ("states", "final_states"), f"{_SSD}:state_passing_fwd", f"{_PASS}:_state_passing_fwd",
-           _model(lambda z: 2 * z["states32"] + z["final"]),
-           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * c * h * p * n),
-           helion="kernels.ssd.state_passing:state_passing_fwd"),
+    # The backward's recompute of the states (fp32 output, as mamba-ssm's backward computes them): the same
+    # kernel under its own shape key, so that the bench watches it and the tuner gives it a whole job.
+    _entry("chunk_state_passing_fp32", "ssd", "bwd_2_3",
+           "_chunk_state_fwd_kernel + _state_passing_fwd_kernel (backward recompute, fp32 out)", inputs_chunk_state,
+           ("B", "x", "dt", "dA_cumsum", "none", "seq_idx"), ("states", "final_states"),
+           f"{_SSD}:chunk_state_passing_fwd", "kernels._mamba_ssm:chunk_state_passing_fwd",
+           _model(lambda z: z["bc"] + z["x"] + 2 * z["dt"] + z["states32"] + z["final"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * L * h * p * n + 2 * b * c * h * p * n),
+           helion="kernels.ssd.chunk_state_passing:chunk_state_passing_fwd"),
     _entry("chunk_scan_bwd_dz", "ssd", "bwd_5", "_chunk_scan_bwd_dz_kernel", inputs_chunk_scan_bwd_dz,
            ("x", "z", "out_x", "dout", "chunk_size", "false", "D_per_dim"), ("dz", "dout_x", "dD"),
            f"{_SSD}:chunk_scan_bwd_dz", f"{_SCAN}:_chunk_scan_bwd_dz",
@@ -436,6 +449,15 @@ ENTRIES: tuple[KernelEntry, ...] = (
            _model(lambda z: 2 * z["states32"] + 2 * z["states"]),
            _flops(lambda b, L, h, p, G, n, Q, c: 4 * b * c * h * p * n),
            helion="kernels.ssd.state_passing_bwd:state_passing_bwd"),
+    # dstates then state passing backward in one pass (our backward's form), against mamba-ssm's two kernels.
+    _entry("chunk_state_passing_bwd", "ssd", "bwd_6_7", "_chunk_scan_bwd_dstates_kernel + _state_passing_bwd_kernel",
+           inputs_chunk_state_passing_bwd,
+           ("C", "dA_cumsum", "dout", "states_fp32", "none", "seq_idx", "false", "io_dtype", "io_dtype"),
+           ("dstates", "ddA_chunk_cumsum", "dinitial_states", "states_converted"),
+           f"{_SSD}:chunk_state_passing_bwd", "kernels._mamba_ssm:chunk_state_passing_bwd",
+           _model(lambda z: z["bc"] + z["dt"] + z["x"] + z["states32"] + 2 * z["states"]),
+           _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * L * h * p * n + 4 * b * c * h * p * n),
+           helion="kernels.ssd.chunk_state_passing_bwd:chunk_state_passing_bwd"),
     _entry("chunk_scan_chunk_state_bwd_dx", "ssd", "bwd_8", "_chunk_scan_chunk_state_bwd_dx_kernel",
            inputs_bwd_with_states,
            ("x", "dt", "dA_cumsum", "B", "cb", "dout", "dstates", "D", "seq_idx"), ("dx", "ddt", "dD"),
@@ -523,9 +545,9 @@ def _total(names: Sequence[str], model: str) -> Callable[[ShapeSpec], int]:
 
 # The whole drop-in call, as a user makes it (x, dt, A, B, C, D per head, dt_bias with softplus, no z).
 _CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "dt_bias=dt_bias", "dt_softplus=dt_softplus")
-_FWD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan")
-_FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state", "state_passing_fp32",  # recomputed
-                   "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
+_FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk", "chunk_scan")
+_FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
+                   "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
                    "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb_ddA", "bmm_chunk_bwd",
                    "bmm_chunk_bwd", "chunk_cumsum_bwd")
 _COMBINED = f"{_mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined"

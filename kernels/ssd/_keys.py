@@ -1,4 +1,4 @@
-"""Shared helpers of the Helion SSD kernels: shape-key pieces, seq_idx views, the head-split tunable."""
+"""Shared helpers of the Helion SSD kernels: shape-key pieces, seq_idx and chunk views, the head-split tunable."""
 
 from __future__ import annotations
 
@@ -32,6 +32,26 @@ def seq_prev(seq_idx: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """(b, c) int32: seq_idx at the position before each chunk; 0 before chunk 0 (as mamba-ssm)."""
     last = seq_last(seq_idx, chunk_size)
     return torch.cat([torch.zeros_like(last[:, :1]), last[:, :-1]], dim=1).contiguous()
+
+
+def by_chunk(t: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """(b, L, ...) -> (b, nchunks, chunk_size, ...): a view, or a zero-padded copy when chunk_size does not divide
+    L, so that a kernel can take a whole chunk as one tile."""
+    batch, seqlen = t.shape[:2]
+    pad = -seqlen % chunk_size
+    if pad:
+        t = torch.cat([t, t.new_zeros((batch, pad, *t.shape[2:]))], dim=1)
+    return t.view(batch, (seqlen + pad) // chunk_size, chunk_size, *t.shape[2:])
+
+
+def carry_decay_log(dA_chunk_cumsum: torch.Tensor, seq_idx: torch.Tensor | None, chunk_size: int) -> torch.Tensor:
+    """(b, h, c) contiguous: the log of the decay of the state carried into each chunk's end, dA_cumsum[..., -1],
+    and -inf (exp(-inf) = 0) where seq_idx drops the carry: where a chunk's last position is in another
+    sequence than the position before the chunk (sequence 0 before chunk 0), as mamba-ssm's state passing."""
+    if seq_idx is None:
+        return dA_chunk_cumsum.contiguous()
+    keep = seq_last(seq_idx, chunk_size) == seq_prev(seq_idx, chunk_size)  # (b, c)
+    return dA_chunk_cumsum.masked_fill(~keep[:, None, :], float("-inf")).contiguous()
 
 
 MAX_HEAD_SPLITS = 4

@@ -32,6 +32,11 @@ def matmul_mnk() -> list[dict[str, Any]]:
     return [_config([m, n, k], stages, warps) for m, n, k, stages, warps in _MATMUL]
 
 
+def matmul_mn() -> list[dict[str, Any]]:
+    """The fused state kernels: chunk_state's (M, N) blocks and settings, with the chunk in one block."""
+    return [_config([m, n], stages, warps) for m, n, _, stages, warps in _MATMUL]
+
+
 def matmul_mnkk() -> list[dict[str, Any]]:
     """chunk_scan and dx: one K block for both of mamba-ssm's inner loops (over dstate and the chunk)."""
     return [_config([m, n, k, k], stages, warps) for m, n, k, stages, warps in _MATMUL]

@@ -1,11 +1,12 @@
 """``mamba_chunk_scan_combined``: the drop-in for mamba-ssm 2.3.2.post1's function of the same name,
-composed from the Helion SSD stages (chunk_cumsum -> chunk_state -> state_passing -> bmm_chunk ->
-chunk_scan).
+composed from the Helion SSD stages (chunk_cumsum -> chunk_state_passing (chunk_state and state_passing in
+one pass) -> bmm_chunk -> chunk_scan).
 
 Autograd: gradients for x, dt, A, B, C, D, z, dt_bias and initial_states (and through final_states)
 with mamba-ssm's recomputation policy: the forward saves its inputs and the output (pre-gate output
-when z is given); the backward recomputes chunk_cumsum, bmm_chunk, chunk_state and state_passing, then
-runs the Helion backward kernels in the order of mamba-ssm's ``_mamba_chunk_scan_combined_bwd``.
+when z is given); the backward recomputes chunk_cumsum, bmm_chunk and the states, then runs the Helion
+backward kernels in the order of mamba-ssm's ``_mamba_chunk_scan_combined_bwd`` (with the fused stages that
+``kernels.ssd.compose`` lists).
 Arguments it does not support (``cu_seqlens``, ``return_varlen_states``) raise ``NotImplementedError``
 naming them.
 """
@@ -25,14 +26,12 @@ from kernels.ssd.chunk_scan import chunk_scan_fwd
 from kernels.ssd.chunk_scan_bwd import (
     chunk_scan_bwd_dC,
     chunk_scan_bwd_dcb,
-    chunk_scan_bwd_dstates,
     chunk_scan_bwd_dz,
 )
 from kernels.ssd.chunk_scan_chunk_state_bwd import chunk_scan_chunk_state_bwd_dx
-from kernels.ssd.chunk_state import chunk_state_fwd
 from kernels.ssd.chunk_state_bwd import chunk_cumsum_bwd, chunk_state_bwd_db
-from kernels.ssd.state_passing import state_passing_fwd
-from kernels.ssd.state_passing_bwd import state_passing_bwd
+from kernels.ssd.chunk_state_passing import chunk_state_passing_fwd
+from kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd
 
 INF = float("inf")
 
@@ -77,12 +76,11 @@ def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
 
 # The Helion stages, named as compose.forward/backward expect them.
 HELION_STAGES = types.SimpleNamespace(
-    chunk_cumsum_fwd=chunk_cumsum_fwd, chunk_state_fwd=chunk_state_fwd, state_passing_fwd=state_passing_fwd,
+    chunk_cumsum_fwd=chunk_cumsum_fwd, chunk_state_passing_fwd=chunk_state_passing_fwd,
     bmm_chunk_fwd=bmm_chunk_fwd, chunk_scan_fwd=chunk_scan_fwd, chunk_scan_bwd_dz=chunk_scan_bwd_dz,
-    chunk_scan_bwd_dstates=chunk_scan_bwd_dstates, state_passing_bwd=state_passing_bwd,
-    chunk_scan_chunk_state_bwd_dx=chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db=chunk_state_bwd_db,
-    chunk_scan_bwd_dC=chunk_scan_bwd_dC, chunk_scan_bwd_dcb=chunk_scan_bwd_dcb, bmm_chunk_bwd=bmm_chunk_bwd,
-    chunk_cumsum_bwd=chunk_cumsum_bwd,
+    chunk_state_passing_bwd=chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx=chunk_scan_chunk_state_bwd_dx,
+    chunk_state_bwd_db=chunk_state_bwd_db, chunk_scan_bwd_dC=chunk_scan_bwd_dC, chunk_scan_bwd_dcb=chunk_scan_bwd_dcb,
+    bmm_chunk_bwd=bmm_chunk_bwd, chunk_cumsum_bwd=chunk_cumsum_bwd,
 )
 ssd_forward = functools.partial(compose.forward, HELION_STAGES)
 ssd_backward = functools.partial(compose.backward, HELION_STAGES)

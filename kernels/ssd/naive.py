@@ -25,11 +25,13 @@ __all__ = [
     "chunk_cumsum_fwd",
     "chunk_state_fwd",
     "state_passing_fwd",
+    "chunk_state_passing_fwd",
     "bmm_chunk_fwd",
     "chunk_scan_fwd",
     "chunk_scan_bwd_dz",
     "chunk_scan_bwd_dstates",
     "state_passing_bwd",
+    "chunk_state_passing_bwd",
     "chunk_scan_chunk_state_bwd_dx",
     "chunk_state_bwd_db",
     "chunk_scan_bwd_dC",
@@ -210,6 +212,13 @@ def state_passing_fwd(states, dA_chunk_cumsum, initial_states=None, seq_idx=None
             carry.to(_odtype(torch.float32, cd)))
 
 
+def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, out_dtype=None):
+    """``chunk_state_fwd`` then ``state_passing_fwd`` (``compose.chain_chunk_state_passing``): (the states
+    entering each chunk (b,c,h,p,n) in out_dtype (default fp32), final_states (b,h,p,n) fp32)."""
+    return compose.chain_chunk_state_passing(sys.modules[__name__], B, x, dt, dA_cumsum, initial_states, seq_idx,
+                                             out_dtype)
+
+
 def bmm_chunk_fwd(a, b, chunk_size, seq_idx=None, causal=False, output_dtype=None):
     """``_bmm_chunk_fwd``: per-chunk a @ b^T.
 
@@ -359,6 +368,15 @@ def state_passing_bwd(states, dA_chunk_cumsum, dout, dfinal_states=None, seq_idx
     # mamba-ssm converts to dstates_dtype (or dout.dtype), not to states_dtype, when they differ.
     conv = states.dtype if states_dtype == states.dtype else dst_dtype
     return (*vals, states.to(_odtype(conv, cd)))
+
+
+def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,
+                            dstates_dtype=None, states_dtype=None):
+    """``chunk_scan_bwd_dstates`` then ``state_passing_bwd`` (``compose.chain_chunk_state_passing_bwd``);
+    states (b,c,h,p,n) entering each chunk. Returns (dstates (b,c,h,p,n), ddA_chunk_cumsum (b,h,c),
+    dinitial_states or None[, the states converted, when states_dtype is given])."""
+    return compose.chain_chunk_state_passing_bwd(sys.modules[__name__], C, dA_cumsum, dout, states, dfinal_states,
+                                                 seq_idx, has_initial_states, dstates_dtype, states_dtype)
 
 
 def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None, seq_idx=None, dx=None):

@@ -28,7 +28,7 @@ from helion.autotuner import EnumFragment
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
-from kernels.ssd._keys import dtype_name, seq_last, seq_prev, tokens
+from kernels.ssd._keys import carry_decay_log, dtype_name, tokens
 
 
 def _shape_key(states, dA_chunk_cumsum, initial_states, out, final_states, chunk_size) -> ShapeKey:
@@ -94,8 +94,7 @@ def state_passing_fwd(states, dA_chunk_cumsum, initial_states=None, seq_idx=None
         assert initial_states.shape == (batch, nheads, dim)
     if seq_idx is not None:
         assert chunk_size is not None and seq_idx.shape[0] == batch
-        keep = seq_last(seq_idx, chunk_size) == seq_prev(seq_idx, chunk_size)  # (b, c)
-        dA_chunk_cumsum = dA_chunk_cumsum.masked_fill(~keep[:, None, :], float("-inf"))
+    dA_chunk_cumsum = carry_decay_log(dA_chunk_cumsum, seq_idx, chunk_size)
     out = torch.empty((batch, nchunks, nheads, dim), device=states.device,
                       dtype=states.dtype if out_dtype is None else out_dtype)
     final_states = torch.empty((batch, nheads, dim), device=states.device, dtype=torch.float32)

@@ -28,7 +28,7 @@ from helion.autotuner import EnumFragment
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
-from kernels.ssd._keys import dtype_name, seq_last, seq_prev, tokens
+from kernels.ssd._keys import carry_decay_log, dtype_name, tokens
 
 
 def _shape_key(states, dA_chunk_cumsum, dout, dfinal_states, dstates, dinitial_states, states_converted,
@@ -115,8 +115,7 @@ def state_passing_bwd(states, dA_chunk_cumsum, dout, dfinal_states=None, seq_idx
         assert dfinal_states.shape == (batch, nheads, dim)
     if seq_idx is not None:
         assert chunk_size is not None and seq_idx.shape[0] == batch
-        keep = seq_last(seq_idx, chunk_size) == seq_prev(seq_idx, chunk_size)  # (b, c)
-        dA_chunk_cumsum = dA_chunk_cumsum.masked_fill(~keep[:, None, :], float("-inf"))
+    dA_chunk_cumsum = carry_decay_log(dA_chunk_cumsum, seq_idx, chunk_size)
     dst_dtype = dout.dtype if dstates_dtype is None else dstates_dtype
     dstates = torch.empty((batch, nchunks, nheads, dim), device=states.device, dtype=dst_dtype)
     dinit = torch.empty((batch, nheads, dim), device=states.device, dtype=dst_dtype) if has_initial_states else None
@@ -124,10 +123,17 @@ def state_passing_bwd(states, dA_chunk_cumsum, dout, dfinal_states=None, seq_idx
     states_converted = torch.empty_like(states, dtype=dst_dtype) if convert else None
     part = state_passing_bwd_kernel(states, dA_chunk_cumsum, dout, dfinal_states, dstates, dinit, states_converted,
                                     int(chunk_size or 256))
-    ddA = part[..., 0] if part.shape[-1] == 1 else part.sum(-1)
-    if not has_initial_states:
+    return finish_outputs(part, dstates, dinit, states, states_converted, states_dtype)
+
+
+def finish_outputs(ddA_part, dstates, dinitial_states, states, states_converted, states_dtype):
+    """The state passing backward's results as mamba-ssm returns them, from a kernel's outputs: ddA_chunk_cumsum
+    summed over its per-block partials (last dimension), 0 at chunk 0 without initial states, and the states
+    (converted where they were) when ``states_dtype`` is given."""
+    ddA = ddA_part[..., 0] if ddA_part.shape[-1] == 1 else ddA_part.sum(-1)
+    if dinitial_states is None:
         ddA[..., 0] = 0.0
-    vals = (dstates, ddA, dinit)
+    vals = (dstates, ddA, dinitial_states)
     if states_dtype is None:
         return vals
-    return (*vals, states if not convert else states_converted)
+    return (*vals, states if states_converted is None else states_converted)

@@ -1,6 +1,6 @@
-"""The Helion SSD backward kernels (kernels/ssd/{chunk_scan_bwd,state_passing_bwd,chunk_scan_chunk_state_bwd,
-chunk_state_bwd,bmm_chunk_bwd}.py) against the fp64 references of kernels/ssd/naive.py, and the full
-autograd of ``kernels.mamba_chunk_scan_combined``.
+"""The Helion SSD backward kernels (kernels/ssd/{chunk_scan_bwd,state_passing_bwd,chunk_state_passing_bwd,
+chunk_scan_chunk_state_bwd,chunk_state_bwd,bmm_chunk_bwd}.py) against the fp64 references of
+kernels/ssd/naive.py, and the full autograd of ``kernels.mamba_chunk_scan_combined``.
 
 CPU: Helion ref mode at the smoke shape and odd shapes, plus the optional arguments (D per head / per
 head dim / none, z outputs, dt_bias + softplus, dt_limit, initial and final states, seq_idx); Triton's
@@ -25,15 +25,18 @@ from kernels.ssd import (
     chunk_scan_bwd,
     chunk_scan_chunk_state_bwd,
     chunk_state_bwd,
+    chunk_state_passing_bwd,
     naive,
     state_passing_bwd,
 )
 from kernels.testing import execution_mode
 
-KERNELS = ("chunk_scan_bwd_dz", "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
+KERNELS = ("chunk_scan_bwd_dz", "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_state_passing_bwd",
+           "chunk_scan_chunk_state_bwd_dx",
            "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb_ddA",
            "bmm_chunk_bwd", "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd")
-MODULES = (chunk_scan_bwd, state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd, bmm_chunk_bwd)
+MODULES = (chunk_scan_bwd, state_passing_bwd, chunk_state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd,
+           bmm_chunk_bwd)
 SMOKE = suites.load().shape("smoke")  # b1 L96 h4 p16 g2 n16 Q32 fp32
 ODD = {
     "smoke": {},
@@ -52,6 +55,7 @@ SMALL: dict = {  # block sizes (in register_block_size order) below every dimens
     "chunk_scan_bwd_ddAcs_stable": {"block_sizes": [16, 8, 16]},
     "state_passing_bwd": {"block_sizes": [64]},
     "state_passing_bwd_scan": {"block_sizes": [64]},  # with scan=True, pinned in _runs
+    "chunk_state_passing_bwd": {"block_sizes": [16, 8]},  # headdim, dstate (the chunk is one tile)
     "chunk_scan_chunk_state_bwd_dx": {"block_sizes": [16, 16, 16, 8]},
     "chunk_state_bwd_db": {"block_sizes": [16, 8, 16], "heads_per_program": 1},
     "bmm_chunk_bwd": {"block_sizes": [16, 8, 16]},
@@ -174,6 +178,29 @@ def test_state_passing_bwd_options(variant, case):
     _close(ours, ref, tol, tol, "state_passing_bwd")
     if case == "init_final_convert":
         assert ours[0].dtype == ours[2].dtype == ours[3].dtype == torch.float16
+
+
+@pytest.mark.parametrize("mode", ["ref", "triton"])
+@pytest.mark.parametrize("case", ["init_final_convert", "seq_idx"])
+def test_chunk_state_passing_bwd_options(mode, case):
+    """The fused pass against mamba-ssm's two stages chained (fp64 references): dfinal_states carried in,
+    dinitial_states out and converted states, or sequences starting inside a chunk and on a chunk border;
+    the interpreter with blocks below every dimension (so the ddA partials of several blocks are summed)."""
+    shape = SMOKE.replace(seqlen=90, batch=2, headdim=32)
+    inp = registry.get("chunk_state_passing_bwd").inputs(shape, 7)
+    g = torch.Generator().manual_seed(8)
+    kwargs = {"seq_idx": _seq_idx(shape.batch, shape.seqlen), "states_dtype": torch.float32}
+    if case == "init_final_convert":
+        kwargs = {"dfinal_states": torch.randn(shape.batch, shape.nheads, shape.headdim, shape.dstate, generator=g),
+                  "has_initial_states": True, "dstates_dtype": torch.float16, "states_dtype": torch.float16}
+    args = (inp["C"], inp["dA_cumsum"], inp["dout"], inp["states_fp32"])
+    config = {"block_sizes": SMALL["chunk_state_passing_bwd"]["block_sizes"], "num_warps": 4}
+    with execution_mode(mode), pinned_config(chunk_state_passing_bwd.chunk_state_passing_bwd_kernel, config):
+        ours = chunk_state_passing_bwd.chunk_state_passing_bwd(*args, **kwargs)
+    ref = naive.chunk_state_passing_bwd(*(_f64(a) for a in args), **{k: _f64(v) for k, v in kwargs.items()})
+    tol = 2e-3 if case == "init_final_convert" else 1e-4
+    _close(ours, ref, tol, tol, "chunk_state_passing_bwd")
+    assert ours[2] is None if case == "seq_idx" else ours[0].dtype == ours[2].dtype == ours[3].dtype == torch.float16
 
 
 @pytest.mark.parametrize(("bias", "softplus", "limit"), [(False, False, (0.0, float("inf"))),

@@ -1,5 +1,5 @@
 """The Helion SSD forward kernels (kernels/ssd/{chunk_cumsum,chunk_state,state_passing,bmm_chunk,
-chunk_scan}.py) against the fp64 references of kernels/ssd/naive.py and against mamba-ssm.
+chunk_scan,chunk_state_passing}.py) against the fp64 references of kernels/ssd/naive.py and against mamba-ssm.
 
 CPU: Helion ref mode (the kernel bodies as PyTorch) at the smoke shape and odd shapes, plus seq_idx and
 the optional arguments; Triton's interpreter with a temporary config file whose block sizes are smaller
@@ -14,10 +14,11 @@ import torch
 
 from kernels import config_store, registry, suites
 from kernels._runtime import TunedKernel, capture_launches, pinned_config, scaled_atol
-from kernels.ssd import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, naive, state_passing
+from kernels.ssd import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_passing, naive, state_passing
 from kernels.testing import execution_mode
 
-KERNELS = ("chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan")
+KERNELS = ("chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan", "chunk_state_passing",
+           "chunk_state_passing_fp32")
 SMOKE = suites.load().shape("smoke")  # b1 L96 h4 p16 g2 n16 Q32 fp32
 ODD = {
     "smoke": {},
@@ -35,6 +36,7 @@ SMALL_BLOCKS = {
     "state_passing": [64],  # headdim * dstate = 512 (also with scan=True: state_passing_scan below)
     "bmm_chunk": [16, 16, 16],  # rows, columns (Q = 32), k
     "chunk_scan": [16, 16, 16, 16],  # rows, headdim, columns, dstate
+    "chunk_state_passing": [16, 8],  # headdim, dstate (the chunk is one tile)
 }
 
 
@@ -142,6 +144,26 @@ def test_seq_idx_chunk_state_state_passing_bmm():
     torch.testing.assert_close(final.double(), ref_final, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["ref", "triton"])
+def test_chunk_state_passing_seq_idx_initial_states(mode):
+    """The fused pass against mamba-ssm's two stages chained (fp64 references): initial states carried in,
+    sequences that start inside a chunk and on a chunk border, a ragged last chunk, a low-precision output;
+    the interpreter with blocks below every dimension."""
+    shape = SMOKE.replace(seqlen=90, batch=2, headdim=32)
+    inp = registry.get("chunk_state").inputs(shape, 4)
+    seq = _seq_idx(shape.batch, shape.seqlen)
+    init = torch.randn(shape.batch, shape.nheads, shape.headdim, shape.dstate,
+                       generator=torch.Generator().manual_seed(2))
+    args = (inp["B"], inp["x"], inp["dt"], inp["dA_cumsum"], init, seq)
+    config = {"block_sizes": SMALL_BLOCKS["chunk_state_passing"], "num_warps": 4}
+    with execution_mode(mode), pinned_config(chunk_state_passing.chunk_state_passing_kernel, config):
+        out, final = chunk_state_passing.chunk_state_passing_fwd(*args, out_dtype=torch.float16)
+    ref_out, ref_final = naive.chunk_state_passing_fwd(*(a.double() if a.is_floating_point() else a for a in args))
+    assert out.dtype == torch.float16 and final.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(final.double(), ref_final, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(("bias", "softplus", "limit"), [(False, False, (0.0, float("inf"))),
                                                            (True, True, (0.01, 0.05))])
 def test_chunk_cumsum_options(bias, softplus, limit):
@@ -160,7 +182,7 @@ def test_chunk_cumsum_options(bias, softplus, limit):
 
 
 def _reset_dispatch():
-    for module in (chunk_cumsum, chunk_state, state_passing, bmm_chunk, chunk_scan):
+    for module in (chunk_cumsum, chunk_state, state_passing, bmm_chunk, chunk_scan, chunk_state_passing):
         for value in vars(module).values():
             if isinstance(value, TunedKernel):
                 value._dispatch.clear()
