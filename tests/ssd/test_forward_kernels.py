@@ -14,7 +14,16 @@ import torch
 
 from kernels import config_store, registry, suites
 from kernels._runtime import TunedKernel, capture_launches, pinned_config, scaled_atol
-from kernels.ssd import bmm_chunk, chunk_cumsum, chunk_scan, chunk_state, chunk_state_passing, naive, state_passing
+from kernels.ssd import (
+    _keys,
+    bmm_chunk,
+    chunk_cumsum,
+    chunk_scan,
+    chunk_state,
+    chunk_state_passing,
+    naive,
+    state_passing,
+)
 from kernels.testing import execution_mode
 
 KERNELS = ("chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan", "chunk_state_passing",
@@ -142,6 +151,26 @@ def test_seq_idx_chunk_state_state_passing_bmm():
                                                     chunk_size=shape.chunk_size)
     torch.testing.assert_close(passed.double(), ref_passed, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(final.double(), ref_final, atol=1e-4, rtol=1e-4)
+
+
+def test_by_chunk_views_whole_chunks_and_pads_a_ragged_tail():
+    t = torch.arange(2 * 96 * 3, dtype=torch.float32).view(2, 96, 3)
+    whole = _keys.by_chunk(t, 32)
+    assert whole.shape == (2, 3, 32, 3) and whole.data_ptr() == t.data_ptr()  # a view, no copy
+    ragged = _keys.by_chunk(t[:, :80], 32)
+    assert ragged.shape == (2, 3, 32, 3)
+    torch.testing.assert_close(ragged.reshape(2, 96, 3)[:, :80], t[:, :80])
+    assert not ragged.reshape(2, 96, 3)[:, 80:].any()
+
+
+def test_carry_decay_log_drops_the_carry_only_across_sequences():
+    dA = -torch.rand(2, 4, 3)
+    assert torch.equal(_keys.carry_decay_log(dA, None, 32), dA)
+    seq = _seq_idx(2, 90)  # row 0: sequences from 20 and 64 (a chunk border); row 1: from 50
+    got = _keys.carry_decay_log(dA, seq, 32)
+    dropped = torch.tensor([[True, False, True], [False, True, False]])  # chunk c's last vs the position before
+    assert torch.equal(torch.isinf(got), dropped[:, None, :].expand_as(got))
+    torch.testing.assert_close(got[~torch.isinf(got)], dA[~dropped[:, None, :].expand_as(dA)])
 
 
 @pytest.mark.parametrize("mode", ["ref", "triton"])
