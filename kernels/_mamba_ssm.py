@@ -101,6 +101,17 @@ def dcb_and_intra_ddA(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1):
     return dcb, scan._chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, CB)
 
 
+def chunk_cumsum_bwd_of_terms(intra_steps, next_steps, prev_parts, chunk_grad, ddt_out, dt, A, dt_bias=None,
+                              dt_softplus=False, dt_limit=(0.0, float("inf"))):
+    """The counterpart of our last backward stage: the ddA terms finished and combined by PyTorch ops (as
+    mamba-ssm's combined backward adds its own), then mamba-ssm's chunk_cumsum backward kernel."""
+    from kernels.ssd import naive
+
+    ddA = naive.combine_ddA_terms(*naive.finish_ddA_terms(intra_steps, next_steps, prev_parts), chunk_grad)
+    return module(SSD_CHUNK_STATE)._chunk_cumsum_bwd(ddA, ddt_out, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                     dt_limit=dt_limit)
+
+
 def _stages() -> types.SimpleNamespace:
     """mamba-ssm's stage wrappers that ``kernels.ssd.compose``'s chains call, under the stage names."""
     return types.SimpleNamespace(

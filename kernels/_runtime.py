@@ -72,6 +72,15 @@ def device_slug(device: torch.device) -> str:
     return _cuda_slug(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def ensure_triton_allocator() -> None:
+    """Give Triton its scratch allocator in this thread. A config with device-side tensor descriptors needs
+    one; Triton keeps it in a context variable, which a new thread starts without (autograd runs the backward
+    on its own). On the H200 the bench's whole call failed for the lack of it (docs/architecture.md)."""
+    import helion.runtime
+
+    helion.runtime.set_triton_allocator()
+
+
 def _first_device(args: tuple[Any, ...]) -> torch.device:
     for arg in args:
         if isinstance(arg, torch.Tensor):
@@ -173,6 +182,8 @@ class TunedKernel:
             _captured.append((self, args))
         device = _first_device(args)
         mode = exec_mode(device)
+        if device.type == "cuda":
+            ensure_triton_allocator()
         key = self.shape_key(*args)
         dispatch_key = (device, key, mode)
         cached = self._dispatch.get(dispatch_key)

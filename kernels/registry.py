@@ -280,6 +280,18 @@ def inputs_chunk_cumsum_bwd(s, seed, device):
     return base
 
 
+def inputs_chunk_cumsum_bwd_terms(s, seed, device):
+    """The last backward stage's ddA terms as partials, counted as at nemotron3-nano's configs: 6 dCB slots
+    (32 x 64 tiles of a 128 chunk), 2 dstate blocks each for dB and dC."""
+    base = inputs_chunk_cumsum_bwd(s, seed, device)
+    g, shape = base["g"], tuple(base["dt"].shape)
+    base["intra_steps"] = _randn(g, (*shape, 6), torch.float32, device, 0.02)
+    base["next_steps"] = _randn(g, (*shape, 2), torch.float32, device, 0.02)
+    base["prev_parts"] = _randn(g, (*shape, 2), torch.float32, device, 0.05)
+    base["chunk_grad"] = _randn(g, shape[:3], torch.float32, device, 0.1)
+    return base
+
+
 def inputs_norm(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
     g = _rng(seed, device)
     M, N, dtype = s.batch * s.seqlen, s.d_ssm, s.torch_dtype
@@ -509,6 +521,15 @@ ENTRIES: tuple[KernelEntry, ...] = (
            f"{_SSD}:chunk_cumsum_bwd", f"{_STATE}:_chunk_cumsum_bwd",
            _model(lambda z: 2 * z["dt_raw"] + 2 * z["dt"]), _flops(lambda b, L, h, p, G, n, Q, c: 10 * b * L * h),
            helion="kernels.ssd.chunk_state_bwd:chunk_cumsum_bwd"),
+    # The same kernel building ddA from the three terms' partials (our backward's form), against those PyTorch
+    # ops as our backward ran them before, then mamba-ssm's kernel.
+    _entry("chunk_cumsum_bwd_terms", "ssd", "bwd_13_15", "_chunk_cumsum_bwd_kernel + the ddA terms' PyTorch ops",
+           inputs_chunk_cumsum_bwd_terms,
+           ("intra_steps", "next_steps", "prev_parts", "chunk_grad", "ddt_out", "dt_raw", "A", "dt_bias",
+            "dt_softplus", "dt_limit"), ("ddt", "dA", "ddt_bias"),
+           f"{_SSD}:chunk_cumsum_bwd_of_partial_terms", "kernels._mamba_ssm:chunk_cumsum_bwd_of_terms",
+           _model(lambda z: 2 * z["dt_raw"] + 12 * z["dt"]), _flops(lambda b, L, h, p, G, n, Q, c: 24 * b * L * h),
+           helion="kernels.ssd.chunk_state_bwd:chunk_cumsum_bwd_of_terms"),
     # ---- gated RMSNorm (M = batch x seqlen rows of d_ssm, groups of norm_group_size)
     _entry("gated_rmsnorm_fwd", "norm", "norm_fwd", "_layer_norm_fwd_1pass_kernel", inputs_norm,
            ("x", "weight", "bias", "eps", "z", "none", "group_size", "norm_before_gate", "true"),
@@ -549,7 +570,7 @@ _FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk", "chunk_scan")
 _FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
                    "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
                    "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb_ddA", "bmm_chunk_bwd",
-                   "bmm_chunk_bwd", "chunk_cumsum_bwd")
+                   "bmm_chunk_bwd", "chunk_cumsum_bwd_terms")
 _COMBINED = f"{_mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined"
 CALLS: tuple[KernelEntry, ...] = (
     _entry("ssd_combined_fwd", "ssd", "call_fwd", "mamba_chunk_scan_combined (forward)", inputs_chunk_cumsum,

@@ -1,4 +1,5 @@
-"""Shared helpers of the Helion SSD kernels: shape-key pieces, seq_idx and chunk views, the head-split tunable."""
+"""Shared helpers of the Helion SSD kernels: shape-key pieces, seq_idx and chunk views, the head-split tunable,
+the host's sums of per-program partials."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def tokens(batch: int, seqlen: int) -> int:
     return tokens_bucket(batch * seqlen)
+
+
+def sum_partials(part: torch.Tensor, dim: int) -> torch.Tensor:
+    """Per-program partial sums added along ``dim``; a single partial is returned as a view, no launch."""
+    return part.select(dim, 0) if part.shape[dim] == 1 else part.sum(dim)
+
+
+def exclusive_cumsum(steps: torch.Tensor) -> torch.Tensor:
+    """[..., t] = sum of steps[..., u] over u < t."""
+    return torch.cumsum(steps, dim=-1) - steps
 
 
 def seq_last(seq_idx: torch.Tensor, chunk_size: int) -> torch.Tensor:

@@ -14,8 +14,6 @@ group), flags for optional arguments, ``tokens`` = tokens_bucket(batch * seqlen)
 
 from __future__ import annotations
 
-import functools
-
 import helion.language as hl
 import torch
 
@@ -23,7 +21,7 @@ from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
-from kernels.ssd._keys import dtype_name, heads_per_program, seq_prev, tokens
+from kernels.ssd._keys import dtype_name, exclusive_cumsum, heads_per_program, seq_prev, sum_partials, tokens
 
 
 def _pow2_chunk(name: str, chunk_size: int) -> None:
@@ -264,9 +262,10 @@ def chunk_scan_bwd_dC_kernel(
     return dC_part, ddA_part
 
 
-def chunk_scan_bwd_dC(prev_states, dA_cumsum, dout, seq_idx=None, C=None, ngroups=1):
+def chunk_scan_bwd_dC(prev_states, dA_cumsum, dout, seq_idx=None, C=None, ngroups=1, unfinished=False):
     """Same arguments and results as mamba-ssm's ``_chunk_scan_bwd_dC``: dC (b, L, g, n) fp32, or
-    (dC, ddA_cumsum_prev (b, h, c, Q) fp32) when C is given."""
+    (dC, ddA_cumsum_prev (b, h, c, Q) fp32) when C is given. ``unfinished``: ddA_cumsum_prev as partials
+    (b, h, c, Q, k) to be summed over k, for ``chunk_cumsum_bwd_of_terms``."""
     batch, nchunks, nheads, headdim, dstate = prev_states.shape
     _, seqlen, _, _ = dout.shape
     chunk_size = dA_cumsum.shape[-1]
@@ -278,10 +277,12 @@ def chunk_scan_bwd_dC(prev_states, dA_cumsum, dout, seq_idx=None, C=None, ngroup
     dC_part, ddA_part = chunk_scan_bwd_dC_kernel(prev_states, dA_cumsum, dout, seq_idx, prev,
                                                  C if C is not None else prev_states, int(ngroups),
                                                  nheads // ngroups, C is not None)
-    dC = dC_part[:, :, 0] if dC_part.shape[2] == 1 else dC_part.sum(2)
+    dC = sum_partials(dC_part, 2)
     if C is None:
         return dC
-    return dC, (ddA_part[..., 0] if ddA_part.shape[-1] == 1 else ddA_part.sum(-1))
+    if unfinished:
+        return dC, ddA_part
+    return dC, sum_partials(ddA_part, -1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -294,29 +295,15 @@ def _dcb_key(x, dt, dA_cumsum, dout, seq_idx, cb, ngroups, hpg) -> ShapeKey:
                        seq=int(seq_idx is not None), ddA=int(cb is not None), tokens=tokens(batch, seqlen))
 
 
-def dcb_sums(dcb_part: torch.Tensor, ddA_cols: torch.Tensor, ddA_rows: torch.Tensor, ddA_tiles: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def dcb_sums(dcb_part: torch.Tensor, ddA_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The dCB kernel's partials summed: (dCB, ddA or None). ddA[t] = sum over l >= t > s of W[l, s], the
-    products of the stable ddA kernel, gathered tile by tile (see the kernel)."""
-    dcb = dcb_part[:, :, 0] if dcb_part.shape[2] == 1 else dcb_part.sum(2)
-    if ddA_cols.numel() == 0:
+    products of the stable ddA kernel. As W is strictly lower triangular, ddA[t + 1] - ddA[t] = (column
+    t's sum) - (row t's sum): ddA is the exclusive prefix sum of those steps, summed over the last dim of
+    ``ddA_steps`` (see the kernel)."""
+    dcb = sum_partials(dcb_part, 2)
+    if ddA_steps.numel() == 0:
         return dcb, None
-    ddA = ddA_cols.sum(3) + ddA_rows.sum(3)
-    between = _between(ddA_cols.shape[3], ddA_rows.shape[3], ddA_cols.shape[4], ddA_cols.device)
-    if between is not None:
-        ddA += torch.einsum("bhcij,ijt->bhct", ddA_tiles, between)
-    return dcb, ddA
-
-
-@functools.cache
-def _between(row_blocks: int, col_blocks: int, chunk_size: int, device: torch.device) -> torch.Tensor | None:
-    """[i, j, t] = 1.0 where position t lies after column block j and before row block i (None if no t
-    does): there tile (i, j)'s total is its whole share."""
-    t = torch.arange(chunk_size, device=device)
-    i = torch.arange(row_blocks, device=device)[:, None, None] * (chunk_size // row_blocks)
-    j_end = (torch.arange(col_blocks, device=device)[None, :, None] + 1) * (chunk_size // col_blocks)
-    mask = (j_end <= t) & (t < i)
-    return mask.to(torch.float32) if bool(mask.any()) else None
+    return dcb, exclusive_cumsum(sum_partials(ddA_steps, -1))
 
 
 @tuned_kernel(name="chunk_scan_bwd_dcb", shape_key=_dcb_key, finish=dcb_sums, seeds=_seeds.tiles_dcb())
@@ -329,7 +316,7 @@ def chunk_scan_bwd_dcb_kernel(
     cb: torch.Tensor | None,
     ngroups: int,
     hpg: hl.constexpr,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dA_cumsum.shape
     chunk_size = hl.specialize(chunk_size)
@@ -340,15 +327,13 @@ def chunk_scan_bwd_dcb_kernel(
     block_k = hl.register_block_size(headdim)
     dcb = torch.empty([batch, nchunks, nsplits, ngroups, chunk_size, chunk_size], dtype=torch.float32,
                       device=x.device)
-    # The fused ddA, in partials that no two programs share (zeros where a tile adds nothing): cols[.., i, t]
-    # row block i's sums at the positions t of column blocks, rows[.., j, t] column block j's sums at the
-    # positions t of row blocks, tiles[.., i, j] the total of tile (i, j).
-    fused = [batch, nheads, nchunks] if cb is not None else [0, 0, 0]
+    # The fused ddA as partials of its steps (column sums minus row sums of W), in slots that no two programs
+    # share: [.., t, i] row block i's column sums at columns t, [.., t, row_blocks + j] minus column block j's
+    # row sums at rows t; zeros where a tile adds nothing.
+    fused = [batch, nheads, nchunks, chunk_size] if cb is not None else [0, 0, 0, 0]
     row_blocks = (chunk_size + block_m - 1) // block_m
     col_blocks = (chunk_size + block_n - 1) // block_n
-    ddA_cols = torch.zeros([*fused, row_blocks, chunk_size], dtype=torch.float32, device=x.device)
-    ddA_rows = torch.zeros([*fused, col_blocks, chunk_size], dtype=torch.float32, device=x.device)
-    ddA_tiles = torch.zeros([*fused, row_blocks, col_blocks], dtype=torch.float32, device=x.device)
+    ddA_steps = torch.zeros([*fused, row_blocks + col_blocks], dtype=torch.float32, device=x.device)
     for tile_b, tile_c, tile_gs, tile_m, tile_n in hl.tile(
         [batch, nchunks, ngroups * nsplits, chunk_size, chunk_size], block_size=[1, 1, 1, block_m, block_n]
     ):
@@ -379,35 +364,25 @@ def chunk_scan_bwd_dcb_kernel(
                 acc = acc * torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
                 acc_cb = acc_cb + acc
                 if cb is not None:
-                    # ddA[t] = sum over l >= t > s of W[l, s]. This tile's share at its columns t: a 2D scan
-                    # where it meets the diagonal, prefixed column sums below it; at rows t past its last
-                    # column: suffixed row sums; between the two blocks: its total (added on the host).
+                    # W[l, s] for l > s; a 1D scan of its column and row sums on the host gives ddA, where the
+                    # stable kernel scans each tile in 2D.
                     w = torch.where(tile_m.index[:, None] > tile_n.index[None, :], acc * cb_mn, 0.0)
-                    if tile_n.end <= tile_m.begin:
-                        col = torch.sum(w, dim=0)
-                        ddA_cols[b, h, c, tile_m.id, tile_n] = torch.cumsum(col, dim=0) - col
-                        ddA_tiles[b, h, c, tile_m.id, tile_n.id] = torch.sum(col, dim=0)
-                    else:
-                        before = torch.cumsum(w, dim=1) - w  # [l, t]: sum over s < t
-                        ddA_cols[b, h, c, tile_m.id, tile_n] = torch.sum(
-                            torch.where(tile_m.index[:, None] >= tile_n.index[None, :], before, 0.0), dim=0)
-                    if tile_m.end > tile_n.end:
-                        row = torch.sum(w, dim=1)
-                        suffix = torch.sum(row, dim=0) - torch.cumsum(row, dim=0) + row  # [t]: sum over l >= t
-                        ddA_rows[b, h, c, tile_n.id, tile_m] = torch.where(tile_m.index >= tile_n.end, suffix, 0.0)
+                    ddA_steps[b, h, c, tile_n, tile_m.id] = torch.sum(w, dim=0)
+                    ddA_steps[b, h, c, tile_m, row_blocks + tile_n.id] = -torch.sum(w, dim=1)
         keep = tile_m.index[:, None] >= tile_n.index[None, :]
         if seq_idx is not None:
             s_m = hl.load(seq_idx, [b, pos_m], extra_mask=valid_m)
             s_n = hl.load(seq_idx, [b, pos_n], extra_mask=valid_n)
             keep = keep & (s_m[:, None] == s_n[None, :])
         dcb[b, c, split, g, tile_m, tile_n] = torch.where(keep, acc_cb, 0.0)
-    return dcb, ddA_cols, ddA_rows, ddA_tiles
+    return dcb, ddA_steps
 
 
-def chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1):
+def chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1, unfinished=False):
     """Same arguments and result as mamba-ssm's ``_chunk_scan_bwd_dcb``: dCB (b, c, g, Q, Q) fp32, lower
     triangle only; with CB, (dCB, ddA), ddA (b, h, c, Q) fp32 as ``_chunk_scan_bwd_ddAcs_stable`` gives it,
-    with seq_idx too (mamba-ssm's own CB path, which its backward does not use, supports no seq_idx)."""
+    with seq_idx too (mamba-ssm's own CB path, which its backward does not use, supports no seq_idx).
+    ``unfinished``: ddA as its steps' partials (b, h, c, Q, k), for ``chunk_cumsum_bwd_of_terms``."""
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
     assert nheads % ngroups == 0
@@ -415,9 +390,11 @@ def chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1)
         assert seq_idx.shape == (batch, seqlen)
     if CB is not None:
         assert CB.shape == (batch, nchunks, ngroups, chunk_size, chunk_size)
-        _pow2_chunk("chunk_scan_bwd_dcb", chunk_size)
-    dcb, ddA = dcb_sums(*chunk_scan_bwd_dcb_kernel(x, dt, dA_cumsum, dout, seq_idx, CB, int(ngroups),
-                                                   nheads // ngroups))
+    dcb_part, ddA_steps = chunk_scan_bwd_dcb_kernel(x, dt, dA_cumsum, dout, seq_idx, CB, int(ngroups),
+                                                    nheads // ngroups)
+    if unfinished and CB is not None:
+        return sum_partials(dcb_part, 2), ddA_steps
+    dcb, ddA = dcb_sums(dcb_part, ddA_steps)
     return dcb if CB is None else (dcb, ddA)
 
 
@@ -496,4 +473,4 @@ def chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb):
     assert cb.shape == (batch, nchunks, cb.shape[2], chunk_size, chunk_size) and nheads % cb.shape[2] == 0
     _pow2_chunk("chunk_scan_bwd_ddAcs_stable", chunk_size)
     part = chunk_scan_bwd_ddAcs_stable_kernel(x, dt, dA_cumsum, dout, cb)
-    return part[:, :, :, 0] if part.shape[3] == 1 else part.sum(3)
+    return sum_partials(part, 3)

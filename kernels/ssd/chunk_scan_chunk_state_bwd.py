@@ -24,7 +24,7 @@ from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
-from kernels.ssd._keys import dtype_name, seq_last, tokens
+from kernels.ssd._keys import dtype_name, seq_last, sum_partials, tokens
 
 
 def _shape_key(x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last_seq, dx, d_kind) -> ShapeKey:
@@ -135,7 +135,7 @@ def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None
         last = seq_last(seq_idx, chunk_size)
     dx, ddt_part, dD_part = chunk_scan_chunk_state_bwd_dx_kernel(
         x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last, torch.empty_like(x) if dx is None else dx, d_kind)
-    ddt = ddt_part[0] if ddt_part.shape[0] == 1 else ddt_part.sum(0)
+    ddt = sum_partials(ddt_part, 0)
     dD = None
     if D is not None:
         dD = dD_part.sum(dim=(0, 1, 3))

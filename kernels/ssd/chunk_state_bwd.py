@@ -11,7 +11,8 @@ sums that the host adds (deterministic, no atomics), then takes the exclusive cu
 
 ``chunk_cumsum_bwd``: ddt = (ddA A + ddt_out) masked by dt_limit and times softplus' (sigmoid), dA =
 sum ddA dt_out, ddt_bias = sum ddt. One program per (batch, chunk, head block) over the whole chunk;
-dA and ddt_bias are per-(batch, chunk) partials added on the host.
+dA and ddt_bias are per-(batch, chunk) partials added on the host. ``chunk_cumsum_bwd_of_terms`` is the
+SSD backward's form: it builds ddA itself from the three stages' unfinished terms.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
-from kernels.ssd._keys import dtype_name, heads_per_program, seq_last, tokens
+from kernels.ssd._keys import dtype_name, exclusive_cumsum, heads_per_program, seq_last, sum_partials, tokens
 
 
 def _db_key(x, dt, dA_cumsum, dstates, seq_idx, last_seq, B, ngroups, hpg, has_B) -> ShapeKey:
@@ -96,9 +97,10 @@ def chunk_state_bwd_db_kernel(
     return dB_part, t_part
 
 
-def chunk_state_bwd_db(x, dt, dA_cumsum, dstates, seq_idx=None, B=None, ngroups=1):
+def chunk_state_bwd_db(x, dt, dA_cumsum, dstates, seq_idx=None, B=None, ngroups=1, unfinished=False):
     """Same arguments and results as mamba-ssm's ``_chunk_state_bwd_db``: dB (b, L, g, n) fp32, or
-    (dB, ddA (b, h, c, Q) fp32) when B is given."""
+    (dB, ddA (b, h, c, Q) fp32) when B is given. ``unfinished``: ddA as its steps' partials (b, h, c, Q, k),
+    for ``chunk_cumsum_bwd_of_terms``."""
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
     assert nheads % ngroups == 0
@@ -110,26 +112,31 @@ def chunk_state_bwd_db(x, dt, dA_cumsum, dstates, seq_idx=None, B=None, ngroups=
     dB_part, t_part = chunk_state_bwd_db_kernel(x, dt, dA_cumsum, dstates, seq_idx, last,
                                                 B if B is not None else x, int(ngroups), nheads // ngroups,
                                                 B is not None)
-    dB = dB_part[:, :, 0] if dB_part.shape[2] == 1 else dB_part.sum(2)
+    dB = sum_partials(dB_part, 2)
     if B is None:
         return dB
-    t = t_part[..., 0] if t_part.shape[-1] == 1 else t_part.sum(-1)
-    return dB, torch.cumsum(t, dim=-1) - t  # exclusive cumsum
+    return dB, t_part if unfinished else exclusive_cumsum(sum_partials(t_part, -1))
 
 
 # ---------------------------------------------------------------------------------------------------
 
 
-def _cumsum_key(ddA, ddt_out, dt, A, dt_bias, ddt, dt_softplus, dt_min, dt_max) -> ShapeKey:
+def _cumsum_key(ddA, intra_steps, next_steps, prev_parts, chunk_grad, ddt_out, dt, A, dt_bias, ddt, dt_softplus,
+                dt_min, dt_max) -> ShapeKey:
     batch, seqlen, nheads = dt.shape
-    return ShapeKey.of(dtype=dtype_name(dt.dtype), nheads=nheads, chunk_size=ddA.shape[3],
-                       bias=int(dt_bias is not None), softplus=int(bool(dt_softplus)),
+    terms = {} if ddA is not None else {"terms": 1}  # the drop-in's keys predate the terms form
+    return ShapeKey.of(dtype=dtype_name(dt.dtype), nheads=nheads, chunk_size=ddt_out.shape[3],
+                       bias=int(dt_bias is not None), softplus=int(bool(dt_softplus)), **terms,
                        tokens=tokens(batch, seqlen))
 
 
 @tuned_kernel(name="chunk_cumsum_bwd", shape_key=_cumsum_key, seeds=_seeds.rows(_seeds.HEAD_BLOCKS))
 def chunk_cumsum_bwd_kernel(
-    ddA: torch.Tensor,
+    ddA: torch.Tensor | None,  # (b, h, c, Q) finished; else the four terms below
+    intra_steps: torch.Tensor | None,  # (b, h, c, Q, k): summed over k, the steps of ddA_intra
+    next_steps: torch.Tensor | None,  # (b, h, c, Q, k): summed over k, the steps of ddA_next
+    prev_parts: torch.Tensor | None,  # (b, h, c, Q, k): summed over k, ddA_cumsum_prev
+    chunk_grad: torch.Tensor | None,  # (b, h, c): the gradient of each chunk's last dA_cumsum
     ddt_out: torch.Tensor,
     dt: torch.Tensor,
     A: torch.Tensor,
@@ -140,7 +147,7 @@ def chunk_cumsum_bwd_kernel(
     dt_max: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seqlen, nheads = dt.shape
-    _, _, nchunks, chunk_size = ddA.shape
+    _, _, nchunks, chunk_size = ddt_out.shape
     chunk_size = hl.specialize(chunk_size)
     dA_part = torch.empty([batch, nchunks, nheads], dtype=torch.float32, device=dt.device)
     dbias_part = torch.empty([batch, nchunks, nheads], dtype=torch.float32, device=dt.device)
@@ -161,8 +168,17 @@ def chunk_cumsum_bwd_kernel(
                 u = torch.exp(pre)
                 sp = torch.where(pre < -5.0, u * (1.0 - u * (0.5 - u * (1.0 / 3.0))), torch.log(1.0 + u))
                 soft = torch.where(pre <= 20.0, sp, pre)
-            dA_v = ddA[b, tile_h, c, tile_q].to(torch.float32).T  # (q, h)
-            dA_v = torch.where(valid[:, None], dA_v, 0.0)
+            if ddA is not None:
+                dA_hq = ddA[b, tile_h, c, tile_q].to(torch.float32)
+            else:
+                # ddA_prev[t] = sum over u >= t of prev[u] = total - (its exclusive prefix sum), so one
+                # exclusive prefix sum of (intra + next - prev) steps gives the three terms together.
+                prev = torch.sum(prev_parts[b, tile_h, c, tile_q, :], dim=2)
+                steps = torch.sum(intra_steps[b, tile_h, c, tile_q, :], dim=2) + torch.sum(
+                    next_steps[b, tile_h, c, tile_q, :], dim=2) - prev
+                total = torch.sum(prev, dim=1) + chunk_grad[b, tile_h, c]
+                dA_hq = torch.cumsum(steps, dim=1) - steps + total[:, None]
+            dA_v = torch.where(valid[:, None], dA_hq.T, 0.0)  # (q, h)
             g = dA_v * A[tile_h].to(torch.float32)[None, :] + ddt_out[b, tile_h, c, tile_q].to(torch.float32).T
             g = torch.where((soft < dt_min) | (soft > dt_max), 0.0, g)
             if dt_softplus:
@@ -180,13 +196,31 @@ def chunk_cumsum_bwd(ddA, ddt_out, dt, A, dt_bias=None, dt_softplus=False, dt_li
     """Same arguments and results as mamba-ssm's ``_chunk_cumsum_bwd``: (ddt (b, L, h) dt.dtype, dA (h)
     fp32, ddt_bias (h) fp32 or None). A given ``ddt`` (dt's shape and dtype, any strides) is filled by the
     kernel and returned."""
+    assert ddA.shape == ddt_out.shape
+    return _chunk_cumsum_bwd(ddA, (None,) * 4, ddt_out, dt, A, dt_bias, dt_softplus, dt_limit, ddt)
+
+
+def chunk_cumsum_bwd_of_terms(intra_steps, next_steps, prev_parts, chunk_grad, ddt_out, dt, A, dt_bias=None,
+                              dt_softplus=False, dt_limit=(0.0, float("inf")), ddt=None):
+    """``chunk_cumsum_bwd`` of ddA = ddA_intra + ddA_next + ddA_prev (``naive.combine_ddA_terms``), from
+    the terms as the dCB, dB and dC stages give them ``unfinished``: their partials, which this kernel sums,
+    prefix-sums and adds, in place of about a dozen PyTorch ops over the (b, h, c, Q) terms."""
+    term_shape = tuple(ddt_out.shape)
+    for name, part in (("intra_steps", intra_steps), ("next_steps", next_steps), ("prev_parts", prev_parts)):
+        assert part.dim() == 5 and part.shape[:4] == term_shape, f"{name}: expected {term_shape} + (k,)"
+    assert chunk_grad.shape == term_shape[:3]
+    return _chunk_cumsum_bwd(None, (intra_steps, next_steps, prev_parts, chunk_grad), ddt_out, dt, A, dt_bias,
+                             dt_softplus, dt_limit, ddt)
+
+
+def _chunk_cumsum_bwd(ddA, terms, ddt_out, dt, A, dt_bias, dt_softplus, dt_limit, ddt):
     batch, seqlen, nheads = dt.shape
-    assert A.shape == (nheads,) and ddA.shape[:2] == (batch, nheads) and ddt_out.shape == ddA.shape
+    assert A.shape == (nheads,) and ddt_out.shape[:2] == (batch, nheads)
     if dt_bias is not None:
         assert dt_bias.shape == (nheads,)
     check_out("ddt", ddt, dt.shape, dt.dtype)
     out = torch.empty_like(dt) if ddt is None else ddt
-    dA_part, dbias_part = chunk_cumsum_bwd_kernel(ddA, ddt_out, dt, A, dt_bias, out, bool(dt_softplus),
+    dA_part, dbias_part = chunk_cumsum_bwd_kernel(ddA, *terms, ddt_out, dt, A, dt_bias, out, bool(dt_softplus),
                                                   float(dt_limit[0]), float(dt_limit[1]))
     dA = dA_part.sum(dim=(0, 1))
     ddt_bias = dbias_part.sum(dim=(0, 1)) if dt_bias is not None else None

@@ -29,7 +29,7 @@ from kernels.ssd.chunk_scan_bwd import (
     chunk_scan_bwd_dz,
 )
 from kernels.ssd.chunk_scan_chunk_state_bwd import chunk_scan_chunk_state_bwd_dx
-from kernels.ssd.chunk_state_bwd import chunk_cumsum_bwd, chunk_state_bwd_db
+from kernels.ssd.chunk_state_bwd import chunk_cumsum_bwd_of_terms, chunk_state_bwd_db
 from kernels.ssd.chunk_state_passing import chunk_state_passing_fwd
 from kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd
 
@@ -74,13 +74,16 @@ def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
             f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
 
 
-# The Helion stages, named as compose.forward/backward expect them.
+# The Helion stages, named as compose.forward/backward expect them; the ddA terms stay partials until the
+# last stage sums them.
 HELION_STAGES = types.SimpleNamespace(
     chunk_cumsum_fwd=chunk_cumsum_fwd, chunk_state_passing_fwd=chunk_state_passing_fwd,
     bmm_chunk_fwd=bmm_chunk_fwd, chunk_scan_fwd=chunk_scan_fwd, chunk_scan_bwd_dz=chunk_scan_bwd_dz,
     chunk_state_passing_bwd=chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx=chunk_scan_chunk_state_bwd_dx,
-    chunk_state_bwd_db=chunk_state_bwd_db, chunk_scan_bwd_dC=chunk_scan_bwd_dC, chunk_scan_bwd_dcb=chunk_scan_bwd_dcb,
-    bmm_chunk_bwd=bmm_chunk_bwd, chunk_cumsum_bwd=chunk_cumsum_bwd,
+    chunk_state_bwd_db=functools.partial(chunk_state_bwd_db, unfinished=True),
+    chunk_scan_bwd_dC=functools.partial(chunk_scan_bwd_dC, unfinished=True),
+    chunk_scan_bwd_dcb=functools.partial(chunk_scan_bwd_dcb, unfinished=True),
+    bmm_chunk_bwd=bmm_chunk_bwd, chunk_cumsum_bwd_of_terms=chunk_cumsum_bwd_of_terms,
 )
 ssd_forward = functools.partial(compose.forward, HELION_STAGES)
 ssd_backward = functools.partial(compose.backward, HELION_STAGES)

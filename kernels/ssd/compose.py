@@ -8,12 +8,14 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
   * chunk_state_passing_bwd: the states' gradient from the outputs and its passing back in one pass
     (mamba-ssm: chunk_scan_bwd_dstates then state_passing_bwd);
   * the intra-chunk ddA comes from the dCB stage (its ``CB=`` form), which has the same products in hand,
-    not from a separate pass (``chunk_scan_bwd_ddAcs_stable``) that recomputes them.
+    not from a separate pass (``chunk_scan_bwd_ddAcs_stable``) that recomputes them;
+  * the three ddA terms are combined by the last stage, ``chunk_cumsum_bwd_of_terms``, in whatever form the
+    dB, dC and dCB stages return them (finished in naive; partials that its kernel sums, for Helion).
 
 ``stages`` is any object with the stage functions as attributes, named as in ``kernels.ssd.naive``:
 chunk_cumsum_fwd, chunk_state_passing_fwd, bmm_chunk_fwd, chunk_scan_fwd, chunk_scan_bwd_dz,
 chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db, chunk_scan_bwd_dC,
-chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_cumsum_bwd.
+chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_cumsum_bwd_of_terms.
 """
 
 from __future__ import annotations
@@ -118,11 +120,7 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
                               out=torch.empty_like(C) if dC is None else dC)
     if z is None:
         dD = dD_from_x
-    # The state terms give the gradient of dA_cumsum; a reverse cumsum turns it into that of dA.
-    ddA_cumsum_prev = ddA_cumsum_prev.clone()
-    ddA_cumsum_prev[..., -1] += ddA_chunk_cumsum
-    ddA_prev = ddA_cumsum_prev.flip([-1]).cumsum(dim=-1).flip([-1])
-    ddA = ddA_intra + ddA_next + ddA_prev
-    ddt, dA, ddt_bias = stages.chunk_cumsum_bwd(ddA, ddt_from_x, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                                dt_limit=dt_limit, ddt=ddt)
+    ddt, dA, ddt_bias = stages.chunk_cumsum_bwd_of_terms(ddA_intra, ddA_next, ddA_cumsum_prev, ddA_chunk_cumsum,
+                                                         ddt_from_x, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                         dt_limit=dt_limit, ddt=ddt)
     return dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.ssd import compose
+from kernels.ssd._keys import exclusive_cumsum
 
 __all__ = [
     "chunk_cumsum_fwd",
@@ -39,6 +40,9 @@ __all__ = [
     "bmm_chunk_bwd",
     "chunk_scan_bwd_ddAcs_stable",
     "chunk_cumsum_bwd",
+    "combine_ddA_terms",
+    "chunk_cumsum_bwd_of_terms",
+    "chunk_cumsum_bwd_of_partial_terms",
     "ssd_chunked_ref",
     "ssd_chunked_bwd_ref",
     "ssd_recurrent_ref",
@@ -562,6 +566,36 @@ def chunk_cumsum_bwd(ddA, ddt_out, dt, A, dt_bias=None, dt_softplus=False, dt_li
     f32 = _odtype(torch.float32, cd)
     ddt_bias = g.sum(dim=(0, 1)).to(f32) if dt_bias is not None else None
     return g.to(_odtype(dt.dtype, cd)), dA.to(f32), ddt_bias
+
+
+def combine_ddA_terms(ddA_intra, ddA_next, ddA_cumsum_prev, ddA_chunk_cumsum):
+    """The gradient of dA per position (b,h,c,Q) from the backward's three terms, as mamba-ssm's combined
+    backward adds them: the state terms (ddA_cumsum_prev, plus ddA_chunk_cumsum (b,h,c) at each chunk's
+    last position) are gradients of dA_cumsum, so a reverse cumsum turns them into that of dA."""
+    prev = ddA_cumsum_prev.clone()
+    prev[..., -1] += ddA_chunk_cumsum
+    return ddA_intra + ddA_next + prev.flip([-1]).cumsum(dim=-1).flip([-1])
+
+
+def chunk_cumsum_bwd_of_terms(ddA_intra, ddA_next, ddA_cumsum_prev, ddA_chunk_cumsum, ddt_out, dt, A, dt_bias=None,
+                              dt_softplus=False, dt_limit=(0.0, float("inf")), ddt=None):
+    """The backward's last stage, from the ddA terms as the stages return them: ``chunk_cumsum_bwd`` of
+    ``combine_ddA_terms``."""
+    ddA = combine_ddA_terms(ddA_intra, ddA_next, ddA_cumsum_prev, ddA_chunk_cumsum)
+    return chunk_cumsum_bwd(ddA, ddt_out, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
+
+
+def finish_ddA_terms(intra_steps, next_steps, prev_parts):
+    """The terms from the partials that the Helion dCB, dB and dC stages give ``unfinished`` (b,h,c,Q,k):
+    ddA_intra and ddA_next are exclusive prefix sums of their steps, ddA_cumsum_prev a plain sum."""
+    return exclusive_cumsum(intra_steps.sum(-1)), exclusive_cumsum(next_steps.sum(-1)), prev_parts.sum(-1)
+
+
+def chunk_cumsum_bwd_of_partial_terms(intra_steps, next_steps, prev_parts, chunk_grad, ddt_out, dt, A, dt_bias=None,
+                                      dt_softplus=False, dt_limit=(0.0, float("inf"))):
+    """Reference of ``kernels.ssd.chunk_state_bwd.chunk_cumsum_bwd_of_terms`` (same arguments)."""
+    return chunk_cumsum_bwd_of_terms(*finish_ddA_terms(intra_steps, next_steps, prev_parts), chunk_grad, ddt_out,
+                                     dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from helion.autotuner import EnumFragment
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
-from kernels.ssd._keys import carry_decay_log, dtype_name, tokens
+from kernels.ssd._keys import carry_decay_log, dtype_name, sum_partials, tokens
 
 
 def _shape_key(states, dA_chunk_cumsum, dout, dfinal_states, dstates, dinitial_states, states_converted,
@@ -130,7 +130,7 @@ def finish_outputs(ddA_part, dstates, dinitial_states, states, states_converted,
     """The state passing backward's results as mamba-ssm returns them, from a kernel's outputs: ddA_chunk_cumsum
     summed over its per-block partials (last dimension), 0 at chunk 0 without initial states, and the states
     (converted where they were) when ``states_dtype`` is given."""
-    ddA = ddA_part[..., 0] if ddA_part.shape[-1] == 1 else ddA_part.sum(-1)
+    ddA = sum_partials(ddA_part, -1)
     if dinitial_states is None:
         ddA[..., 0] = 0.0
     vals = (dstates, ddA, dinitial_states)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 
 import helion.language as hl
 import pytest
@@ -14,6 +15,7 @@ from kernels._runtime import (
     TunedKernel,
     capture_launches,
     complete_config,
+    ensure_triton_allocator,
     scaled_atol,
     tuned_kernel,
     validate_config,
@@ -57,6 +59,51 @@ def test_tuned_config_runs_with_small_blocks(store, mode):
         out = toy_exp_add(x, y)
     torch.testing.assert_close(out, x.exp() + y)
     assert toy_exp_add.lookup(x, y).source == "exact"
+
+
+def test_a_new_thread_gets_triton_allocator():
+    """Triton's scratch allocator lives in a context variable that a new thread (autograd's backward
+    thread) starts without; the dispatch sets it there before a CUDA launch."""
+    from triton.runtime._allocation import NullAllocator, _allocator
+
+    seen = {}
+
+    def in_thread():
+        seen["before"] = _allocator.get()
+        ensure_triton_allocator()
+        seen["after"] = _allocator.get()
+
+    worker = threading.Thread(target=in_thread)
+    worker.start()
+    worker.join()
+    assert isinstance(seen["before"], NullAllocator)
+    assert not isinstance(seen["after"], NullAllocator)
+
+
+@pytest.mark.gpu
+def test_tensor_descriptor_config_runs_in_the_backward_thread(store):
+    """A config with device-side tensor descriptors runs when launched from autograd's backward thread.
+    (On the H200 the bench's whole call failed with "no allocator was set" on such a config until the
+    dispatch set Triton's allocator per thread; this toy runs there either way, see baselines/runs.)"""
+    grad = torch.randn(128, 64, device="cuda")
+    cf = ConfigFile(kernels={"toy_exp_add": {str(_key(grad, grad)): {
+        "block_sizes": [32, 32], "indexing": ["tensor_descriptor"] * 3, "num_warps": 4}}})
+    config_store.save(config_store.path_for("test-gpu", store), cf)
+    config_store._cache.clear()
+
+    class ExpAddBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return toy_exp_add(g, g)
+
+    x = torch.zeros_like(grad, requires_grad=True)
+    ExpAddBackward.apply(x).backward(grad)
+    torch.testing.assert_close(x.grad, grad.exp() + grad)
+    assert toy_exp_add.lookup(grad, grad).source == "exact"
 
 
 def test_missing_config_falls_back_to_default_and_is_counted(store):

@@ -34,7 +34,7 @@ from kernels.testing import execution_mode
 KERNELS = ("chunk_scan_bwd_dz", "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_state_passing_bwd",
            "chunk_scan_chunk_state_bwd_dx",
            "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb_ddA",
-           "bmm_chunk_bwd", "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd")
+           "bmm_chunk_bwd", "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd", "chunk_cumsum_bwd_terms")
 MODULES = (chunk_scan_bwd, state_passing_bwd, chunk_state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd,
            bmm_chunk_bwd)
 SMOKE = suites.load().shape("smoke")  # b1 L96 h4 p16 g2 n16 Q32 fp32
@@ -62,6 +62,7 @@ SMALL: dict = {  # block sizes (in register_block_size order) below every dimens
     "chunk_cumsum_bwd": {"block_sizes": [2]},
 }
 SMALL["chunk_scan_bwd_dcb_ddA"] = SMALL["chunk_scan_bwd_dcb"]  # the same kernel, with CB (configs go by kernel)
+SMALL["chunk_cumsum_bwd_terms"] = SMALL["chunk_cumsum_bwd"]
 
 
 def _f64(value):
@@ -218,10 +219,9 @@ def test_chunk_cumsum_bwd_options(bias, softplus, limit):
 @pytest.mark.parametrize("blocks", [(16, 16), (16, 32), (32, 16), (64, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
 @pytest.mark.parametrize("seq", [False, True])
 def test_dcb_fused_ddA_every_tiling(blocks, seq):
-    """The fused ddA gathers each tile's share by the tile's place (on the diagonal, across it, below it,
-    with positions between its row and column blocks), for square and oblong tiles, and with seq_idx
-    through CB's zeros: Triton's interpreter, since ref mode runs whole-chunk tiles (and a dot's blocks are
-    16 or more, hence chunks of 64)."""
+    """The fused ddA's column and row sums land in their tile's slots (on the diagonal, across it, below
+    it), for square and oblong tiles, and with seq_idx through CB's zeros: Triton's interpreter, since
+    ref mode runs whole-chunk tiles (and a dot's blocks are 16 or more, hence chunks of 64)."""
     shape = SMOKE.replace(seqlen=150, batch=2, chunk_size=64)
     inp = registry.get("chunk_scan_bwd_dcb_ddA").inputs(shape, 6)
     seq_idx = _seq_idx(shape.batch, shape.seqlen) if seq else None
@@ -256,10 +256,10 @@ def test_dcb_tuner_check_compares_finished_outputs():
     assert fine[1].shape != coarse[1].shape
     check = pickle.loads(pickle.dumps(kernel.autotune_accuracy_check))  # Helion pickles it
     check(fine, coarse)
-    tiles = fine[3].clone()
-    tiles[0, 0, 0, 3, 0] += 1.0  # a tile total that reaches positions between its blocks
+    steps = fine[1].clone()
+    steps[0, 0, 0, 2, 5] += 1.0  # one column sum: every later position's ddA moves with it
     with pytest.raises(AssertionError, match="chunk_scan_bwd_dcb output 1"):
-        check((*fine[:3], tiles), coarse)
+        check((fine[0], steps), coarse)
 
 
 # ---------------------------------------------------------------------------------------------------
