@@ -12,6 +12,7 @@ GPU (``-m gpu``): every suite shape, bf16, against mamba-ssm.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 
 import pytest
@@ -155,6 +156,43 @@ def test_seq_idx_dstates_db_dC_dcb():
               (inp["prev_states"], inp["dA_cumsum"], inp["dout"]), seq_idx=seq_idx, C=C, ngroups=1)
     _both(chunk_scan_bwd.chunk_scan_bwd_dcb, naive.chunk_scan_bwd_dcb,
           (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dout"]), seq_idx=seq_idx, ngroups=1)
+
+
+def test_unfinished_ddA_terms_are_the_partials_of_the_finished_ones():
+    """The dB, dC and dCB stages' ``unfinished`` ddA (the SSD backward's form, several partials each with
+    small blocks) finish to the drop-ins' results, and the last stage's kernel gives from them what the
+    drop-in chunk_cumsum_bwd gives from the finished sum: Triton's interpreter, ragged last chunk."""
+    shape = TILED.replace(chunk_size=64, seqlen=150, dstate=32)  # dot blocks are 16 or more: two dstate blocks
+    inp = registry.get("chunk_scan_bwd_dcb_ddA").inputs(shape, 4)
+    cum = registry.get("chunk_cumsum_bwd").inputs(shape, 4)
+    db_args = (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dstates"])
+    dc_args = (inp["prev_states"], inp["dA_cumsum"], inp["dout"])
+    dcb_args = (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dout"])
+    groups = {"ngroups": shape.ngroups}
+    configs = {chunk_state_bwd.chunk_state_bwd_db_kernel: {**SMALL["chunk_state_bwd_db"], "block_sizes": [16, 16, 16]},
+               chunk_scan_bwd.chunk_scan_bwd_dC_kernel: {**SMALL["chunk_scan_bwd_dC"], "block_sizes": [16, 16, 16]},
+               chunk_scan_bwd.chunk_scan_bwd_dcb_kernel: {**SMALL["chunk_scan_bwd_dcb"], "block_sizes": [16, 32, 16]},
+               chunk_state_bwd.chunk_cumsum_bwd_kernel: SMALL["chunk_cumsum_bwd"]}
+    with execution_mode("triton"), contextlib.ExitStack() as stack:
+        for kernel, config in configs.items():
+            stack.enter_context(pinned_config(kernel, config))
+        runs = {form: (chunk_state_bwd.chunk_state_bwd_db(*db_args, B=inp["B"], unfinished=form, **groups),
+                       chunk_scan_bwd.chunk_scan_bwd_dC(*dc_args, C=inp["C"], unfinished=form, **groups),
+                       chunk_scan_bwd.chunk_scan_bwd_dcb(*dcb_args, CB=inp["cb"], unfinished=form, **groups))
+                for form in (False, True)}
+        (_, next_steps), (_, prev_parts), (_, intra_steps) = runs[True]
+        assert min(next_steps.shape[-1], prev_parts.shape[-1], intra_steps.shape[-1]) > 1
+        chunk = cum["ddA"][..., -1].contiguous()
+        rest = (cum["ddt_out"], cum["dt_raw"], cum["A"], cum["dt_bias"], True, (0.0, float("inf")))
+        from_terms = chunk_state_bwd.chunk_cumsum_bwd_of_terms(intra_steps, next_steps, prev_parts, chunk, *rest)
+        (_, ddA_next), (_, ddA_prev), (_, ddA_intra) = runs[False]
+        from_sum = chunk_state_bwd.chunk_cumsum_bwd(naive.combine_ddA_terms(ddA_intra, ddA_next, ddA_prev, chunk),
+                                                    *rest)
+    for finished, unfinished in zip(runs[False], runs[True], strict=True):
+        torch.testing.assert_close(unfinished[0], finished[0], atol=0, rtol=0)
+    _close(naive.finish_ddA_terms(intra_steps, next_steps, prev_parts), (ddA_intra, ddA_next, ddA_prev),
+           atol=1e-6, rtol=1e-6, label="finished terms")
+    _close(from_terms, from_sum, atol=1e-5, rtol=1e-5, label="chunk_cumsum_bwd of the terms")
 
 
 @pytest.mark.parametrize("variant", ["loop", "scan"])
