@@ -25,6 +25,7 @@ import helion
 import helion.language as hl
 import torch
 
+from kernels import _fastmath as fastmath
 from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey, tokens_bucket
@@ -59,12 +60,16 @@ def _bwd_key(x, weight, bias, dout, seq_idx, dx, silu) -> ShapeKey:
     return _key(x, weight, bias, seq_idx, silu)
 
 
-# Autotuner seeds: channels-last inputs want long channel tiles, contiguous ones long time tiles.
+# Autotuner seeds: channels-last inputs want long channel tiles, contiguous ones long time tiles. The
+# backward's walk unrolled by 2-4 steps turns the window's register moves into renames (a quarter fewer
+# instructions per step in its SASS for sm_90).
 _FWD_SEEDS = [{"block_sizes": [1, d, t], "num_warps": w} for d, t, w in
               ((128, 32, 4), (64, 64, 4), (256, 16, 8), (32, 128, 4), (16, 256, 4))]
-_BWD_SEEDS = [{"block_sizes": [span, d], "num_warps": w} for span, d, w in
-              ((256, 256, 4), (512, 256, 4), (128, 512, 4), (256, 1024, 8), (1024, 128, 4), (64, 256, 2),
-               (512, 32, 4))]
+_BWD_SEEDS = [{"block_sizes": [span, d], "num_warps": w, "range_unroll_factors": [0, unroll]}
+              for span, d, w, unroll in
+              ((256, 512, 2, 4), (128, 512, 4, 4), (256, 256, 2, 4), (128, 256, 2, 2), (64, 512, 4, 4),
+               (256, 256, 4, 0), (512, 256, 4, 0), (128, 512, 4, 0), (256, 1024, 8, 0), (1024, 128, 4, 0),
+               (64, 256, 2, 0), (512, 32, 4, 0))]
 
 
 @tuned_kernel(name="causal_conv1d_fwd", shape_key=_fwd_key, seeds=_FWD_SEEDS)
@@ -93,7 +98,7 @@ def causal_conv1d_fwd_kernel(
                 xs = torch.where((seq_src == seq_here)[:, None, :], xs, 0.0)
             acc = acc + weight[tile_d, k].to(cdt)[None, :, None] * xs
         if silu:
-            acc = acc * torch.sigmoid(acc)
+            acc = acc * fastmath.sigmoid(acc)
         out[tile_b, tile_d, tile_t] = acc.to(out.dtype)
     return out
 
@@ -167,7 +172,7 @@ def causal_conv1d_bwd_kernel(
                 t3 = torch.where(s3 == st, x3, 0.0)
             if silu:
                 pre = pre_bias + w0 * t1 + w1 * t2 + w2 * t3 + w3 * xt
-                sig = torch.sigmoid(pre)
+                sig = fastmath.sigmoid(pre)
                 gt = gt * sig * (1.0 + pre * (1.0 - sig))
             own = torch.where((pos >= start) & (pos < end), 1.0, 0.0)  # outside: the neighbours' steps
             g_own = torch.sum(gt[:, None] * own[None, :], dim=1)

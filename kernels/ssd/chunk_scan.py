@@ -20,6 +20,7 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
+from kernels import _fastmath as fastmath
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
@@ -76,7 +77,7 @@ def chunk_scan_kernel(
             C_s = hl.load(C, [b, pos_m, g, tile_s], extra_mask=valid_m[:, None])
             st = states[b, c, h, tile_n, tile_s].to(C.dtype)
             acc_s = hl.dot(C_s, st.T, acc=acc_s)
-        scale_m = torch.exp(dA_m)
+        scale_m = fastmath.exp(dA_m)
         if seq_idx is not None:
             s_m = hl.load(seq_idx, [b, pos_m], extra_mask=valid_m)
             scale_m = torch.where(s_m == prev_seq[b, c], scale_m, 0.0)
@@ -88,7 +89,7 @@ def chunk_scan_kernel(
             w = cb[b, c, g, tile_m, tile_k].to(torch.float32)
             dA_k = dA_cumsum[b, h, c, tile_k].to(torch.float32)
             seg = dA_m[:, None] - dA_k[None, :]
-            w = w * torch.exp(torch.where(seg < 0.0, seg, 0.0))
+            w = w * fastmath.exp(torch.where(seg < 0.0, seg, 0.0))
             w = w * dt[b, h, c, tile_k].to(torch.float32)[None, :]
             w = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], w, 0.0).to(x.dtype)
             x_k = hl.load(x, [b, pos_k, h, tile_n], extra_mask=valid_k[:, None])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
+from kernels import _fastmath as fastmath
 from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
@@ -361,7 +362,8 @@ def chunk_scan_bwd_dcb_kernel(
                 dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
                 dA_n = dA_cumsum[b, h, c, tile_n].to(torch.float32)
                 seg = dA_m[:, None] - dA_n[None, :]
-                acc = acc * torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
+                decay = fastmath.exp(torch.where(seg < 0.0, seg, 0.0))
+                acc = acc * decay * dt[b, h, c, tile_n].to(torch.float32)[None, :]
                 acc_cb = acc_cb + acc
                 if cb is not None:
                     # W[l, s] for l > s; a 1D scan of its column and row sums on the host gives ddA, where the
@@ -450,7 +452,7 @@ def chunk_scan_bwd_ddAcs_stable_kernel(
                 m = hl.dot(do_k, x_k.T, acc=m)
             seg = dA_m[:, None] - dA_cumsum[b, h, c, tile_n].to(torch.float32)[None, :]
             m = m * cb[b, c, h // ratio, tile_m, tile_n].to(torch.float32)
-            m = m * torch.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
+            m = m * fastmath.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
             below = tile_m.index[:, None] > tile_n.index[None, :]
             m = torch.where(below, m, 0.0)
             # row prefix sums: cs[l, s] = sum_{s' <= s} M[l, s'] goes to ddA[s + 1] for rows l >= s + 1

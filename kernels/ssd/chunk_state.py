@@ -17,6 +17,7 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
+from kernels import _fastmath as fastmath
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
@@ -65,7 +66,7 @@ def chunk_state_kernel(
             x_k = hl.load(x, [b, pos, h, tile_m], extra_mask=valid[:, None])
             B_k = hl.load(B, [b, pos, h // ratio, tile_n], extra_mask=valid[:, None])
             dA_k = dA_cumsum[b, h, c, tile_k].to(torch.float32)
-            scale = torch.exp(torch.where(dA_last - dA_k < 0.0, dA_last - dA_k, 0.0))
+            scale = fastmath.exp(torch.where(dA_last - dA_k < 0.0, dA_last - dA_k, 0.0))
             scale = scale * dt[b, h, c, tile_k].to(torch.float32)
             if seq_idx is not None:
                 s = hl.load(seq_idx, [b, pos], extra_mask=valid)
