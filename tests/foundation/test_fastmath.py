@@ -29,7 +29,7 @@ def _inputs(device="cpu") -> torch.Tensor:
 
 
 def _check(x: torch.Tensor, exp: torch.Tensor, sig: torch.Tensor, rtol: float) -> None:
-    finite = x.abs() <= 80.0  # exp overflows fp32 above 88.7; both forms give inf there
+    finite = x.abs() <= 80.0  # beyond, fp32 exp overflows, or goes subnormal and the GPU flushes it to 0
     torch.testing.assert_close(exp[finite], torch.exp(x[finite]), rtol=rtol, atol=0.0)
     torch.testing.assert_close(sig, torch.sigmoid(x), rtol=rtol, atol=1e-7)
 
