@@ -37,12 +37,12 @@ def enable_cpu_interpret() -> None:
     if _patched:
         return
     _patched = True
-    _patch_mm_out_dtype()
+    patch_mm_out_dtype()
     _patch_libdevice()
     _patch_cuda_queries()
 
 
-def _patch_mm_out_dtype() -> None:
+def patch_mm_out_dtype() -> None:
     # Helion's ref mode calls torch.mm/bmm(..., out_dtype=...), a CUDA-only overload.
     for name in ("mm", "bmm"):
         original = getattr(torch, name)
