@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+SOFTPLUS_THRESHOLD = 20.0  # identity above it, as mamba-ssm and torch.nn.functional.softplus's default
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
@@ -23,3 +25,11 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     # 1 / (1 + e) as rsqrt(1 + e)^2: 1 + e >= 1, so rsqrt never meets a subnormal, zero or negative operand,
     # and e = inf (x very negative) gives 0 as it should.
     return torch.rsqrt(1.0 + exp(-x)) ** 2
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x), x itself above the threshold. Below -5 by the series of log1p(u) to u^3 (relative error
+    under 1e-7 there, where 1 + u would round away most of u; Triton's interpreter has no log1p)."""
+    u = exp(x)
+    series = u * (1.0 - u * (0.5 - u * (1.0 / 3.0)))
+    return torch.where(x <= SOFTPLUS_THRESHOLD, torch.where(x < -5.0, series, torch.log2(1.0 + u) * LN2), x)

@@ -18,6 +18,7 @@ import torch
 
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, tokens
 
 
@@ -27,7 +28,7 @@ def _shape_key(a, b, seq_idx, out, causal) -> ShapeKey:
                        causal=int(bool(causal)), seq=int(seq_idx is not None), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="bmm_chunk", shape_key=_shape_key)
+@tuned_kernel(name="bmm_chunk", shape_key=_shape_key, seeds=_seeds.matmul_mnk())
 def bmm_chunk_kernel(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -17,6 +17,7 @@ import torch
 from kernels._buffers import check_out
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
+from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, tokens
 
 
@@ -26,7 +27,7 @@ def _shape_key(a, dout, residual, out) -> ShapeKey:
                        residual=int(residual is not None), tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="bmm_chunk_bwd", shape_key=_shape_key)
+@tuned_kernel(name="bmm_chunk_bwd", shape_key=_shape_key, seeds=_seeds.matmul_mnk())
 def bmm_chunk_bwd_kernel(
     a: torch.Tensor,
     dout: torch.Tensor,

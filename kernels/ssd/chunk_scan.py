@@ -35,7 +35,7 @@ def _shape_key(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev_seq, out, ou
                        tokens=tokens(batch, seqlen))
 
 
-@tuned_kernel(name="chunk_scan", shape_key=_shape_key, seeds=_seeds.matmul_mnkk())
+@tuned_kernel(name="chunk_scan", shape_key=_shape_key, seeds=[*_seeds.matmul_mnkk(), _seeds.SWEPT_CHUNK_SCAN])
 def chunk_scan_kernel(
     cb: torch.Tensor,
     x: torch.Tensor,

@@ -35,7 +35,7 @@ def _shape_key(x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last_seq, dx,
 
 
 @tuned_kernel(name="chunk_scan_chunk_state_bwd_dx", shape_key=_shape_key, partial_sums={1: 0, 2: 3},
-              seeds=_seeds.matmul_mnkk())
+              seeds=[*_seeds.matmul_mnkk(), _seeds.SWEPT_DX])
 def chunk_scan_chunk_state_bwd_dx_kernel(
     x: torch.Tensor,
     dt: torch.Tensor,

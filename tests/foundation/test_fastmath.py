@@ -1,5 +1,5 @@
-"""kernels._fastmath: exp through exp2 and sigmoid through rsqrt, in plain PyTorch, the Triton interpreter and
-(marked) on the GPU, where they lower to the MUFU approximations."""
+"""kernels._fastmath: exp through exp2, sigmoid through rsqrt and softplus through exp2 and log2, in plain
+PyTorch, the Triton interpreter and (marked) on the GPU, where exp and sigmoid lower to the MUFU approximations."""
 
 from __future__ import annotations
 
@@ -21,6 +21,14 @@ def _exp_and_sigmoid(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         e[tile] = fastmath.exp(x[tile])
         s[tile] = fastmath.sigmoid(x[tile])
     return e, s
+
+
+@helion.kernel(static_shapes=True, autotune_effort="none")
+def _softplus(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    for tile in hl.tile(x.size(0)):
+        out[tile] = fastmath.softplus(x[tile])
+    return out
 
 
 def _inputs(device="cpu") -> torch.Tensor:
@@ -48,12 +56,31 @@ def test_fp32_within_a_few_ulp_and_saturates_without_nan():
     assert sig[0] == 0.0 and sig[-1] == 1.0 and not sig.isnan().any()
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")  # numpy, at x = -1e4: inf, as wanted
+def _check_softplus(x: torch.Tensor, got: torch.Tensor) -> None:
+    # log2(1 + u) loses 1 + u's rounding (2^-24 of ~1) against a result that is 6.7e-3 at x = -5, hence 2e-5
+    # there; below -5 the series' first dropped term is u^3 / 4 < 1e-7 relative. Identity above 20.
+    want = torch.nn.functional.softplus(x.double(), threshold=20.0)
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=0.0)
+    assert torch.equal(got[x > 20.0], x[x > 20.0])
+
+
+def test_softplus_matches_torch_in_fp64_and_fp32_with_the_threshold_and_the_small_x_series():
+    x64 = torch.linspace(-60.0, 60.0, 24001, dtype=torch.float64)
+    torch.testing.assert_close(fastmath.softplus(x64), torch.nn.functional.softplus(x64, threshold=20.0),
+                               rtol=1e-7, atol=0.0)
+    _check_softplus(_inputs(), fastmath.softplus(_inputs()))
+
+
+# numpy, at x = -1e4 (exp2) and in the softplus series at x = 1e4 (multiply), which the threshold discards
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")
 def test_through_the_triton_interpreter():
     x = _inputs()
     with execution_mode("triton"):
         exp, sig = _exp_and_sigmoid(x)
+        soft = _softplus(x)
     _check(x, exp, sig, rtol=4e-6)
+    _check_softplus(x, soft)
 
 
 @pytest.mark.gpu
