@@ -248,9 +248,9 @@ def compare(
     na, nb = int(a.size), int(b.size)
     if na == 0 or nb == 0:
         return Comparison(na, nb, None, None, None, None, confidence, "no-samples")
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         effect = float(np.median(b) / np.median(a) - 1.0)
-    if not math.isfinite(effect):  # absurd magnitudes (1e300 ms): nothing sensible to say
+    if not math.isfinite(effect):  # absurd magnitudes (1e300 ms; inf / inf): nothing sensible to say
         return Comparison(na, nb, None, None, None, None, confidence, "out-of-range")
     if min(na, nb) < max(2, min_samples):
         return Comparison(na, nb, effect, None, None, None, confidence, "too-few-samples")

@@ -93,6 +93,13 @@ def test_mann_whitney_never_crashes(a, b, min_samples):
     assert c.method in ("mann-whitney", "identical", "too-few-samples", "no-samples", "out-of-range")
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_medians_that_overflow_are_out_of_range_without_a_warning():
+    # the medians average two 1e308s to inf, and inf / inf is NaN: a verdict, not a RuntimeWarning in CI's log
+    c = stats.compare([1e308] * 12, [1.7e308] * 12)
+    assert c.method == "out-of-range" and c.effect is None
+
+
 def test_compare_methods():
     assert stats.compare([], [1.0]).method == "no-samples"
     c = stats.compare([1.0, 1.0], [1.2, 1.2], min_samples=10)
