@@ -63,7 +63,8 @@ def parse_spec(raw: Any) -> list[Job]:
         if not isinstance(item["kernel"], str) or not item["kernel"]:
             raise ValueError(f"{where}.kernel: expected a kernel name, got {item['kernel']!r}")
         shapes = item["shapes"]
-        if not isinstance(shapes, list) or not shapes or not set(shapes) <= known_shapes:
+        known = isinstance(shapes, list) and all(isinstance(shape, str) and shape in known_shapes for shape in shapes)
+        if not shapes or not known:
             raise ValueError(f"{where}.shapes: expected a non-empty list of {sorted(known_shapes)}, got {shapes!r}")
         variants = item["variants"]
         if not isinstance(variants, list) or not all(isinstance(v, dict) and v for v in variants):

@@ -26,6 +26,7 @@ JOB = {"entry": "chunk_cumsum", "kernel": "chunk_cumsum", "shapes": ["smoke"], "
     ([{**JOB, "extra": 1}], "spec[0]: expected an object with exactly entry, kernel, shapes and variants"),
     ([{**JOB, "entry": "nope"}], "spec[0].entry: expected a registry entry, got 'nope'"),
     ([JOB, {**JOB, "shapes": ["huge"]}], "spec[1].shapes: expected a non-empty list of"),
+    ([{**JOB, "shapes": [{"seqlen": 64}]}], "spec[0].shapes: expected a non-empty list of"),
     ([{**JOB, "variants": [{}]}], "spec[0].variants: expected a list of non-empty config objects"),
 ])
 def test_a_bad_spec_names_the_field(raw, message):
