@@ -171,11 +171,19 @@ class TunedKernel:
         settings to its precompile subprocesses), so a module function bound to plain values."""
         return functools.partial(check_outputs_against_baseline, self.name, dict(self.partial_sums), self.finish)
 
+    def candidates(self, *args: Any) -> list[config_store.Lookup]:
+        """The stored configs to try for ``args``, in the config store's lookup order (none: Helion's
+        default; also when ``MAMBA2_GUARD_AUTOTUNE`` asks Helion to tune)."""
+        if _env_true(AUTOTUNE_ENV):
+            return []
+        return config_store.stored_candidates(self.name, self.shape_key(*args), device_slug(_first_device(args)))
+
     def lookup(self, *args: Any) -> config_store.Lookup:
-        device = _first_device(args)
+        """The first candidate for ``args`` (what a tool reports as the stored config), or the default."""
         if _env_true(AUTOTUNE_ENV):
             return config_store.Lookup(None, "autotune", None)
-        return config_store.lookup(self.name, self.shape_key(*args), device_slug(device))
+        ranked = self.candidates(*args)
+        return ranked[0] if ranked else config_store.Lookup(None, "default", None)
 
     def __call__(self, *args: Any) -> Any:
         if _captured is not None:
@@ -194,39 +202,41 @@ class TunedKernel:
             # Same shape key, other exact shapes or strides: Helion binds again and would announce it.
             with _without_implicit_config_notice():
                 return kernel(*args)
-        found = self.lookup(*args)
-        kernel = self.helion_kernel(found.config, mode)
-        on_default = found.config is None
-        try:
-            with _without_implicit_config_notice():
-                result = kernel(*args)
-        except Exception as exc:
-            if found.config is None:
-                raise
-            result, kernel, on_default = self._recover(args, found, key, device, mode, exc)
+        result, kernel, on_default = self._first_that_runs(args, key, device, mode)
         self._dispatch[dispatch_key] = (kernel, on_default)
         return result
 
-    def _recover(self, args: tuple[Any, ...], found: config_store.Lookup, key: ShapeKey, device: torch.device,
-                 mode: str, exc: Exception) -> tuple[Any, Any, bool]:
-        """A stored config failed: complete it if it predates one of the kernel's tunables; else, if this
-        helion rejects it, report it as drift (counted, logged) and run on the default config rather than
-        crash. Returns (result, kernel, on_default)."""
-        completed = complete_config(self, args, found.config)
-        if completed is not None:
-            kernel = self.helion_kernel(completed, mode)
+    def _first_that_runs(self, args: tuple[Any, ...], key: ShapeKey, device: torch.device,
+                         mode: str) -> tuple[Any, Any, bool]:
+        """Run ``args`` on the first candidate config that this helion accepts for them, adapted to the call
+        (``adapt_config``); a candidate of another key is first checked by generating its code, which needs
+        no GPU. A stored exact config that is rejected is drift: recorded, counted and logged, never fatal.
+        Only when no candidate runs does the call get Helion's default config. Returns (result, kernel,
+        on_default)."""
+        slug = device_slug(device)
+        reason = None  # why the call is not served by its exact key's config, once known
+        bound = self.helion_kernel(None, "compiled").bind(args) if mode != "ref" else None
+        for found in self.candidates(*args):
+            config = adapt_config(bound, found.config) if bound is not None else found.config
+            if bound is not None and found.source != "exact" and _config_error(bound, config) is not None:
+                continue
+            kernel = self.helion_kernel(config, mode)
             try:
                 with _without_implicit_config_notice():
-                    return kernel(*args), kernel, False
-            except Exception as again:  # noqa: BLE001 (judged below like the first failure)
-                exc = again
-        if not _is_invalid_config(exc):
-            raise exc
-        slug = device_slug(device)
-        config_store.note_fallback(self.name, str(key), slug, "invalid", found.key)
-        config_store.INVALID[(slug, self.name, found.key)] = f"{type(exc).__name__}: {exc}"
-        log.warning("%s: config for %s is invalid under this helion (%s); using the default", self.name,
-                    found.key, exc)
+                    result = kernel(*args)
+            except Exception as exc:
+                if not _is_rejected_config(exc):
+                    raise
+                if found.source == "exact":
+                    reason = "invalid"
+                    config_store.INVALID[(slug, self.name, found.key)] = f"{type(exc).__name__}: {exc}"
+                    log.warning("%s: config for %s is invalid under this helion (%s); trying related configs",
+                                self.name, found.key, exc)
+                continue
+            if found.source != "exact":
+                config_store.note_fallback(self.name, str(key), slug, reason or found.source, found.key)
+            return result, kernel, False
+        config_store.note_fallback(self.name, str(key), slug, reason or "default", None)
         kernel = self.helion_kernel(None, mode)
         with _without_implicit_config_notice():
             return kernel(*args), kernel, True
@@ -253,47 +263,60 @@ def _ref_mode(mode: str):
     return helion.RefMode.EAGER if mode == "ref" else helion.RefMode.OFF
 
 
-def _is_invalid_config(exc: Exception) -> bool:
-    """A Helion error while compiling a stored config: it does not fit this kernel under this helion. (If
-    the kernel itself is broken, the default config fails too, and that error propagates.)"""
+def _is_rejected_config(exc: Exception) -> bool:
+    """A Helion error while compiling a stored config (it does not fit this kernel under this helion), or
+    Triton's refusal to launch it (more shared memory or registers than the GPU has, at a larger tile
+    extent than it was tuned for). If the kernel itself is broken, the default config fails too, and that
+    error propagates."""
     import helion.exc
+    from triton.runtime.errors import OutOfResources
 
-    return isinstance(exc, helion.exc.BaseError)
+    return isinstance(exc, helion.exc.BaseError | OutOfResources)
 
 
 @contextlib.contextmanager
 def pinned_config(kernel: TunedKernel, config: dict[str, Any], key: ShapeKey | None = None) -> Iterator[None]:
     """Inside the block ``kernel`` runs on ``config`` for shape key ``key`` (every key when None), and
     looks up the config store as usual elsewhere: how a tuner times a candidate, or a test picks a variant."""
-    def lookup(*args: Any) -> config_store.Lookup:
+    def candidates(*args: Any) -> list[config_store.Lookup]:
         found_key = kernel.shape_key(*args)
         if key is None or found_key == key:
-            return config_store.Lookup(dict(config), "exact", str(found_key))
-        return TunedKernel.lookup(kernel, *args)
+            return [config_store.Lookup(dict(config), "exact", str(found_key))]
+        return TunedKernel.candidates(kernel, *args)
 
     kernel._dispatch.clear()
-    kernel.lookup = lookup  # type: ignore[method-assign]
+    kernel.candidates = candidates  # type: ignore[method-assign]
     try:
         yield
     finally:
-        del kernel.lookup
+        del kernel.candidates
         kernel._dispatch.clear()
 
 
+def adapt_config(bound: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` made to fit the kernel bound to a call: the kernel's own tunables (``hl.register_tunable``)
+    that it lacks (added to the kernel since it was stored) or holds at a value this call does not offer (a
+    config of another key: heads per program must divide this call's heads per group) take their default.
+    Helion fills and checks its standard keys itself, but not these."""
+    adapted = dict(config)
+    for name, fragment in bound.config_spec.user_defined_tunables.items():
+        choices = getattr(fragment, "choices", None)
+        if name not in adapted or (choices is not None and adapted[name] not in choices):
+            adapted[name] = fragment.default()
+    return adapted
+
+
 def complete_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> dict[str, Any] | None:
-    """``config`` plus Helion's defaults for the kernel's own tunables (``hl.register_tunable``) it lacks,
-    or None when it lacks none. Helion fills its standard keys itself, but not these."""
-    spec = kernel.helion_kernel(None, "compiled").bind(args).config_spec
-    missing = {name: fragment.default() for name, fragment in spec.user_defined_tunables.items()
-               if name not in config}
-    return {**missing, **config} if missing else None
+    """``adapt_config`` for ``kernel`` bound to ``args``, or None when ``config`` needs no change."""
+    adapted = adapt_config(kernel.helion_kernel(None, "compiled").bind(args), config)
+    return adapted if adapted != config else None
 
 
 def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
     """None if ``config`` is valid for ``kernel`` bound to ``args`` under the installed helion, else why.
-    Judged as it runs: completed with the defaults of tunables added to the kernel since it was stored."""
-    completed = complete_config(kernel, args, config) or config
-    return _config_error(kernel.helion_kernel(None, "compiled").bind(args), completed)
+    Judged as it runs: adapted to the call (``adapt_config``)."""
+    bound = kernel.helion_kernel(None, "compiled").bind(args)
+    return _config_error(bound, adapt_config(bound, config))
 
 
 def _config_error(bound: Any, config: dict[str, Any]) -> str | None:

@@ -4,15 +4,24 @@ File layout (stable: keys sorted, one config per line, so that config-update PRs
 
     fingerprint: {...}          # the environment the configs were tuned in
     tuned: {date: ..., effort: ..., seed: ..., budget_s: ...}
+    selection:                  # the fitted rule that picks configs for keys nobody tuned (optional)
+      chunk_scan: {flag: 1.0, size: 0.5, tile: 2.0, fitted_on: 9, regret: 1.03}
     kernels:
       chunk_state:
         dtype=bfloat16,headdim=64,...,tokens=16384: {"block_sizes": [64, 64], "num_warps": 4}
 
-Lookup rule, the same for every kernel (``lookup``):
+A shape key's fields are of three kinds (``docs/config-selection.md`` lists them per kernel):
+  * size fields (``SIZE_FIELDS``: tokens, channels, nheads, heads per group) change only the launch grid and
+    the number of partial sums, so any config of the kernel generates code for them;
+  * tile fields (``TILE_FIELDS``: headdim, dstate, chunk size, ...) are the extents the tiles cover: a config
+    tuned at another extent still generates code, but its tiles fit less well;
+  * every other field is a flag or a dtype that selects another code path (z given, seq_idx, D per head dim).
+
+Lookup rule, the same for every kernel (``candidates``):
   1. the exact shape key;
-  2. else the nearest key: every *exact* field must be equal, and among those keys the one with the
-     smallest sum over the *scaled* fields (``tokens``, ``channels``) of |log2(a / b)| wins; ties go
-     to the lexicographically smallest key, so the choice is deterministic;
+  2. else every other stored key of the kernel, nearest first by the kernel's fitted ``Weights``: the sum of
+     ``flag`` per differing flag, ``tile`` per doubling of a tile field and ``size`` per doubling of a size
+     field. The runtime takes the first of them that validates for the call (``kernels._runtime``);
   3. else the kernel's default config (``None`` here; the runtime then asks Helion for its default).
 A fallback (2 or 3) is logged once per kernel and key, and counted in ``FALLBACKS``.
 """
@@ -36,9 +45,14 @@ import yaml
 log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-# Fields of a shape key compared by distance rather than equality.
-SCALED_FIELDS = frozenset({"tokens", "channels"})
-TOP_LEVEL_KEYS = ("fingerprint", "tuned", "kernels")
+# Fields of a shape key by what they change; see the module docstring.
+SIZE_FIELDS = frozenset({"tokens", "channels", "nheads", "hpg"})
+TILE_FIELDS = frozenset({"headdim", "dstate", "k", "chunk_size", "group_size", "width", "dim"})
+SCALED_FIELDS = SIZE_FIELDS | TILE_FIELDS  # positive ints, compared by the log of their ratio
+TOP_LEVEL_KEYS = ("fingerprint", "tuned", "selection", "kernels")
+# Where each fallback source stands in the lookup rule: "nearest" differs in size fields only, "related"
+# in tile fields or flags too, "invalid" is a stored exact config this helion rejects.
+FALLBACK_SOURCES = ("nearest", "related", "default", "invalid")
 
 FALLBACKS: Counter[tuple[str, str]] = Counter()
 # (gpu slug, kernel, shape key) -> why the installed helion rejected that stored config: drift, which the
@@ -78,12 +92,41 @@ class ShapeKey:
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.fields)
 
-    def exact(self) -> tuple[tuple[str, Any], ...]:
-        return tuple((k, v) for k, v in self.fields if k not in SCALED_FIELDS)
+    def code(self) -> tuple[tuple[str, Any], ...]:
+        """The fields that are not size fields: equal ones mean the same generated code up to the grid."""
+        return tuple((k, v) for k, v in self.fields if k not in SIZE_FIELDS)
 
-    def distance(self, other: ShapeKey) -> float:
+    def distance(self, other: ShapeKey, weights: Weights | None = None) -> float:
+        """How far a config tuned at ``other`` is expected to be from one tuned at this key (0: the same)."""
+        w = weights or Weights()
         mine, theirs = dict(self.fields), dict(other.fields)
-        return sum(abs(math.log2(mine[k] / theirs[k])) for k in SCALED_FIELDS if k in mine and k in theirs)
+        total = 0.0
+        for name in mine.keys() | theirs.keys():
+            a, b = mine.get(name), theirs.get(name)
+            if a == b:
+                continue
+            if name in SCALED_FIELDS and isinstance(a, int) and isinstance(b, int):
+                total += (w.size if name in SIZE_FIELDS else w.tile) * abs(math.log2(a / b))
+            else:
+                total += w.flag
+        return total
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The nearest-key rule's weights: per differing flag, per doubling of a tile field, per doubling of a
+    size field. The defaults hold until ``mamba2-guard autotune --fit-selection`` fits a kernel's own."""
+
+    flag: float = 1.0
+    tile: float = 2.0
+    size: float = 0.5
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Weights:
+        return cls(**{name: float(raw[name]) for name in ("flag", "tile", "size") if name in raw})
+
+    def as_dict(self) -> dict[str, float]:
+        return {"flag": self.flag, "tile": self.tile, "size": self.size}
 
 
 def tokens_bucket(n: int) -> int:
@@ -96,6 +139,11 @@ class ConfigFile:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     tuned: dict[str, Any] = field(default_factory=dict)
     kernels: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # kernel -> the fitted rule: Weights fields plus how it was fitted (fitted_on, regret)
+    selection: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def weights(self, kernel: str) -> Weights:
+        return Weights.from_dict(self.selection.get(kernel, {}))
 
     def get(self, kernel: str, key: ShapeKey | str) -> dict[str, Any] | None:
         return self.kernels.get(kernel, {}).get(str(key))
@@ -107,7 +155,7 @@ class ConfigFile:
 @dataclass(frozen=True)
 class Lookup:
     config: dict[str, Any] | None
-    source: str  # "exact" | "nearest" | "default"
+    source: str  # "exact", or one of FALLBACK_SOURCES
     key: str | None  # the key whose config was used
 
 
@@ -145,9 +193,10 @@ def load(path: Path) -> ConfigFile:
     unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise ConfigFileError(f"{path}: unknown top-level key(s) {unknown}; expected {list(TOP_LEVEL_KEYS)}")
-    for name in ("fingerprint", "tuned"):
+    for name in ("fingerprint", "tuned", "selection"):
         if not isinstance(data.get(name) or {}, dict):
             raise ConfigFileError(f"{path}: {name}: expected a mapping")
+    selection = {kernel: _check_selection(path, kernel, rule) for kernel, rule in (data.get("selection") or {}).items()}
     kernels_section = data.get("kernels") or {}
     if not isinstance(kernels_section, dict):
         raise ConfigFileError(f"{path}: kernels: expected a mapping of kernel name -> shape key -> config")
@@ -162,7 +211,18 @@ def load(path: Path) -> ConfigFile:
             except ValueError as exc:
                 raise ConfigFileError(f"{path}: kernels.{kernel}.{key}: bad shape key: {exc}") from exc
             kernels[kernel][str(key)] = _check_config(path, f"kernels.{kernel}.{key}", config)
-    return ConfigFile(dict(data.get("fingerprint") or {}), dict(data.get("tuned") or {}), kernels)
+    return ConfigFile(dict(data.get("fingerprint") or {}), dict(data.get("tuned") or {}), kernels, selection)
+
+
+def _check_selection(path: Path, kernel: str, rule: Any) -> dict[str, Any]:
+    where = f"{path}: selection.{kernel}"
+    if not isinstance(rule, dict):
+        raise ConfigFileError(f"{where}: expected a mapping with flag, tile and size weights")
+    for name in ("flag", "tile", "size"):
+        value = rule.get(name, getattr(Weights(), name))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise ConfigFileError(f"{where}.{name}: expected a weight >= 0, got {value!r}")
+    return dict(rule)
 
 
 def dumps(cf: ConfigFile) -> str:
@@ -170,7 +230,11 @@ def dumps(cf: ConfigFile) -> str:
     head = yaml.safe_dump(
         {"fingerprint": cf.fingerprint, "tuned": cf.tuned}, sort_keys=True, default_flow_style=False
     )
-    lines = [head.rstrip("\n"), "kernels:" + ("" if cf.kernels else " {}")]
+    lines = [head.rstrip("\n")]
+    if cf.selection:
+        lines.append("selection:")
+        lines += [f"  {kernel}: {json.dumps(cf.selection[kernel], sort_keys=True)}" for kernel in sorted(cf.selection)]
+    lines.append("kernels:" + ("" if cf.kernels else " {}"))
     for kernel in sorted(cf.kernels):
         lines.append(f"  {kernel}:" + ("" if cf.kernels[kernel] else " {}"))
         for key in sorted(cf.kernels[kernel]):
@@ -202,33 +266,27 @@ def save(path: Path, cf: ConfigFile) -> None:
     atomic_write_text(path, dumps(cf))
 
 
+def candidates(cf: ConfigFile, kernel: str, key: ShapeKey) -> list[Lookup]:
+    """The lookup rule of this module's docstring, on one loaded file: the exact key's config (if stored),
+    then every other key's of ``kernel``, nearest first (ties: the key text), each with its source."""
+    weights = cf.weights(kernel)
+    found = []
+    for text, config in cf.kernels.get(kernel, {}).items():
+        other = ShapeKey.parse(text)
+        source = "exact" if other == key else "nearest" if other.code() == key.code() else "related"
+        found.append((key.distance(other, weights), text, Lookup(config, source, text)))
+    return [lookup for _, _, lookup in sorted(found, key=lambda c: (c[0], c[1]))]
+
+
 def find(cf: ConfigFile, kernel: str, key: ShapeKey) -> Lookup:
-    """The lookup rule of this module's docstring, on one loaded file."""
-    by_key = cf.kernels.get(kernel, {})
-    exact = by_key.get(str(key))
-    if exact is not None:
-        return Lookup(exact, "exact", str(key))
-    candidates = _same_exact_fields(by_key, key)
-    if candidates:
-        text, config = candidates[0]
-        return Lookup(config, "nearest", text)
-    return Lookup(None, "default", None)
+    """The first candidate, or the default; the runtime goes on to the next when one does not validate."""
+    ranked = candidates(cf, kernel, key)
+    return ranked[0] if ranked else Lookup(None, "default", None)
 
 
 def neighbours(cf: ConfigFile, kernel: str, key: ShapeKey) -> list[dict[str, Any]]:
-    """The configs of the other keys that ``find`` could fall back to for ``key``, nearest first."""
-    by_key = {text: config for text, config in cf.kernels.get(kernel, {}).items() if text != str(key)}
-    return [config for _, config in _same_exact_fields(by_key, key)]
-
-
-def _same_exact_fields(by_key: dict[str, dict[str, Any]], key: ShapeKey) -> list[tuple[str, dict[str, Any]]]:
-    """(key text, config) of the keys whose exact fields equal ``key``'s, by distance, then text."""
-    found = []
-    for text, config in by_key.items():
-        other = ShapeKey.parse(text)
-        if other.exact() == key.exact():
-            found.append((key.distance(other), text, config))
-    return [(text, config) for _, text, config in sorted(found, key=lambda c: (c[0], c[1]))]
+    """The configs of the other keys that the lookup could fall back to for ``key``, nearest first."""
+    return [found.config for found in candidates(cf, kernel, key) if found.key != str(key)]
 
 
 _cache: dict[Path, tuple[float, ConfigFile | None]] = {}
@@ -249,9 +307,16 @@ def load_cached(slug: str, config_dir: Path | None = None) -> ConfigFile | None:
         return hit[1]
 
 
-def lookup(kernel: str, key: ShapeKey, slug: str, config_dir: Path | None = None) -> Lookup:
+def stored_candidates(kernel: str, key: ShapeKey, slug: str, config_dir: Path | None = None) -> list[Lookup]:
+    """``candidates`` on the file for ``slug`` (none when there is no file)."""
     cf = load_cached(slug, config_dir)
-    result = find(cf, kernel, key) if cf is not None else Lookup(None, "default", None)
+    return candidates(cf, kernel, key) if cf is not None else []
+
+
+def lookup(kernel: str, key: ShapeKey, slug: str, config_dir: Path | None = None) -> Lookup:
+    """The first stored candidate for ``key``, counted as a fallback unless exact; the default when none."""
+    ranked = stored_candidates(kernel, key, slug, config_dir)
+    result = ranked[0] if ranked else Lookup(None, "default", None)
     if result.source != "exact":
         note_fallback(kernel, str(key), slug, result.source, result.key)
     return result
@@ -265,5 +330,5 @@ def note_fallback(kernel: str, key: str, slug: str, source: str, used: str | Non
         _warned.add((kernel, key, slug))
     if first:
         level = logging.DEBUG if slug == "cpu" else logging.WARNING
-        detail = f"nearest key {used}" if used else "the kernel's default config"
+        detail = f"the config of {source} key {used}" if used else "the kernel's default config"
         log.log(level, "%s: no tuned config for %s on %s; using %s", kernel, key, slug, detail)

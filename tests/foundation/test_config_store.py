@@ -25,11 +25,15 @@ configs = st.fixed_dictionaries({
     "num_stages": st.integers(1, 5),
     "pid_type": st.sampled_from(["flat", "xyz", "persistent_blocked"]),
 })
+weights = st.fixed_dictionaries({"flag": st.sampled_from([0.0, 0.5, 1.0, 4.0]), "tile": st.sampled_from([0.5, 2.0]),
+                                 "size": st.sampled_from([0.25, 0.5, 1.0])},
+                                optional={"fitted_on": st.integers(1, 40), "regret": st.floats(1.0, 3.0)})
 files = st.builds(
     ConfigFile,
     fingerprint=st.fixed_dictionaries({"gpu_name": st.just("NVIDIA H200"), "helion": st.sampled_from(["1.5.0"])}),
     tuned=st.fixed_dictionaries({"seed": st.integers(0, 2 ** 31), "effort": st.sampled_from(["quick", "full"])}),
     kernels=st.dictionaries(names, st.dictionaries(keys.map(str), configs, max_size=5), max_size=4),
+    selection=st.dictionaries(names, weights, max_size=2),
 )
 
 
@@ -51,36 +55,69 @@ def test_one_config_per_line(cf):
     assert len(config_lines) == sum(len(v) for v in cf.kernels.values())
 
 
+def _oracle_distance(a: ShapeKey, b: ShapeKey, w: config_store.Weights) -> float:
+    """The rule as the docs state it, written out field by field."""
+    da, db = dict(a.fields), dict(b.fields)
+    total = 0.0
+    sizes, tiles = ("tokens", "channels", "nheads", "hpg"), ("headdim", "dstate", "k", "chunk_size", "group_size",
+                                                             "width", "dim")
+    for name in set(da) | set(db):
+        if da.get(name) == db.get(name):
+            continue
+        both = name in da and name in db
+        if name in sizes and both:
+            total += w.size * abs(math.log2(da[name] / db[name]))
+        elif name in tiles and both:
+            total += w.tile * abs(math.log2(da[name] / db[name]))
+        else:
+            total += w.flag
+    return total
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(keys, configs, min_size=1, max_size=8), keys)
-def test_lookup_rule(stored, query):
-    cf = ConfigFile(kernels={"k": {str(k): c for k, c in stored.items()}})
+@given(st.dictionaries(keys, configs, min_size=1, max_size=8), keys, weights)
+def test_lookup_rule(stored, query, rule):
+    cf = ConfigFile(kernels={"k": {str(k): c for k, c in stored.items()}}, selection={"k": rule})
+    w = config_store.Weights.from_dict(rule)
     found = config_store.find(cf, "k", query)
-    same_exact = [k for k in stored if k.exact() == query.exact()]
     if query in stored:
         assert (found.source, found.key, found.config) == ("exact", str(query), stored[query])
-    elif same_exact:
-        assert found.source == "nearest"
-        used = ShapeKey.parse(found.key)
-        assert used.exact() == query.exact()
-        best = min(query.distance(k) for k in same_exact)
-        assert math.isclose(query.distance(used), best)
-        # ties go to the lexicographically smallest key text
-        assert found.key == min(str(k) for k in same_exact if math.isclose(query.distance(k), best))
-    else:
-        assert (found.source, found.config) == ("default", None)
+        return
+    # never the default while the kernel has any stored config: the nearest by the fitted weights
+    used = ShapeKey.parse(found.key)
+    best = min(_oracle_distance(query, k, w) for k in stored)
+    assert math.isclose(_oracle_distance(query, used, w), best)
+    assert found.key == min(str(k) for k in stored if math.isclose(_oracle_distance(query, k, w), best))
+    assert found.source == ("nearest" if used.code() == query.code() else "related")
+    assert found.config == stored[used]
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys, keys, weights)
+def test_distance_is_symmetric_and_zero_only_for_the_same_key(a, b, rule):
+    w = config_store.Weights.from_dict(rule)
+    assert math.isclose(a.distance(b, w), b.distance(a, w))
+    assert (a.distance(b, config_store.Weights()) == 0) == (a == b)
+
+
+def test_size_fields_do_not_change_the_code_part_of_a_key():
+    a = ShapeKey.of(dtype="bfloat16", headdim=64, hpg=8, nheads=64, tokens=16384, z=1)
+    b = ShapeKey.of(dtype="bfloat16", headdim=64, hpg=80, nheads=80, tokens=8192, z=1)
+    assert a.code() == b.code() == (("dtype", "bfloat16"), ("headdim", 64), ("z", 1))
+    assert ShapeKey.of(dtype="bfloat16", headdim=128, hpg=8, nheads=64, tokens=16384, z=1).code() != a.code()
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(keys, configs, min_size=1, max_size=8), keys)
-def test_neighbours_are_the_fallback_candidates_nearest_first(stored, query):
+def test_candidates_are_every_stored_key_nearest_first(stored, query):
     cf = ConfigFile(kernels={"k": {str(k): c for k, c in stored.items()}})
-    got = config_store.neighbours(cf, "k", query)
-    others = sorted((query.distance(k), str(k)) for k in stored if k != query and k.exact() == query.exact())
-    assert got == [cf.kernels["k"][text] for _, text in others]
-    if query not in stored and got:
-        assert got[0] == config_store.find(cf, "k", query).config
-    assert config_store.neighbours(cf, "other", query) == []
+    ranked = config_store.candidates(cf, "k", query)
+    w = config_store.Weights()
+    assert [found.key for found in ranked] == [text for _, text in sorted(
+        (_oracle_distance(query, k, w), str(k)) for k in stored)]
+    assert config_store.neighbours(cf, "k", query) == [found.config for found in ranked if found.key != str(query)]
+    assert config_store.candidates(cf, "other", query) == []
+    assert config_store.find(cf, "other", query) == config_store.Lookup(None, "default", None)
 
 
 def test_lookup_counts_and_logs_fallbacks(tmp_path, caplog):
@@ -99,15 +136,16 @@ def test_lookup_counts_and_logs_fallbacks(tmp_path, caplog):
     assert config_store.lookup("k", key, "no-such-gpu", tmp_path).source == "default"
 
 
-def test_channels_are_a_scaled_field_so_another_channel_count_finds_the_nearest_config():
+def test_channels_are_a_size_field_so_another_channel_count_finds_the_nearest_config():
     """The conv's key: mamba2-default's 4352 channels fall back to a config tuned at 6144, not to Helion's
-    default; a different layout (an exact field) does not."""
+    default; a different layout (a flag) takes the nearest config of the other layout as related."""
     tuned = {str(ShapeKey.of(channels_last=1, channels=6144, tokens=16384)): {"block_sizes": [256, 512]},
              str(ShapeKey.of(channels_last=1, channels=1024, tokens=16384)): {"block_sizes": [64, 64]}}
     cf = ConfigFile(kernels={"conv": tuned})
     found = config_store.find(cf, "conv", ShapeKey.of(channels_last=1, channels=4352, tokens=16384))
     assert (found.source, found.config) == ("nearest", {"block_sizes": [256, 512]})
-    assert config_store.find(cf, "conv", ShapeKey.of(channels_last=0, channels=6144, tokens=16384)).source == "default"
+    other_layout = config_store.find(cf, "conv", ShapeKey.of(channels_last=0, channels=6144, tokens=16384))
+    assert (other_layout.source, other_layout.config) == ("related", {"block_sizes": [256, 512]})
     with pytest.raises(ValueError, match="channels"):
         ShapeKey.of(channels=0, tokens=16384)
 
@@ -118,6 +156,10 @@ def test_channels_are_a_scaled_field_so_another_channel_count_finds_the_nearest_
     ("kernels:\n  chunk_state:\n    notakey: {}\n", "kernels.chunk_state.notakey: bad shape key"),
     ("kernels:\n  chunk_state:\n    a=1: [1]\n", "kernels.chunk_state.a=1: expected a mapping"),
     ("surprise: 1\n", "unknown top-level key(s) ['surprise']"),
+    ("selection: [1]\n", "selection: expected a mapping"),
+    ("selection:\n  chunk_scan: 3\n", "selection.chunk_scan: expected a mapping"),
+    ("selection:\n  chunk_scan: {flag: -1}\n", "selection.chunk_scan.flag: expected a weight >= 0"),
+    ("selection:\n  chunk_scan: {size: .inf}\n", "selection.chunk_scan.size: expected a weight >= 0"),
     ("fingerprint: 3\n", "fingerprint: expected a mapping"),
     ("kernels: {a: [\n", "not valid YAML"),
 ])

@@ -21,6 +21,7 @@ from kernels._runtime import (
     validate_config,
 )
 from kernels.config_store import ConfigFile, ShapeKey
+from kernels.ssd._keys import heads_per_program
 from kernels.testing import execution_mode
 
 
@@ -267,3 +268,72 @@ def test_config_that_normalizes_but_fails_codegen_is_invalid_and_runs_on_the_def
     with execution_mode("triton"):
         torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
     assert config_store.FALLBACKS[("toy_exp_add", "invalid")] == before + 1
+
+
+def _save(store, kernel: str, configs: dict[ShapeKey, dict]):
+    cf = ConfigFile(kernels={kernel: {str(key): config for key, config in configs.items()}})
+    config_store.save(config_store.path_for("test-gpu", store), cf)
+    config_store._cache.clear()
+
+
+def test_a_key_nobody_tuned_runs_on_a_related_config_not_the_default(store):
+    """Another dtype is another code path (a flag): the config tuned for it still generates code here,
+    so the call runs on it, counted as related, and never on Helion's default."""
+    x = torch.randn(100, 33, dtype=torch.float16).float()
+    tuned = ShapeKey.of(dtype="float16", tokens=config_store.tokens_bucket(100))
+    _save(store, "toy_exp_add", {tuned: {"block_sizes": [16, 8], "num_warps": 2}})
+    before = dict(config_store.FALLBACKS)
+    with execution_mode("triton"):
+        torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
+    assert config_store.FALLBACKS[("toy_exp_add", "related")] == before.get(("toy_exp_add", "related"), 0) + 1
+    assert config_store.FALLBACKS[("toy_exp_add", "default")] == before.get(("toy_exp_add", "default"), 0)
+    kernel, on_default = next(iter(toy_exp_add._dispatch.values()))
+    assert not on_default and kernel.configs[0]["block_sizes"] == [16, 8]
+
+
+def test_a_related_config_that_does_not_generate_code_is_skipped_for_the_next(store):
+    x = torch.randn(100, 33)
+    tokens = config_store.tokens_bucket(100)
+    _save(store, "toy_exp_add", {
+        ShapeKey.of(dtype="float16", tokens=tokens): {"block_sizes": [16, 8, 4]},  # nearest, but invalid here
+        ShapeKey.of(dtype="bfloat16", tokens=tokens * 64): {"block_sizes": [32, 32], "num_warps": 4},
+    })
+    with execution_mode("triton"):
+        torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
+    kernel, on_default = next(iter(toy_exp_add._dispatch.values()))
+    assert not on_default and kernel.configs[0]["block_sizes"] == [32, 32]
+    assert not config_store.INVALID  # a candidate of another key is no drift of the stored configs
+
+
+def test_an_exact_config_this_helion_rejects_is_drift_and_a_related_one_serves(store):
+    x = torch.randn(100, 33)
+    exact, other = _key(x, x), ShapeKey.of(dtype="float16", tokens=config_store.tokens_bucket(100))
+    _save(store, "toy_exp_add", {exact: {"block_sizes": [16, 8, 4]}, other: {"block_sizes": [16, 16]}})
+    before = dict(config_store.FALLBACKS)
+    with execution_mode("triton"):
+        torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
+    assert config_store.FALLBACKS[("toy_exp_add", "invalid")] == before.get(("toy_exp_add", "invalid"), 0) + 1
+    assert config_store.FALLBACKS[("toy_exp_add", "related")] == before.get(("toy_exp_add", "related"), 0)
+    assert ("test-gpu", "toy_exp_add", str(exact)) in config_store.INVALID
+    kernel, on_default = next(iter(toy_exp_add._dispatch.values()))
+    assert not on_default and kernel.configs[0]["block_sizes"] == [16, 16]
+
+
+@tuned_kernel(name="toy_split", shape_key=lambda x, rows: ShapeKey.of(hpg=rows, tokens=x.size(1)))
+def toy_split(x: torch.Tensor, rows: hl.constexpr) -> torch.Tensor:
+    # the SSD backward's tunable: its choices are the divisors of the call's heads per group
+    split = hl.register_tunable("split", heads_per_program(rows))
+    out = torch.empty_like(x)
+    for tile in hl.tile(x.size()):
+        out[tile] = x[tile] * split
+    return out
+
+
+def test_a_tunable_value_this_call_does_not_offer_takes_its_default():
+    odd, even = torch.randn(3, 8), torch.randn(4, 8)
+    bound_odd = toy_split.helion_kernel(None).bind((odd, 3))
+    from kernels._runtime import adapt_config
+
+    assert adapt_config(bound_odd, {"block_sizes": [1, 8], "split": 4}) == {"block_sizes": [1, 8], "split": 3}
+    assert adapt_config(toy_split.helion_kernel(None).bind((even, 4)), {"split": 2}) == {"split": 2}
+    assert complete_config(toy_split, (odd, 3), {"split": 1}) is None
