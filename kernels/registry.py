@@ -292,6 +292,33 @@ def inputs_chunk_cumsum_bwd_terms(s, seed, device):
     return base
 
 
+def packed_seq_idx(g: torch.Generator, batch: int, seqlen: int, docs: int, device: torch.device) -> torch.Tensor:
+    """(batch, seqlen) int32: ``docs`` packed documents per row, at seeded boundaries (anywhere, not only on
+    chunk edges), as a data loader that packs documents hands them to ``Mamba2``."""
+    rows = []
+    for _ in range(batch):
+        cuts = torch.randperm(seqlen - 1, generator=g, device=device)[:docs - 1].sort().values + 1
+        starts = torch.zeros(seqlen, dtype=torch.int32, device=device)
+        starts[cuts] = 1
+        rows.append(torch.cumsum(starts, 0, dtype=torch.int32))
+    return torch.stack(rows).contiguous()
+
+
+def inputs_call(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
+    """The whole call's arguments in the shape's call pattern (``ShapeSpec.pattern``)."""
+    base = _ssd_base(s, seed, device)
+    g = base["g"]
+    base["dt_raw"] = base["dt_raw"].to(s.dt_torch_dtype)
+    base["dt_softplus"] = True
+    if s.d_per_dim:
+        base["D"] = _randn(g, (s.nheads, s.headdim), torch.float32, device)
+    base["z_call"] = base["z"] if s.z else None
+    base["initial_states"] = (_randn(g, (s.batch, s.nheads, s.headdim, s.dstate), torch.float32, device)
+                              if s.initial_states else None)
+    base["seq_idx"] = packed_seq_idx(g, s.batch, s.seqlen, s.docs, device) if s.docs > 1 else None
+    return base
+
+
 def inputs_norm(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
     g = _rng(seed, device)
     M, N, dtype = s.batch * s.seqlen, s.d_ssm, s.torch_dtype
@@ -336,9 +363,10 @@ def inputs_layer(s: ShapeSpec, seed: int, device: torch.device) -> Inputs:
         "conv_bias": _randn(g, (conv_dim,), dtype, device, 0.1),
         "dt_bias": _rand(g, (s.nheads,), torch.float32, device, -4.0, -2.0),
         "A": -_rand(g, (s.nheads,), torch.float32, device, 1.0, 16.0),
-        "D": _randn(g, (s.nheads,), torch.float32, device),
+        "D": _randn(g, (s.nheads, s.headdim) if s.d_per_dim else (s.nheads,), torch.float32, device),
         "norm_weight": _rand(g, (s.d_ssm,), dtype, device, 0.5, 1.5),
         "dout": _randn(g, (s.batch, s.seqlen, s.d_ssm), dtype, device, 0.1),
+        "seq_idx": packed_seq_idx(g, s.batch, s.seqlen, s.docs, device) if s.docs > 1 else None,
         "chunk_size": s.chunk_size, "headdim": s.headdim, "ngroups": s.ngroups,
         "norm_before_gate": s.norm_before_gate, "eps": 1e-5,
     }
@@ -564,8 +592,10 @@ def _total(names: Sequence[str], model: str) -> Callable[[ShapeSpec], int]:
     return lambda s: sum(getattr(REGISTRY[n], model)(s) for n in names)
 
 
-# The whole drop-in call, as a user makes it (x, dt, A, B, C, D per head, dt_bias with softplus, no z).
-_CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "dt_bias=dt_bias", "dt_softplus=dt_softplus")
+# The whole drop-in call, as a user makes it: x, dt, A, B, C, D and dt_bias with softplus, and z, initial states
+# and seq_idx as the shape's call pattern says (by default none of them).
+_CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "z=z_call", "dt_bias=dt_bias",
+              "initial_states=initial_states", "seq_idx=seq_idx", "dt_softplus=dt_softplus")
 _FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk", "chunk_scan")
 _FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
                    "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
@@ -573,12 +603,12 @@ _FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state_passi
                    "bmm_chunk_bwd", "chunk_cumsum_bwd_terms")
 _COMBINED = f"{_mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined"
 CALLS: tuple[KernelEntry, ...] = (
-    _entry("ssd_combined_fwd", "ssd", "call_fwd", "mamba_chunk_scan_combined (forward)", inputs_chunk_cumsum,
+    _entry("ssd_combined_fwd", "ssd", "call_fwd", "mamba_chunk_scan_combined (forward)", inputs_call,
            _CALL_ARGS, ("out",), f"{_SSD}:ssd_chunked_ref", _COMBINED,
            _total(_FWD_STAGES, "bytes_moved"), _total(_FWD_STAGES, "flops"),
            helion="kernels.ssd.combined:mamba_chunk_scan_combined"),
     _entry("ssd_combined_fwd_bwd", "ssd", "call_fwd_bwd", "mamba_chunk_scan_combined (forward + backward)",
-           inputs_chunk_cumsum, _CALL_ARGS, ("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"),
+           inputs_call, _CALL_ARGS, ("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"),
            f"{_SSD}:ssd_chunked_ref", _COMBINED,
            _total(_FWD_BWD_STAGES, "bytes_moved"), _total(_FWD_BWD_STAGES, "flops"),
            helion="kernels.ssd.combined:mamba_chunk_scan_combined",
@@ -586,8 +616,8 @@ CALLS: tuple[KernelEntry, ...] = (
 )
 # The layer's own kernels (conv + SSD + gated norm), as Mamba2's memory-efficient path calls them.
 _LAYER_ARGS = ("zxbcdt", "conv_weight", "conv_bias", "dt_bias", "A", "D", "chunk_size",
-               "rmsnorm_weight=norm_weight", "rmsnorm_eps=eps", "headdim=headdim", "ngroups=ngroups",
-               "norm_before_gate=norm_before_gate")
+               "seq_idx=seq_idx", "rmsnorm_weight=norm_weight", "rmsnorm_eps=eps", "headdim=headdim",
+               "ngroups=ngroups", "norm_before_gate=norm_before_gate")
 _LAYER_FWD = ("causal_conv1d_fwd", *_FWD_STAGES, "gated_rmsnorm_fwd")
 _LAYER_FWD_BWD = (*_LAYER_FWD, "causal_conv1d_bwd", *_FWD_BWD_STAGES[len(_FWD_STAGES):], "gated_rmsnorm_bwd")
 _SPLIT = f"{_mamba_ssm.SSD_COMBINED}:mamba_split_conv1d_scan_combined"

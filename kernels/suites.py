@@ -1,4 +1,9 @@
-"""Shape suites (``suites.yaml``): validated shape specs, with errors that name the file and the key."""
+"""Shape suites (``suites.yaml``): validated shape specs, with errors that name the file and the key.
+
+A shape may also say how the whole call is made (``call:``), as frameworks make it: ``z`` given, ``dt_dtype``
+(dt in another dtype than x), ``docs`` (that many packed documents, passed as ``seq_idx``), ``D`` per head
+(``h``) or per head dim (``hp``), and ``initial_states``. Kernel entries ignore it; the whole-call and layer
+entries use it."""
 
 from __future__ import annotations
 
@@ -13,6 +18,11 @@ import yaml
 SUITES_FILE = Path(__file__).resolve().parent / "suites.yaml"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 _INT_FIELDS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
+# Upper bounds that keep a case within one GPU's memory; a larger value is a typo, not a shape.
+_MAX = {"batch": 1024, "seqlen": 1 << 22, "nheads": 4096, "headdim": 512, "ngroups": 4096, "dstate": 512,
+        "chunk_size": 1024}
+MAX_TOKENS = 1 << 22
+CALL_KEYS = ("z", "dt_dtype", "docs", "D", "initial_states")
 
 
 class SuiteFileError(ValueError):
@@ -33,6 +43,24 @@ class ShapeSpec:
     norm_group_size: int
     norm_before_gate: bool
     conv_width: int
+    # how the whole call is made (module docstring)
+    z: bool = False
+    dt_dtype: str | None = None  # None: the dtype of x
+    docs: int = 1
+    d_per_dim: bool = False
+    initial_states: bool = False
+
+    @property
+    def dt_torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dt_dtype or self.dtype]
+
+    @property
+    def pattern(self) -> str:
+        """The call pattern in words ('' for the plain call: no z, dt like x, one document, D per head)."""
+        parts = (["z"] if self.z else []) + ([f"dt {self.dt_dtype}"] if self.dt_dtype else []) + (
+            [f"{self.docs} docs"] if self.docs > 1 else []) + (["D per head dim"] if self.d_per_dim else []) + (
+            ["initial states"] if self.initial_states else [])
+        return ", ".join(parts)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -75,16 +103,19 @@ def _parse_shape(path: Path, name: str, raw: Any) -> ShapeSpec:
     where = f"{path}: shapes.{name}"
     if not isinstance(raw, dict):
         raise SuiteFileError(f"{where}: expected a mapping")
-    known = set(_INT_FIELDS) | {"dtype", "norm", "conv"}
+    known = set(_INT_FIELDS) | {"dtype", "norm", "conv", "call"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SuiteFileError(f"{where}: unknown key(s) {unknown}; expected {sorted(known)}")
     values: dict[str, Any] = {}
     for key in _INT_FIELDS:
         value = raw.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise SuiteFileError(f"{where}.{key}: expected a positive integer, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= _MAX[key]:
+            raise SuiteFileError(f"{where}.{key}: expected an integer from 1 to {_MAX[key]}, got {value!r}")
         values[key] = value
+    if values["batch"] * values["seqlen"] > MAX_TOKENS:
+        raise SuiteFileError(f"{where}: batch x seqlen must be at most {MAX_TOKENS} tokens, got "
+                             f"{values['batch'] * values['seqlen']}")
     if values["nheads"] % values["ngroups"]:
         raise SuiteFileError(f"{where}.ngroups: must divide nheads ({values['nheads']}), got {values['ngroups']}")
     dtype = raw.get("dtype")
@@ -105,7 +136,31 @@ def _parse_shape(path: Path, name: str, raw: Any) -> ShapeSpec:
     if width not in (2, 3, 4):
         raise SuiteFileError(f"{where}.conv.width: expected 2, 3 or 4, got {width!r}")
     return ShapeSpec(name=name, **values, dtype=dtype, norm_group_size=group_size, norm_before_gate=before,
-                     conv_width=width)
+                     conv_width=width, **_parse_call(where, raw.get("call") or {}, values["seqlen"]))
+
+
+def _parse_call(where: str, call: Any, seqlen: int) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        raise SuiteFileError(f"{where}.call: expected a mapping with keys from {list(CALL_KEYS)}")
+    unknown = sorted(set(call) - set(CALL_KEYS))
+    if unknown:
+        raise SuiteFileError(f"{where}.call: unknown key(s) {unknown}; expected {list(CALL_KEYS)}")
+    for flag in ("z", "initial_states"):
+        if not isinstance(call.get(flag, False), bool):
+            raise SuiteFileError(f"{where}.call.{flag}: expected true or false, got {call[flag]!r}")
+    dt_dtype = call.get("dt_dtype")
+    if dt_dtype is not None and dt_dtype not in DTYPES:
+        raise SuiteFileError(f"{where}.call.dt_dtype: expected one of {sorted(DTYPES)}, got {dt_dtype!r}")
+    docs = call.get("docs", 1)
+    if not isinstance(docs, int) or isinstance(docs, bool) or not 0 < docs <= seqlen:
+        raise SuiteFileError(f"{where}.call.docs: expected a document count from 1 to seqlen ({seqlen}), got {docs!r}")
+    d_kind = call.get("D", "h")
+    if d_kind not in ("h", "hp"):
+        raise SuiteFileError(f"{where}.call.D: expected h (per head) or hp (per head dim), got {d_kind!r}")
+    if docs > 1 and call.get("initial_states"):
+        raise SuiteFileError(f"{where}.call: docs and initial_states together are not a call mamba-ssm supports")
+    return {"z": call.get("z", False), "dt_dtype": dt_dtype, "docs": docs, "d_per_dim": d_kind == "hp",
+            "initial_states": call.get("initial_states", False)}
 
 
 def load(path: Path = SUITES_FILE) -> Suites:

@@ -21,16 +21,45 @@ def test_the_designed_suites():
     assert loaded.shape("smoke").dtype == "float32"
 
 
+def test_the_zoo_holds_out_shapes_it_is_not_fitted_on():
+    loaded = suites.load()
+    fit, heldout = loaded.suite("zoo-fit"), loaded.suite("zoo-heldout")
+    assert not {s.name for s in fit} & {s.name for s in heldout}
+    assert len(fit) + len(heldout) >= 10
+    # every call pattern frameworks use appears among the held-out shapes
+    assert {s.pattern for s in heldout} >= {"", "z, dt float32", "4 docs", "initial states"}
+    assert {s.dstate for s in heldout} >= {64, 128, 256} and {s.chunk_size for s in heldout} == {128, 256}
+    assert {s.headdim for s in heldout} >= {64, 80, 128}
+    packed = loaded.shape("nemotron3-nano-packed")
+    assert (packed.docs, packed.z, packed.dt_torch_dtype.is_floating_point) == (4, False, True)
+
+
 def test_unknown_names_list_the_valid_ones():
     loaded = suites.load()
-    with pytest.raises(KeyError, match="valid shapes: long-context, mamba2-default, nemotron3-nano, smoke"):
+    with pytest.raises(KeyError, match="valid shapes: bamba-9b, .*, long-context, .*, zamba2-7b"):
         loaded.shape("nano")
-    with pytest.raises(KeyError, match="valid suites: default, smoke"):
+    with pytest.raises(KeyError, match="valid suites: default, smoke, zoo-fit, zoo-heldout"):
         loaded.suite("nightly")
 
 
 @pytest.mark.parametrize(("body", "where"), [
-    ("shapes: {a: {batch: 0}}", "shapes.a.batch: expected a positive integer"),
+    ("shapes: {a: {batch: 0}}", "shapes.a.batch: expected an integer from 1 to 1024"),
+    ("shapes: {a: {batch: 1, seqlen: 1000000000, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32}}", "shapes.a.seqlen: expected an integer from 1 to 4194304"),
+    ("shapes: {a: {batch: 64, seqlen: 4194304, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32}}", "shapes.a: batch x seqlen must be at most 4194304 tokens"),
+    ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32, call: {zz: 1}}}", "shapes.a.call: unknown key(s) ['zz']"),
+    ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32, call: {docs: 9}}}", "shapes.a.call.docs: expected a document count from 1 to seqlen"),
+    ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32, call: {D: x}}}", "shapes.a.call.D: expected h"),
+    ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32, call: {dt_dtype: int8}}}", "shapes.a.call.dt_dtype: expected one of"),
+    ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32, call: {z: 1}}}", "shapes.a.call.z: expected true or false"),
+    ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32, call: {docs: 2, initial_states: true}}}", "shapes.a.call: docs and initial_states"),
     ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 3, dstate: 8, chunk_size: 4, "
      "dtype: float32}}", "shapes.a.ngroups: must divide nheads"),
     ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "

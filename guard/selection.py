@@ -1,0 +1,239 @@
+"""The config-selection rule's evidence: measure how stored configs transfer across a grid of shapes, fit the
+rule (``guard.core.selection``) and write both into the config file; and warm the compile cache for shapes.
+
+``measure`` runs each grid shape's whole SSD call once in Helion's reference mode to capture every kernel
+launch with its real arguments, then times, for each launch's shape key, every config stored for that
+kernel at any key (adapted to the call, as the runtime adapts it). Compiles dominate: they run first in
+parallel child processes, each launching the configs once so that Triton's on-disk cache holds them, and the
+timing process then only loads them.
+
+``fit`` turns a measurement file into the config file's entries: the best config at each grid key and each
+kernel's fitted weights. Both are reviewed in the config PR like tuned configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import functools
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from guard.core import selection as fitting
+from kernels import config_store
+
+WHOLE_CALL = "ssd_combined_fwd_bwd"
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    previous = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+def captured_launches(shape_name: str, seed: int, device: str, entry_name: str = WHOLE_CALL) -> list[tuple[Any, tuple]]:
+    """The (kernel, args) of each distinct shape key the whole call launches at ``shape_name``, captured in
+    Helion's reference mode (no compile), in launch order."""
+    from kernels import registry, suites
+    from kernels._runtime import capture_launches
+
+    entry = registry.get(entry_name)
+    inputs = entry.inputs(suites.load().shape(shape_name), seed, device)
+    with _env("HELION_INTERPRET", "1"), capture_launches() as launches:
+        entry.run_helion(inputs)
+    seen, distinct = set(), []
+    for kernel, args in launches:
+        key = (kernel.name, str(kernel.shape_key(*args)))
+        if key not in seen:
+            seen.add(key)
+            distinct.append((kernel, args))
+    return distinct
+
+
+def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile) -> dict[str, dict[str, Any]]:
+    """Stored key -> its config adapted to ``args``, for every stored config of the kernel that generates code
+    for ``args``; configs that adapt to the same thing are timed once, under their first key."""
+    from kernels._runtime import _config_error, adapt_config
+
+    bound = kernel.helion_kernel(None, "compiled").bind(args)
+    out: dict[str, dict[str, Any]] = {}
+    for text, config in sorted(cf.kernels.get(kernel.name, {}).items()):
+        adapted = adapt_config(bound, config)
+        if adapted in out.values() or _config_error(bound, adapted) is not None:
+            continue
+        out[text] = adapted
+    return out
+
+
+def _compile_worker(shape_name: str, seed: int, slug: str, index: int) -> int:
+    """Child process: launch every candidate of the ``index``-th distinct kernel launch of ``shape_name`` once
+    (Triton compiles on first launch and keeps the result in its on-disk cache). Returns how many ran."""
+    import torch
+
+    cf = config_store.load(config_store.path_for(slug))
+    kernel, args = captured_launches(shape_name, seed, "cuda")[index]
+    done = 0
+    for config in candidate_configs(kernel, args, cf).values():
+        with contextlib.suppress(Exception):  # a failing candidate is reported by the timing process
+            kernel.helion_kernel(config, "compiled")(*args)
+            done += 1
+    torch.cuda.synchronize()
+    return done
+
+
+def _warm_worker(shape_name: str, seed: int, entries: Sequence[str]) -> float:
+    """Child process: run the entries once at ``shape_name`` on the configs the runtime selects (compiling
+    them into Triton's on-disk cache). Returns the seconds it took."""
+    import torch
+
+    from kernels import registry, suites
+
+    started = time.monotonic()
+    shape = suites.load().shape(shape_name)
+    for name in entries:
+        entry = registry.get(name)
+        entry.run_helion(entry.inputs(shape, seed, "cuda"))
+    torch.cuda.synchronize()
+    return time.monotonic() - started
+
+
+def in_parallel(worker: Any, jobs: Sequence[tuple], processes: int) -> list[Any]:
+    """``worker(*job)`` for each job in spawned child processes (each its own CUDA context)."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
+        futures = [pool.submit(worker, *job) for job in jobs]
+        return [f.result() if f.exception() is None else repr(f.exception()) for f in futures]
+
+
+def measure(shapes: Sequence[str], *, slug: str, seed: int, rounds: int, processes: int, out: Path) -> list[dict]:
+    """Time every stored config of each kernel at each grid shape's keys; write the records to ``out``
+    (JSON lines, one per kernel x key, appended as each finishes)."""
+    import torch
+
+    from guard.bench.timing import Timer
+
+    started = time.monotonic()
+    jobs = [(name, seed, slug, index) for name in shapes
+            for index in range(len(captured_launches(name, seed, "cuda")))]
+    compiled = in_parallel(_compile_worker, jobs, processes)
+    print(f"compiled {sum(c for c in compiled if isinstance(c, int))} candidates in {len(jobs)} jobs "
+          f"({[c for c in compiled if not isinstance(c, int)]}) in {time.monotonic() - started:.0f} s", flush=True)
+    cf = config_store.load(config_store.path_for(slug))
+    timer = Timer("cuda")
+    records = []
+    for shape_name in shapes:
+        for kernel, args in captured_launches(shape_name, seed, "cuda"):
+            key = str(kernel.shape_key(*args))
+            fns, errors = {}, {}
+            for source, config in candidate_configs(kernel, args, cf).items():
+                fn = kernel.helion_kernel(config, "compiled")
+                try:
+                    fn(*args)
+                except Exception as exc:  # noqa: BLE001 (recorded; the other candidates still run)
+                    errors[source] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    continue
+                fns[source] = functools.partial(fn, *args)
+            samples = timer.interleaved(fns, rounds=rounds) if fns else {}
+            record = {"shape": shape_name, "kernel": kernel.name, "key": key,
+                      "ms": {source: sorted(s)[len(s) // 2] for source, s in samples.items()}, "errors": errors,
+                      "configs": {source: candidate_configs(kernel, args, cf)[source] for source in samples}}
+            records.append(record)
+            with out.open("a") as handle:
+                handle.write(json.dumps(record, sort_keys=True) + "\n")
+            print(f"{shape_name} {kernel.name}: {len(fns)} configs, best {min(record['ms'].values(), default=0):.4f} ms"
+                  f" ({time.monotonic() - started:.0f} s)", flush=True)
+        torch.cuda.empty_cache()
+    return records
+
+
+def read_records(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the measurements: {exc.strerror}") from exc
+    try:
+        return [json.loads(line) for line in lines if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: line {exc.lineno}: not a JSON measurement record") from exc
+
+
+def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_store.ConfigFile, list[fitting.Fit]]:
+    """``cf`` with, per kernel measured: the best config at each grid key (unless a tuned one is stored there)
+    and the fitted weights. Returns the new file and the fits."""
+    kernels = dict((name, dict(by_key)) for name, by_key in cf.kernels.items())
+    selection = dict(cf.selection)
+    fits = []
+    for kernel in sorted({r["kernel"] for r in records}):
+        rows = [fitting.Measured(kernel, r["key"], r["ms"]) for r in records if r["kernel"] == kernel and r["ms"]]
+        if not rows:
+            continue
+        stored = sorted(cf.kernels.get(kernel, {}))
+        result = fitting.fit(rows, stored)
+        fits.append(result)
+        selection[kernel] = result.selection_entry()
+        configs = {r["key"]: r["configs"] for r in records if r["kernel"] == kernel}
+        for key, source in result.best.items():
+            kernels.setdefault(kernel, {}).setdefault(key, configs[key][source])
+    return config_store.ConfigFile(cf.fingerprint, cf.tuned, kernels, selection), fits
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m guard.selection", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="time every stored config at each grid shape's keys (GPU)")
+    m.add_argument("--suite", default="zoo-fit")
+    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--rounds", type=int, default=10)
+    m.add_argument("--processes", type=int, default=8)
+    m.add_argument("--seed", type=int, default=0)
+    w = sub.add_parser("warm", help="compile the selected configs of whole calls at a suite's shapes (GPU)")
+    w.add_argument("--suite", required=True)
+    w.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd", "ssd_combined_fwd"])
+    w.add_argument("--processes", type=int, default=8)
+    f = sub.add_parser("fit", help="fit the selection rule to a measurement file and write it to the config file")
+    f.add_argument("measurements", type=Path)
+    for p in (m, w, f):
+        p.add_argument("--gpu-slug", default="nvidia-h200")
+    args = parser.parse_args(argv)
+    from kernels import suites
+
+    if args.command == "fit":
+        path = config_store.path_for(args.gpu_slug)
+        try:
+            new, fits = apply_fit(config_store.load(path), read_records(args.measurements))
+        except (ValueError, config_store.ConfigFileError) as exc:
+            print(f"mamba2-guard: {exc}", file=sys.stderr)
+            return 2
+        config_store.save(path, new)
+        for result in fits:
+            print(f"{result.kernel}: {result.weights.as_dict()} on {result.fitted_on} keys, leave-one-out regret "
+                  f"{result.regret:.3f} (default weights {result.default_regret:.3f})")
+        return 0
+    names = [s.name for s in suites.load().suite(args.suite)]
+    if args.command == "measure":
+        measure(names, slug=args.gpu_slug, seed=args.seed, rounds=args.rounds, processes=args.processes, out=args.out)
+    else:
+        seconds = in_parallel(_warm_worker, [(name, 0, tuple(args.entries)) for name in names], args.processes)
+        print(json.dumps(dict(zip(names, seconds, strict=True))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
