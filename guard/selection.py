@@ -75,7 +75,7 @@ def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile) -> 
     bound = kernel.helion_kernel(None, "compiled").bind(args)
     out: dict[str, dict[str, Any]] = {}
     for text, config in sorted(cf.kernels.get(kernel.name, {}).items()):
-        adapted = adapt_config(bound, config)
+        adapted = adapt_config(bound, config, other_key=True)
         if adapted in out.values() or _config_error(bound, adapted) is not None:
             continue
         out[text] = adapted
@@ -98,9 +98,10 @@ def _compile_worker(shape_name: str, seed: int, slug: str, index: int) -> int:
     return done
 
 
-def _warm_worker(shape_name: str, seed: int, entries: Sequence[str]) -> float:
+def _warm_worker(shape_name: str, seed: int, entries: Sequence[str], baseline: bool = False) -> float:
     """Child process: run the entries once at ``shape_name`` on the configs the runtime selects (compiling
-    them into Triton's on-disk cache). Returns the seconds it took."""
+    them into Triton's on-disk cache), and with ``baseline`` mamba-ssm's too (its autotune then only loads
+    compiled candidates; a timing process still autotunes it on its own). Returns the seconds it took."""
     import torch
 
     from kernels import registry, suites
@@ -109,7 +110,10 @@ def _warm_worker(shape_name: str, seed: int, entries: Sequence[str]) -> float:
     shape = suites.load().shape(shape_name)
     for name in entries:
         entry = registry.get(name)
-        entry.run_helion(entry.inputs(shape, seed, "cuda"))
+        inputs = entry.inputs(shape, seed, "cuda")
+        entry.run_helion(inputs)
+        if baseline:
+            entry.run_baseline(inputs)
     torch.cuda.synchronize()
     return time.monotonic() - started
 
@@ -207,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--suite", required=True)
     w.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd", "ssd_combined_fwd"])
     w.add_argument("--processes", type=int, default=8)
+    w.add_argument("--baseline", action="store_true", help="also compile mamba-ssm's candidates")
     f = sub.add_parser("fit", help="fit the selection rule to a measurement file and write it to the config file")
     f.add_argument("measurements", type=Path)
     for p in (m, w, f):
@@ -230,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "measure":
         measure(names, slug=args.gpu_slug, seed=args.seed, rounds=args.rounds, processes=args.processes, out=args.out)
     else:
-        seconds = in_parallel(_warm_worker, [(name, 0, tuple(args.entries)) for name in names], args.processes)
+        jobs = [(name, 0, tuple(args.entries), args.baseline) for name in names]
+        seconds = in_parallel(_warm_worker, jobs, args.processes)
         print(json.dumps(dict(zip(names, seconds, strict=True))))
     return 0
 

@@ -215,10 +215,11 @@ class TunedKernel:
         on_default)."""
         slug = device_slug(device)
         reason = None  # why the call is not served by its exact key's config, once known
-        bound = self.helion_kernel(None, "compiled").bind(args) if mode != "ref" else None
+        # Bound even in reference mode: a tunable there still shapes the work (heads per program).
+        bound = self.helion_kernel(None, "compiled").bind(args)
         for found in self.candidates(*args):
-            config = adapt_config(bound, found.config) if bound is not None else found.config
-            if bound is not None and found.source != "exact" and _config_error(bound, config) is not None:
+            config = adapt_config(bound, found.config, other_key=found.source != "exact")
+            if mode != "ref" and found.source != "exact" and _config_error(bound, config) is not None:
                 continue
             kernel = self.helion_kernel(config, mode)
             try:
@@ -293,12 +294,23 @@ def pinned_config(kernel: TunedKernel, config: dict[str, Any], key: ShapeKey | N
         kernel._dispatch.clear()
 
 
-def adapt_config(bound: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` made to fit the kernel bound to a call: the kernel's own tunables (``hl.register_tunable``)
-    that it lacks (added to the kernel since it was stored) or holds at a value this call does not offer (a
-    config of another key: heads per program must divide this call's heads per group) take their default.
-    Helion fills and checks its standard keys itself, but not these."""
+def adapt_config(bound: Any, config: dict[str, Any], other_key: bool = False) -> dict[str, Any]:
+    """``config`` made to fit the kernel bound to a call:
+      * the kernel's own tunables (``hl.register_tunable``) that it lacks (added to the kernel since it was
+        stored) or holds at a value this call does not offer (heads per program must divide this call's heads
+        per group) take their default;
+      * for a config of ``other_key``, per-load and per-loop lists (indexing, eviction policies, ...) of another
+        length than this call's (a flag such as seq_idx adds loads) take the default's, since their entries are
+        positional. (At its own key such a list means the kernel changed since tuning: drift, left to fail.)
+    Block sizes, warps and stages, the part of a config that transfers, are kept; Helion checks them (block sizes
+    of another count mean a config of another kernel: invalid, not adapted)."""
+    default = bound.config_spec.default_config()
     adapted = dict(config)
+    for name, value in config.items():
+        expected = default.get(name)
+        if (other_key and name != "block_sizes" and isinstance(value, list) and isinstance(expected, list)
+                and len(value) != len(expected)):
+            adapted[name] = expected
     for name, fragment in bound.config_spec.user_defined_tunables.items():
         choices = getattr(fragment, "choices", None)
         if name not in adapted or (choices is not None and adapted[name] not in choices):

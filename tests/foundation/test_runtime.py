@@ -337,3 +337,17 @@ def test_a_tunable_value_this_call_does_not_offer_takes_its_default():
     assert adapt_config(bound_odd, {"block_sizes": [1, 8], "split": 4}) == {"block_sizes": [1, 8], "split": 3}
     assert adapt_config(toy_split.helion_kernel(None).bind((even, 4)), {"split": 2}) == {"split": 2}
     assert complete_config(toy_split, (odd, 3), {"split": 1}) is None
+
+
+def test_per_load_lists_of_another_length_take_the_default():
+    """A flag such as seq_idx adds loads: a config of the key without it has a shorter indexing list, whose
+    entries are positional, so the call's default list replaces it; block sizes are kept."""
+    from kernels._runtime import adapt_config
+
+    x = torch.randn(100, 33)
+    bound = toy_exp_add.helion_kernel(None).bind((x, x))
+    default_indexing = bound.config_spec.default_config()["indexing"]
+    short = {"block_sizes": [32, 16], "indexing": ["tensor_descriptor"]}
+    assert adapt_config(bound, short, other_key=True) == {"block_sizes": [32, 16], "indexing": default_indexing}
+    assert adapt_config(bound, short) == short  # at its own key: drift, reported rather than adapted
+    assert validate_config(toy_exp_add, (x, x), adapt_config(bound, short, other_key=True)) is None
