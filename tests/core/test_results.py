@@ -11,6 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from guard.core.fingerprint import fingerprint_hash
 from guard.core.results import (
     BenchResult,
     CaseResult,
@@ -19,7 +20,6 @@ from guard.core.results import (
     SchemaError,
     baseline_from_result,
     baseline_skip_reason,
-    fingerprint_hash,
     load_baseline,
 )
 
@@ -195,7 +195,7 @@ def test_summary_only_baseline_loads():
 
 
 def test_update_keeps_other_cases_with_the_environment_they_were_measured_in(tmp_path):
-    from guard import baselines
+    from guard.flows import baselines
 
     rng = np.random.default_rng(3)
     path = tmp_path / "gpu.yaml"

@@ -37,12 +37,12 @@ def test_references_computed_once_judge_each_config_as_the_bench_does(smoke_shap
     refs = run.references(entry, inputs, ours)
     calls = []
     monkeypatch.setattr(run, "references", lambda *a: calls.append(a))  # must not be called again
-    good = run._precision(entry, inputs, ours, refs)
-    wrong = run._precision(entry, inputs, {**ours, "out": ours["out"] * 1.1}, refs)
+    good = run.precision_of(entry, inputs, ours, refs)
+    wrong = run.precision_of(entry, inputs, {**ours, "out": ours["out"] * 1.1}, refs)
     assert good.ok and not wrong.ok and not calls
     assert [o["output"] for o in wrong.outputs if not o["ok"]] == ["out"]
     monkeypatch.undo()
-    assert run._precision(entry, inputs, ours) == good  # the bench's own call, references made inside
+    assert run.precision_of(entry, inputs, ours) == good  # the bench's own call, references made inside
 
 
 def test_gradient_entry_binds_a_forward_and_backward(smoke_shape):

@@ -56,7 +56,7 @@ def test_nightly_on_cpu_records_history_and_reports(tmp_path, capsys):
     assert cli.main(["nightly", "--kernels", "chunk_cumsum", "--state-dir", str(state)]) == cli.EXIT_OK
     printed = capsys.readouterr()
     assert "CPU interpret mode" in printed.out + printed.err
-    from guard.history import History
+    from guard.adapters.history import History
 
     with History(state / "history.sqlite") as history:
         runs = history.runs()

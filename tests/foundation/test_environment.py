@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import guard
-from guard import fingerprint
+from guard.adapters import fingerprint
 from kernels import _mamba_ssm
 
 

@@ -31,7 +31,7 @@ def fake_cycle(state_dir: Path, sleep_s: float = 0.0, exit_code: int = 0, snapsh
     if sleep_s:
         time.sleep(sleep_s)
     if snapshot:
-        from guard.metrics import write_snapshot
+        from guard.adapters.metrics import write_snapshot
         from tests.infra import sample
 
         s = sample.snapshot()

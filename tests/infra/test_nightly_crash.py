@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from guard.history import History
+from guard.adapters.history import History
 
 KERNELS = ["chunk_cumsum", "bmm_chunk", "chunk_state", "state_passing", "chunk_scan", "gated_rmsnorm_fwd"]
 

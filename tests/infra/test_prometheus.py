@@ -53,7 +53,7 @@ def test_exposition_names_units_and_labels():
 
 
 def test_new_result_replaces_old_series():
-    from guard.metrics import GuardMetrics
+    from guard.adapters.metrics import GuardMetrics
 
     m = GuardMetrics()
     m.update_from_result(sample.result(), sample.verdicts())
@@ -78,7 +78,7 @@ def test_textfile_is_written_atomically_and_parses(tmp_path):
 def test_cli_textfile_from_snapshot(tmp_path):
     import argparse
 
-    from guard.metrics import add_arguments, cmd_metrics, write_snapshot
+    from guard.adapters.metrics import add_arguments, cmd_metrics, write_snapshot
 
     s = sample.snapshot()
     write_snapshot(tmp_path, s["result"], s["verdicts"], drift=s["drift"], events=s["events"])
@@ -154,7 +154,7 @@ def test_push_mode_through_a_real_pushgateway(pushgateway, start_prometheus):
     assert len(pushed) == len(sample.CASES)
     assert all(s.labels["job"] == "mamba2-guard-ci" and s.labels["instance"] == "gpu-runner-1" for s in pushed)
     # A second push replaces the group: a case that disappeared is gone from the gateway too.
-    from guard.metrics import GuardMetrics
+    from guard.adapters.metrics import GuardMetrics
 
     m2 = GuardMetrics()
     smaller = sample.result()
@@ -168,7 +168,7 @@ def test_push_mode_through_a_real_pushgateway(pushgateway, start_prometheus):
 
 @pytest.mark.parametrize("bad", [{"schema_version": 99, "fingerprint": {}, "cases": []}, {"nope": 1}])
 def test_bad_snapshot_is_reported_not_raised(tmp_path, bad):
-    from guard.metrics import GuardMetrics
+    from guard.adapters.metrics import GuardMetrics
 
     path = tmp_path / "latest.json"
     path.write_text(json.dumps({"result": bad}))

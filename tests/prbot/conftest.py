@@ -149,7 +149,7 @@ def fake_gh(token):
 
 @pytest.fixture
 def client(fake_gh):
-    from guard.github import PrClient
+    from guard.adapters.github import PrClient
 
     return PrClient(
         base_url=fake_gh.api, retry=None, seconds_between_requests=None, seconds_between_writes=None, timeout=10

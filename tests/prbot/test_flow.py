@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from guard.adapters.github import GitHubError
+from guard.adapters.gitops import ConfigRepo, FetchFailed, PushFailed
 from guard.core.drift import classify
 from guard.core.prbody import PrInput, render_pr
-from guard.github import GitHubError
-from guard.gitops import ConfigRepo, FetchFailed, PushFailed
 
 from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, TOKEN, baseline_doc, git, new_configs
 from .fake_github import FULL

@@ -10,8 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from guard.core.prbody import branch_name, fingerprint_hash
-from guard.gitops import ConfigRepo, FetchFailed, GitOpsError, PushFailed, redact
+from guard.adapters.gitops import ConfigRepo, FetchFailed, GitOpsError, PushFailed, redact
+from guard.core.fingerprint import fingerprint_hash
+from guard.core.prbody import branch_name
 
 from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, TOKEN, baseline_doc, git, new_configs
 

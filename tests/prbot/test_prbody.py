@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from guard.core.configdiff import diff_config_files, diff_configs
 from guard.core.drift import classify
+from guard.core.fingerprint import fingerprint_hash
 from guard.core.prbody import (
     MAX_BODY_BYTES,
     PrInput,
     branch_name,
-    fingerprint_hash,
     marker,
     parse_marker,
     render_pr,
@@ -59,7 +59,7 @@ def test_branch_and_marker_are_deterministic():
 
 def test_fingerprint_hash_matches_fingerprint_digest_when_available():
     try:
-        from guard.fingerprint import Fingerprint
+        from guard.adapters.fingerprint import Fingerprint
     except Exception:  # another module; only checked when present
         return
     fields = {f: FP_NEW.get(f) for f in Fingerprint.__dataclass_fields__}

@@ -46,7 +46,7 @@ def strip(case):
 
 
 def baseline_of(result: BenchResult):
-    from guard.baselines import baseline_from_result
+    from guard.flows.baselines import baseline_from_result
 
     return load_baseline(baseline_from_result(result))
 
@@ -118,7 +118,7 @@ def test_crash_and_hang_cost_only_their_cases(tmp_path):
 
 
 def test_cases_record_their_gpu_and_metrics_label_it(tmp_path, monkeypatch):
-    from guard import metrics
+    from guard.adapters import metrics
 
     par = sharded(tmp_path, 3, devices=["5", "6", "7"])
     jobs = tuneplan.plan_jobs([k.name for k in KERNELS], [s.name for s in SHAPES])
@@ -143,7 +143,7 @@ def test_cases_record_their_gpu_and_metrics_label_it(tmp_path, monkeypatch):
 
 
 def test_confirmation_reruns_on_the_measuring_gpu(tmp_path, monkeypatch):
-    from guard.checking import run_check
+    from guard.flows.check import run_check
 
     baseline = baseline_of(sequential())
     # through the environment, so the confirming worker (a new child) is as slow as the first
@@ -190,7 +190,7 @@ def test_cli_bench_with_fake_workers(tmp_path, capsys):
 
 
 def test_nightly_cycle_with_workers(tmp_path):
-    from guard.nightly import CycleOptions, run_cycle
+    from guard.flows.nightly import CycleOptions, run_cycle
     from kernels import registry
 
     names = [e.name for e in registry.select(None) if e.has_helion][:2]

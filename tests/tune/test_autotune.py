@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from guard.autotune import AutotuneOptions, run_autotune
 from guard.core import tuneplan
+from guard.flows.autotune import AutotuneOptions, run_autotune
 from kernels import config_store
 
 FAKE = str(Path(__file__).with_name("fake_tuner.py")) + ":tune"
@@ -268,7 +268,7 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
     the candidate pinned for its own shape key only, and leaves the kernel's normal lookup afterwards."""
     import torch
 
-    from guard.autotune_worker import _entry_on
+    from guard.flows.autotune_worker import _entry_on
     from kernels import registry, suites
     from kernels._runtime import capture_launches
     from kernels.testing import execution_mode
@@ -313,7 +313,7 @@ def test_the_incumbent_as_helions_reference_survives_its_settings_copy():
     import helion
     import torch
 
-    from guard.autotune_worker import incumbent_run
+    from guard.flows.autotune_worker import incumbent_run
     from kernels import registry, suites
     from kernels._runtime import capture_launches
     from kernels.testing import execution_mode
@@ -337,7 +337,7 @@ def test_the_incumbent_as_helions_reference_survives_its_settings_copy():
 
 @pytest.mark.parametrize("budget, compile_timeout", [(10, 5), (15, 7), (40, 20), (300, 60), (4, 5)])
 def test_a_compile_may_take_half_the_search_budget(budget, compile_timeout):
-    from guard.autotune_worker import search_settings
+    from guard.flows.autotune_worker import search_settings
 
     settings = search_settings("quick", 7, budget, False)
     assert settings["autotune_compile_timeout"] == compile_timeout
@@ -349,7 +349,7 @@ def test_the_configs_of_a_kernels_other_shapes_seed_its_search():
     1.78 ms for the nearest config the job started from."""
     import torch
 
-    from guard.autotune_worker import neighbour_seeds
+    from guard.flows.autotune_worker import neighbour_seeds
     from kernels import registry, suites
     from kernels._runtime import capture_launches
     from kernels.config_store import ConfigFile, ShapeKey
@@ -415,7 +415,7 @@ def test_only_a_whole_suite_run_stamps_the_file_with_its_environment(tmp_path):
 
 
 def test_covers_whole_suite():
-    from guard.autotune import covers_whole_suite
+    from guard.flows.autotune import covers_whole_suite
     from kernels import registry, suites
 
     every = [e.name for e in registry.select(None)]

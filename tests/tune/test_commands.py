@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from guard import cli, fingerprint
+from guard import cli
 from guard import config as guard_config
+from guard.adapters import fingerprint
 from kernels import config_store
 
 
@@ -104,7 +105,7 @@ def test_pr_dry_run_prints_body_and_diff_and_pushes_nothing(tmp_path, capsys, cu
 
 
 def test_nightly_on_cpu_reports_drift_skips_retune_and_pr_is_dry(tmp_path, current_fp):
-    from guard.nightly import CycleOptions, run_cycle
+    from guard.flows.nightly import CycleOptions, run_cycle
 
     root = make_root(tmp_path, current_fp, helion="0.0.1-other")
     state = tmp_path / "state"

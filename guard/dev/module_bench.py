@@ -22,17 +22,16 @@ import argparse
 import time
 from collections.abc import Callable
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 import kernels
-from guard import fingerprint
+from guard.adapters import fingerprint
+from guard.adapters.state import write_json
 from guard.bench.timing import Timer
 from guard.core import stats
-from guard.state import write_json
 from kernels import _mamba_ssm, suites
 
 
@@ -145,14 +144,7 @@ def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int) ->
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", required=True, help="a shape of kernels/suites.yaml")
-    parser.add_argument("--d-model", type=int, required=True, help="the model width (the suite has none)")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.d_model <= 0:
         parser.error(f"--d-model: expected a positive int, got {args.d_model}")
     shape = suites.load().shape(args.shape)
@@ -172,6 +164,3 @@ def main(argv: list[str] | None = None) -> int:
           f"({worst[1]['max_abs_diff_over_rms']:.3g} of its rms)")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

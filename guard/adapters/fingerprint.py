@@ -12,6 +12,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from guard.core.fingerprint import fingerprint_hash
+
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
 
@@ -68,9 +70,9 @@ class Fingerprint:
         return dataclasses.asdict(self)
 
     def digest(self) -> str:
-        """Hash of the fields that decide whether configs and baselines still apply (not host or uuid)."""
-        keep = {k: v for k, v in self.to_dict().items() if k not in {"hostname", "gpu_uuid", "gpu_index"}}
-        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
+        """Hash of the fields that decide whether configs and baselines still apply (not host or uuid):
+        ``guard.core.fingerprint.fingerprint_hash`` of :meth:`to_dict`."""
+        return fingerprint_hash(self.to_dict())
 
     @property
     def has_gpu(self) -> bool:

@@ -302,7 +302,7 @@ class GuardMetrics:
 
     def load_snapshot(self, path: Path) -> bool:
         """Fill from a ``latest.json`` snapshot (see :func:`snapshot`). False when absent or unreadable."""
-        from guard.state import read_json
+        from guard.adapters.state import read_json
 
         data, problem = read_json(path)
         if data is None:
@@ -371,7 +371,7 @@ def snapshot(result: Any, verdicts: Iterable[Any] = (), fingerprint: Any = None,
 
 def write_snapshot(state_dir: Path, result: Any, verdicts: Iterable[Any] = (), **kw: Any) -> Path:
     """Write ``<state_dir>/latest.json`` atomically (call this at the end of a cycle)."""
-    from guard.state import StateDir, write_json
+    from guard.adapters.state import StateDir, write_json
 
     path = StateDir(Path(state_dir)).latest
     write_json(path, snapshot(result, verdicts, **kw))
@@ -398,51 +398,3 @@ def write_textfile(path: Path) -> None:
 
 def push(gateway_url: str, job: str = "mamba2-guard") -> None:
     METRICS.push(gateway_url, job)
-
-
-# ----------------------------------------------------------------------------------------------
-# `mamba2-guard metrics ...`
-
-
-def add_arguments(parser) -> None:
-    """Arguments of ``mamba2-guard metrics {textfile,push,show}`` (the CLI wires this in)."""
-    from guard.cli import default_state_dir
-
-    parser.add_argument("action", choices=("textfile", "push", "show"),
-                        help="textfile: write the node-exporter file; push: send to a Pushgateway; show: print")
-    parser.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
-    parser.add_argument("--snapshot", help="a latest.json to read (default: <state-dir>/latest.json)")
-    parser.add_argument("--path", help="textfile path (default: <state-dir>/metrics/mamba2_guard.prom)")
-    parser.add_argument("--gateway", help="Pushgateway URL (default: $MAMBA2_GUARD_PUSHGATEWAY)")
-    parser.add_argument("--job", default="mamba2-guard", help="Pushgateway job name (default: %(default)s)")
-
-
-def cmd_metrics(args) -> int:
-    """Exit 0 on success, 2 when there is nothing to export or no gateway is given."""
-    import os
-    import sys
-
-    from guard.state import StateDir, load_daemon_state
-
-    state = StateDir(Path(args.state_dir))
-    m = GuardMetrics()
-    source = Path(args.snapshot) if args.snapshot else state.latest
-    if not m.load_snapshot(source):
-        print(f"mamba2-guard: no usable snapshot at {source} (run a cycle first)", file=sys.stderr)
-        return 2
-    if state.daemon_state.exists():
-        m.restore(load_daemon_state(state)[0])
-    if args.action == "show":
-        sys.stdout.write(m.exposition().decode())
-    elif args.action == "textfile":
-        path = Path(args.path) if args.path else state.textfile
-        m.write_textfile(path)
-        print(f"metrics: wrote {path}")
-    else:
-        url = args.gateway or os.environ.get("MAMBA2_GUARD_PUSHGATEWAY")
-        if not url:
-            print("mamba2-guard: no Pushgateway (--gateway or MAMBA2_GUARD_PUSHGATEWAY)", file=sys.stderr)
-            return 2
-        m.push(url, args.job)
-        print(f"metrics: pushed to {url} (job {args.job})")
-    return 0

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from guard.adapters.history import History
 from guard.core.results import Baseline, BenchResult, CaseResult
 from guard.core.verdicts import Policy, Verdict, check, combine, judge, needs_confirmation
-from guard.history import History
 
 Rerun = Callable[[CaseResult], CaseResult]
 

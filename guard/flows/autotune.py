@@ -1,6 +1,6 @@
 """``mamba2-guard autotune``: the offline config generator.
 
-One job per registry kernel x suite shape, run in a child process (``python -m guard.autotune_worker``)
+One job per registry kernel x suite shape, run in a child process (``python -m guard.flows.autotune_worker``)
 in its own session with a hard timeout per job: a candidate that crashes or hangs costs that job only
 (recorded as failed, with its log), never the run. Jobs are sharded over the host's GPUs, one worker
 thread per GPU driving one long-lived child (``TunerProcess``: imports, CUDA context and compiled
@@ -34,7 +34,6 @@ import json
 import os
 import re
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -45,12 +44,14 @@ from pathlib import Path
 from typing import Any
 
 from guard import PROJECT_ROOT
+from guard.adapters.files import atomic_write_text
+from guard.adapters.files import tail as tail_of
+from guard.adapters.processes import kill_group, signal_name, spawn
 from guard.core import tuneplan
 from guard.core.tuneplan import Criteria, Job
 from kernels import config_store
-from kernels.config_store import atomic_write_text
 
-DEFAULT_TUNER = "guard.autotune_worker:helion_tuner"
+DEFAULT_TUNER = "guard.flows.autotune_worker:helion_tuner"
 TUNER_ENV = "MAMBA2_GUARD_TUNER"
 Progress = Callable[[str], None]
 
@@ -145,19 +146,6 @@ class AutotuneOutcome:
         return {"run_dir": str(self.run_dir), "out": str(self.out), "summary": self.summary,
                 "changed": self.changed, "written": self.written, "skipped": self.skipped,
                 "complete": self.complete}
-
-
-def visible_devices(workers: int | None = None) -> list[str]:
-    """One CUDA_VISIBLE_DEVICES value per GPU of the host (as this process sees them)."""
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [d.strip() for d in env.split(",") if d.strip()][:count] if env else [str(i) for i in range(count)]
-    ids = ids or ["0"]
-    if workers is not None:
-        ids = [ids[i % len(ids)] for i in range(workers)] if workers > len(ids) else ids[:workers]
-    return ids
 
 
 def _safe(name: str) -> str:
@@ -261,29 +249,11 @@ def earlier_job_seconds(state_dir: Path, gpu_slug: str) -> tuple[dict[str, float
     return seconds, len(journals)
 
 
-def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _signal_name(rc: int) -> str:
-    if rc < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-rc).name}"
-    return f"exit code {rc}"
-
-
 DONE = "done"
 
 
 class TunerProcess:
-    """The child (``python -m guard.autotune_worker``) of one worker thread, serving its jobs one after
+    """The child (``python -m guard.flows.autotune_worker``) of one worker thread, serving its jobs one after
     another on one GPU. It is started on the first job, and again after a job that crashed it or hung
     (then killed, process group and all)."""
 
@@ -298,9 +268,9 @@ class TunerProcess:
         # cached on disk (TRITON_CACHE_AUTOTUNING) instead of being re-benchmarked in every child.
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.device, PYTHONUNBUFFERED="1", TRITON_CACHE_AUTOTUNING="1")
         with open(self.log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "guard.autotune_worker", "--parent", str(os.getpid())],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0, env=env,
-                                    cwd=str(PROJECT_ROOT), start_new_session=True)
+            proc = spawn([sys.executable, "-m", "guard.flows.autotune_worker", "--parent", str(os.getpid())],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0, env=env,
+                         cwd=str(PROJECT_ROOT))
         self.children.add(proc)
         return proc
 
@@ -320,7 +290,7 @@ class TunerProcess:
             proc.stdin.write(f"{spec_path}\n".encode())
         ready, _, _ = select.select([proc.stdout], [], [], max(1.0, timeout))
         if not ready:
-            _kill_group(proc)
+            kill_group(proc)
             self._drop()
             return None
         if proc.stdout.readline().startswith(DONE.encode()):
@@ -338,7 +308,7 @@ class TunerProcess:
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            _kill_group(self.proc)
+            kill_group(self.proc)
         self._drop()
 
 
@@ -366,8 +336,8 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
         return {**entry, "status": tuneplan.FAILED, "reason": "timeout",
                 "detail": f"hard timeout after {timeout:.0f}s; killed (log {log_path})"}
     if answer != DONE or not result_path.exists():
-        tail = _tail(log_path)
-        why = _signal_name(answer) if isinstance(answer, int) else "no result"
+        tail = tail_of(log_path)
+        why = signal_name(answer) if isinstance(answer, int) else "no result"
         return {**entry, "status": tuneplan.FAILED, "reason": "crash",
                 "detail": f"worker {why}" + (f": {tail}" if tail else "") + f" (log {log_path})"}
     try:
@@ -381,14 +351,6 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
             "setup_seconds": result.get("setup_seconds"), "process": result.get("process"), "gpu": result.get("gpu"),
             "tuned_elsewhere": result.get("tuned_elsewhere") or []}
-
-
-def _tail(path: Path, lines: int = 1) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])[-300:]
 
 
 def describe(entry: dict[str, Any]) -> str:
@@ -460,7 +422,7 @@ def run_autotune(opts: AutotuneOptions, progress: Progress, on_job: Callable[[di
                 t.join(0.2)
     except BaseException:
         for proc in list(children):
-            _kill_group(proc, grace=1.0)
+            kill_group(proc, 1.0)
         raise
     entries = run.entries()
     changed = run.save() if entries else False
@@ -503,8 +465,9 @@ def rebaseline(kernels: Sequence[str], shapes: Sequence[str], state_dir: Path, p
                seed: int = 0, rounds: int = 30, path: Path | None = None) -> dict[str, Any]:
     """Bench the tuned kernels x shapes on every GPU of the host (sharded) and write them into
     ``baselines/<slug>.yaml``."""
-    from guard import baselines, fingerprint
+    from guard.adapters import fingerprint
     from guard.bench import shard
+    from guard.flows import baselines
     from kernels import registry, suites
 
     fp = fingerprint.collect()

@@ -25,14 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import registry, suites  # noqa: E402
 from kernels._runtime import capture_launches, complete_config, pinned_config, validate_config  # noqa: E402
@@ -162,15 +158,7 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("spec", type=Path, help="JSON list of jobs (see the module docstring)")
-    parser.add_argument("--out", type=Path, required=True, help="results JSON, rewritten after each shape")
-    parser.add_argument("--rounds", type=int, default=30, help="timed samples per config (default 30)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: Triton's interpreter, no timing (default cuda)")
-    parser.add_argument("--no-precision", action="store_true", help="skip the outputs' comparison")
-    opts = parser.parse_args(argv)
+def run(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if opts.rounds < 1:
         parser.error(f"--rounds: expected a positive integer, got {opts.rounds}")
     try:
@@ -197,6 +185,3 @@ def main(argv: list[str] | None = None) -> int:
             opts.out.write_text(json.dumps(results, indent=1))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # Triton reads this at import: under the interpreter its kernels would not compile to SASS.
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -160,18 +159,7 @@ def entry_reports(name: str, shape: suites.ShapeSpec, arch: int, out_dir: Path |
     return reports
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("entries", nargs="+", metavar="ENTRY", help="registry entry names")
-    parser.add_argument("--shape", default="nemotron3-nano", help="suite shape (default nemotron3-nano)")
-    parser.add_argument("--seqlen", type=int, default=512,
-                        help="shorter sequence for the CPU capture (default 512); the configs are looked up "
-                             "by key, so a shorter one finds the shape's own through the nearest-key rule")
-    parser.add_argument("--gpu-slug", default="nvidia-h200", help="whose configs (default nvidia-h200)")
-    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: sm_90)")
-    parser.add_argument("--out", type=Path, help="also write each kernel's Triton code, PTX and SASS here")
-    parser.add_argument("--json", type=Path, help="write the reports as JSON")
-    opts = parser.parse_args(argv)
+def run(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if opts.seqlen < 1:
         parser.error(f"--seqlen: expected a positive integer, got {opts.seqlen}")
     for name in opts.entries:
@@ -192,6 +180,3 @@ def main(argv: list[str] | None = None) -> int:
         opts.json.write_text(json.dumps(results, indent=1))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

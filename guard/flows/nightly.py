@@ -19,16 +19,17 @@ from typing import Any
 import torch
 from filelock import FileLock, Timeout
 
-from guard import baselines, fingerprint
+from guard.adapters import fingerprint
+from guard.adapters.files import atomic_write_text
+from guard.adapters.history import History
 from guard.bench.run import Progress, bench_case, plain_progress
-from guard.checking import run_check
 from guard.core import drift as drift_mod
 from guard.core import report
 from guard.core.results import BenchResult, CaseResult
 from guard.core.verdicts import Policy, Verdict, exit_code
-from guard.history import History
+from guard.flows import baselines
+from guard.flows.check import run_check
 from kernels import config_store, registry, suites
-from kernels.config_store import atomic_write_text
 
 
 class CycleBusy(RuntimeError):
@@ -163,8 +164,8 @@ def export_metrics(state_dir: Path, result: BenchResult, verdicts: list[Verdict]
                    drift: drift_mod.DriftReport, steps: dict[str, Any]) -> dict[str, str]:
     """The snapshot the daemon's /metrics serves, and the node-exporter textfile of a one-shot run; drift and PR
     events carry this moment's timestamp (the dashboard's annotations)."""
-    from guard import metrics
-    from guard.state import StateDir
+    from guard.adapters import metrics
+    from guard.adapters.state import StateDir
 
     now = _now().timestamp()
     events = {"drift": now} if drift.found else {}
@@ -276,14 +277,15 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
             progress(message)
             steps["retune"] = {"status": "skipped", "detail": message}
         else:
-            from guard import autotune
+            from guard.bench import shard
+            from guard.flows import autotune
 
             tuned = [e.name for e in entries if e.has_helion]
             try:
                 opts = autotune.AutotuneOptions(
                     kernels=tuned, shapes=[s.name for s in shapes], out=configs_path, state_dir=state_dir,
                     gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
-                    devices=autotune.visible_devices(), **autotune.config_options(cfg),
+                    devices=shard.visible_devices(), **autotune.config_options(cfg),
                     whole_suite=autotune.covers_whole_suite(tuned, [s.name for s in shapes]))
                 progress(f"re-tune ({why}): {len(tuned)} kernels x {len(shapes)} shapes")
                 outcome = autotune.run_autotune(opts, progress)
@@ -309,7 +311,7 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
         return steps
     if not (drift.found or produced):
         return steps
-    from guard import prflow
+    from guard.flows import pr as prflow
 
     dry = not produced
     try:

@@ -9,15 +9,15 @@ from typing import Any
 import yaml
 
 from guard import PROJECT_ROOT
+from guard.adapters.files import atomic_write_text
+from guard.core.fingerprint import fingerprint_hash
 from guard.core.results import (
     Baseline,
     BenchResult,
     SchemaError,
     baseline_from_result,
-    fingerprint_hash,
     load_baseline,
 )
-from kernels.config_store import atomic_write_text
 
 BASELINE_DIR = PROJECT_ROOT / "baselines"
 

@@ -1,6 +1,6 @@
-"""The autotune child process: ``python -m guard.autotune_worker [--parent PID]``.
+"""The autotune child process: ``python -m guard.flows.autotune_worker [--parent PID]``.
 
-The orchestrator (``guard.autotune``) starts one per worker thread, in its own session with
+The orchestrator (``guard.flows.autotune``) starts one per worker thread, in its own session with
 ``CUDA_VISIBLE_DEVICES`` set to that worker's GPU, and sends it jobs one at a time: the path of a job's
 spec JSON on a line of stdin. The child runs the job (its output, Helion's and Triton's included, goes to
 the job's own log), writes the tuner's result atomically to ``spec["result"]`` and answers ``done`` on its
@@ -32,14 +32,15 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from guard.adapters.files import atomic_write_text
+from guard.adapters.processes import watch_parent
 
 
 def load_tuner(ref: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -47,29 +48,6 @@ def load_tuner(ref: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     from kernels._targets import load_target
 
     return load_target(ref)
-
-
-def _watch_parent(parent: int) -> None:
-    """Exit with the whole process group when the orchestrator is gone (re-parented)."""
-
-    def loop() -> None:
-        while True:
-            time.sleep(0.2)
-            if os.getppid() != parent:
-                with contextlib.suppress(OSError):
-                    os.killpg(os.getpgid(0), signal.SIGKILL)
-                os._exit(3)
-
-    threading.Thread(target=loop, name="parent-watch", daemon=True).start()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -102,16 +80,16 @@ def run_one(spec: dict[str, Any], job_number: int, started: float) -> None:
     result["seconds"] = round(time.monotonic() - t0, 3)
     result["process"] = {"pid": os.getpid(), "job_number": job_number,
                          "age_seconds": round(t0 - started, 3)}  # 0 for the first job: it paid the imports
-    _write_atomic(Path(spec["result"]), json.dumps(result, sort_keys=True, default=str, allow_nan=False) + "\n")
+    atomic_write_text(Path(spec["result"]), json.dumps(result, sort_keys=True, default=str, allow_nan=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m guard.autotune_worker",
+    parser = argparse.ArgumentParser(prog="python -m guard.flows.autotune_worker",
                                      description="run autotune jobs whose spec paths arrive on stdin")
     parser.add_argument("--parent", type=int, help="exit with the process group when this pid is gone")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.parent:
-        _watch_parent(args.parent)
+        watch_parent(args.parent, interval_s=0.2)
     started = time.monotonic()
     answers = os.dup(1)
     os.dup2(2, 1)  # stray prints go to the worker log, never into the answers
@@ -138,7 +116,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from guard.bench.precision import failing_outputs
-    from guard.bench.run import _precision, references
+    from guard.bench.run import precision_of, references
     from guard.bench.timing import Timer
     from guard.bench.worker import gpu_identity
     from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
@@ -180,7 +158,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         with pinned_config(kernel, config, key):
             ours = entry.run_helion(inputs)
         refs = refs or references(entry, inputs, ours)
-        verdict = _precision(entry, inputs, ours, refs)
+        verdict = precision_of(entry, inputs, ours, refs)
         return {"ok": verdict.ok, "detail": failing_outputs(verdict.outputs),
                 "max_rel_err_vs_fp64": verdict.max_rel_err_vs_fp64,
                 "max_abs_diff_vs_mamba_ssm": verdict.max_abs_diff_vs_mamba_ssm, "outputs": list(verdict.outputs)}

@@ -24,8 +24,8 @@ from typing import Any
 
 from github import Auth, Github, GithubException
 
+from guard.adapters.gitops import DEFAULT_TOKEN_ENV, install_log_redaction, redact, register_secret
 from guard.core.prbody import branch_prefix, marker, parse_marker, sanitize_slug
-from guard.gitops import DEFAULT_TOKEN_ENV, install_log_redaction, redact, register_secret
 
 log = logging.getLogger("guard.github")
 

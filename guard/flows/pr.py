@@ -1,9 +1,9 @@
 """``mamba2-guard pr``: propose this GPU's configs and baseline in a pull request.
 
 Composition only: the files ``kernels/configs/<slug>.yaml`` and ``baselines/<slug>.yaml`` of a checkout
-(``root``), the same files on the base branch of the PR target (read from ``guard.gitops.ConfigRepo``'s
+(``root``), the same files on the base branch of the PR target (read from ``guard.adapters.gitops.ConfigRepo``'s
 private clone), ``guard.core.prbody.render_pr`` for title/body/branch, ``ConfigRepo.update`` for the
-branch, ``guard.github.PrClient`` for the PR.
+branch, ``guard.adapters.github.PrClient`` for the PR.
 
 Targets, from the guard config: ``git.origin`` + ``git.base_branch``; on embedded defaults a bare
 repository ``<state>/pr/origin.git`` created from this checkout's HEAD (base branch ``main``), so the
@@ -90,7 +90,7 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
            root: Path = PROJECT_ROOT, dry_run: bool = False, drift: drift_mod.DriftReport | None = None,
            reproduce_command: str | None = None, progress: Progress = lambda m: None,
            client_factory: Callable[[GuardConfig], Any] | None = None) -> PrFlowOutcome:
-    from guard.gitops import ConfigRepo, FetchFailed, managed_paths
+    from guard.adapters.gitops import ConfigRepo, FetchFailed, managed_paths
 
     root = Path(root)
     messages: list[str] = []
@@ -164,7 +164,7 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
     if not os.environ.get(cfg.token_env):
         messages.append(f"GitHub step skipped: no token in ${cfg.token_env}")
         return outcome
-    from guard.github import client_from_config
+    from guard.adapters.github import client_from_config
 
     client = (client_factory or (lambda c: client_from_config(c.raw)))(cfg)
     labels = list(cfg.github.get("labels") or DEFAULT_LABELS)

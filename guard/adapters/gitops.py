@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import git
 
+from guard.adapters.files import atomic_write
 from guard.core.prbody import BRANCH_PREFIX, branch_name
 
 log = logging.getLogger("guard.gitops")
@@ -105,8 +106,8 @@ _FILTER = RedactingFilter()
 # Loggers that may see URLs or command lines: ours, GitPython's, PyGithub's and urllib3's.
 _REDACTED_LOGGERS = (
     "guard",
-    "guard.gitops",
-    "guard.github",
+    "guard.adapters.gitops",
+    "guard.adapters.github",
     "git",
     "git.cmd",
     "git.remote",
@@ -307,10 +308,7 @@ class ConfigRepo:
     def _write_askpass(self) -> Path:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if not self._askpass.exists() or self._askpass.read_text() != _ASKPASS_SCRIPT:
-            tmp = self._askpass.with_suffix(".tmp")
-            tmp.write_text(_ASKPASS_SCRIPT)
-            tmp.chmod(stat.S_IRWXU)
-            tmp.replace(self._askpass)
+            atomic_write(self._askpass, _ASKPASS_SCRIPT, mode=stat.S_IRWXU)
         return self._askpass
 
     def _env(self, network: bool) -> dict[str, str]:

@@ -29,9 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernels.config_store import atomic_write_text
+from guard.adapters.files import atomic_write_text
 
 log = logging.getLogger("guard.state")
+
+
+def default_state_dir() -> Path:
+    """``$MAMBA2_GUARD_STATE``, else ``$XDG_STATE_HOME/mamba2-guard`` (``~/.local/state/mamba2-guard``)."""
+    override = os.environ.get("MAMBA2_GUARD_STATE")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "mamba2-guard"
 
 JOBSTORE = "jobs.sqlite"
 LOCK = "daemon.lock"

@@ -27,18 +27,17 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from guard import fingerprint
+from guard.adapters import fingerprint
+from guard.adapters.files import atomic_write_text
 from guard.bench.run import run_bench
 from guard.bench.timing import sleep_cycles_per_ms
-from guard.checking import run_check
 from guard.core.results import baseline_from_result, baseline_skip_reason, load_baseline
 from guard.core.verdicts import Policy
+from guard.flows.check import run_check
 from kernels import registry, suites
-from kernels.config_store import atomic_write_text
 
 
 def slowed(entry: registry.KernelEntry, shape: str, cycles: int) -> registry.KernelEntry:
@@ -114,21 +113,7 @@ def summarize(entries, shapes, baseline, aa, slow) -> dict:
     return summary
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--suite", help="shape suite from kernels/suites.yaml")
-    where.add_argument("--shapes", nargs="+", help="shape names (default: nemotron3-nano)")
-    parser.add_argument("--kernels", nargs="+", help="registry entries (default: all with a Helion kernel)")
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--slowdown", type=float, default=0.05, help="fraction in (0, 1); 0 skips those runs")
-    parser.add_argument("--aa-timing-only", action="store_true",
-                        help="A/A runs re-time only; precision is the first bench's")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--state-dir", type=Path, default=Path("/tmp/mamba2-guard-calibration"))
-    parser.add_argument("--json", type=Path, required=True)
-    args = parser.parse_args()
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not 0 <= args.slowdown < 1:
         parser.error(f"--slowdown: expected a fraction in [0, 1), got {args.slowdown}")
     if args.runs < 1:
@@ -179,6 +164,3 @@ def main() -> int:
     print(json.dumps(totals, indent=1))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
