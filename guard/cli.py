@@ -255,6 +255,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     import torch
 
     from guard.adapters import fingerprint
+    from guard.bench.shard import visible_devices
     from guard.flows.autotune import (
         DEFAULT_TUNER,
         TUNER_ENV,
@@ -265,7 +266,6 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         rich_bar,
         run_autotune,
     )
-    from guard.bench.shard import visible_devices
     from kernels import config_store, registry, suites
 
     cfg = _guard_config(args)

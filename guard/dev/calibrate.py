@@ -1,9 +1,9 @@
 """Measure the regression rule on a real GPU: false alarms over back-to-back A/A runs, and detection of an
 injected slowdown. The numbers behind ``docs/statistics.md`` ("Measured on the H200").
 
-    python scripts/calibrate_regression_rule.py --suite default --runs 20 --slowdown 0 --aa-timing-only \
+    mamba2-guard dev calibrate --suite default --runs 20 --slowdown 0 --aa-timing-only \
         --json out.json
-    python scripts/calibrate_regression_rule.py --shapes nemotron3-nano --runs 20 --slowdown 0.05 \
+    mamba2-guard dev calibrate --shapes nemotron3-nano --runs 20 --slowdown 0.05 \
         --kernels gated_rmsnorm_bwd chunk_state --json out.json
 
 One process, one GPU. A first bench of the kernels x shapes is the baseline (its wall time is a cold-cache

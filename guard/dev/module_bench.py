@@ -13,7 +13,7 @@ process as the bench times whole calls (CUDA-graph replays, L2 flushed before ea
 It also reports how far the patched module's output and gradients are from mamba-ssm's (the kernels'
 precision is judged by the bench; this is a cross-check of the patch). Writes one JSON file.
 
-    python scripts/bench_mamba2_module.py --shape nemotron3-nano --d-model 2688 --out module.json
+    mamba2-guard dev module-bench --shape nemotron3-nano --d-model 2688 --out module.json
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ and ``nvdisasm``. The counts are this machine's Triton's, which may differ from 
 How exp2/rsqrt replaced libdevice's exp and the IEEE division in the hot loops was found this way (README,
 "exp2 and rsqrt in the hot loops"); the dx kernel shows that fewer instructions are not always faster.
 
-    python scripts/sass_report.py chunk_scan causal_conv1d_bwd --shape nemotron3-nano --seqlen 512
-    python scripts/sass_report.py chunk_scan --out /tmp/sass --json /tmp/sass.json   # code, PTX and SASS too
+    mamba2-guard dev sass chunk_scan causal_conv1d_bwd --shape nemotron3-nano --seqlen 512
+    mamba2-guard dev sass chunk_scan --out /tmp/sass --json /tmp/sass.json   # code, PTX and SASS too
 
 Run it in a fresh process: the test set-up's CPU-interpreter patches (``kernels.testing``) rewrite
 Triton's libdevice, and code compiled after them is not what the GPU runs.

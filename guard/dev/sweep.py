@@ -12,8 +12,8 @@ Spec (JSON): [{"entry": ENTRY, "kernel": KERNEL, "shapes": [SHAPE, ...], "varian
 KERNEL is a Helion kernel the entry launches (its name in kernels/configs). An "indexing" given as one
 string ("tensor_descriptor") applies to every load.
 
-    python scripts/config_sweep.py spec.json --out sweep.json              # on the GPU runner
-    python scripts/config_sweep.py spec.json --out sweep.json --device cpu # the plumbing only, no timing
+    mamba2-guard dev sweep spec.json --out sweep.json              # on the GPU runner
+    mamba2-guard dev sweep spec.json --out sweep.json --device cpu # the plumbing only, no timing
 
 A winner goes into kernels/configs/<gpu>.yaml (``kernels.config_store``), then through ``mamba2-guard bench``.
 With ``--device cpu`` the kernels run in Triton's interpreter (set ``TRITON_INTERPRET=1``) and nothing is

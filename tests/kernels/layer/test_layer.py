@@ -377,18 +377,21 @@ def test_gpu_matches_mamba_ssm(shape_name):
 
 
 # ---------------------------------------------------------------------------------------------------
-# scripts/bench_mamba2_module.py: the full module, GEMMs included
+# guard.dev.module_bench (mamba2-guard dev module-bench): the full module, GEMMs included
 
 
 def _module_script():
-    import importlib.util
-    from pathlib import Path
+    import types
 
-    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_mamba2_module.py"
-    spec = importlib.util.spec_from_file_location("bench_mamba2_module", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    from guard import cli
+    from guard.dev import module_bench
+
+    def main(argv):  # the tool as `mamba2-guard dev module-bench ARGV` runs it, exceptions not caught
+        args = cli.build_parser().parse_args(["dev", "module-bench", *argv])
+        return args.func(args)
+
+    return types.SimpleNamespace(build=module_bench.build, gradients=module_bench.gradients,
+                                 differences=module_bench.differences, main=main)
 
 
 def test_module_script_builds_the_suite_layer_at_any_width(mamba2):

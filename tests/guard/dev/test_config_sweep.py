@@ -1,9 +1,9 @@
-"""scripts/config_sweep.py: hand-picked configs against the stored one. The spec checks, the config overlay and
-the report are pure; the run is checked on the CPU (Triton's interpreter, untimed) in a fresh process."""
+"""guard.dev.sweep (``mamba2-guard dev sweep``): hand-picked configs against the stored one. The spec checks,
+the config overlay and the report are pure; the run is checked on the CPU (Triton's interpreter, untimed)
+in a fresh process."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "config_sweep.py"
-_spec = importlib.util.spec_from_file_location("config_sweep", SCRIPT)
-config_sweep = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = config_sweep  # dataclasses look their module up
-_spec.loader.exec_module(config_sweep)
+from guard.dev import sweep as config_sweep
+
+COMMAND = [sys.executable, "-m", "guard", "dev", "sweep"]
 
 JOB = {"entry": "chunk_cumsum", "kernel": "chunk_cumsum", "shapes": ["smoke"], "variants": [{"num_warps": 2}]}
 
@@ -59,7 +57,7 @@ def test_report_lists_variants_fastest_first_against_the_stored_config():
 def _run(tmp_path: Path, spec: list) -> tuple[subprocess.CompletedProcess, Path]:
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     out = tmp_path / "sweep.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "spec.json"), "--out", str(out), "--device",
+    done = subprocess.run([*COMMAND, str(tmp_path / "spec.json"), "--out", str(out), "--device",
                            "cpu"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
     return done, out

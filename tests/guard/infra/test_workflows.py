@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.infra.conftest import REPO
+from tests.guard.infra.conftest import REPO
 
 WORKFLOWS = REPO / ".github" / "workflows"
 

@@ -72,12 +72,10 @@ def test_check_without_results_is_a_usage_error(tmp_path, capsys):
 def test_calibration_script_names_the_bad_argument():
     import subprocess
     import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "scripts" / "calibrate_regression_rule.py"
 
     def run(*argv):
-        return subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "guard", "dev", "calibrate", *argv], capture_output=True,
+                              text=True, timeout=120)
 
     bad = run("--kernels", "chunk_state", "--json", "x.json", "--slowdown", "5")
     assert bad.returncode == 2 and "--slowdown: expected a fraction in [0, 1), got 5.0" in bad.stderr

@@ -18,7 +18,7 @@ from guard.flows.autotune import AutotuneOptions, run_autotune
 from kernels import config_store
 
 FAKE = str(Path(__file__).with_name("fake_tuner.py")) + ":tune"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KERNELS = ["chunk_cumsum", "chunk_state", "state_passing"]
 SHAPES = ["smoke", "mamba2-default"]
 BASE = [1.00 + 0.002 * (i % 9) for i in range(30)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 APT_LINE = "apt-get install -y prometheus prometheus-pushgateway"
 
 
@@ -122,14 +122,14 @@ def pushgateway(tmp_path):
 
 
 class Daemon:
-    """A ``mamba2-guard daemon`` in a subprocess, with stand-in jobs from tests.infra.jobs."""
+    """A ``mamba2-guard daemon`` in a subprocess, with stand-in jobs from tests.guard.infra.jobs."""
 
     def __init__(self, state: Path, args: list[str], log: Path):
         self.state, self.log_path = state, log
         self._log = open(log, "ab")  # noqa: SIM115
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from guard.daemon import main; sys.exit(main(sys.argv[1:]))",
+            [sys.executable, "-c", "import sys; from guard.cli import main; sys.exit(main(['daemon', *sys.argv[1:]]))",
              "--state-dir", str(state), *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
 
@@ -172,7 +172,8 @@ def start_daemon(tmp_path):
     daemons: list[Daemon] = []
 
     def start(state: Path, *args: str, quiet: bool = True) -> Daemon:
-        base = ["--metrics-port", "0", "--drift-interval", "3600", "--drift-target", "tests.infra.jobs:probe_no_drift"]
+        base = ["--metrics-port", "0", "--drift-interval", "3600",
+                "--drift-target", "tests.guard.infra.jobs:probe_no_drift"]
         d = Daemon(state, base + list(args), tmp_path / f"daemon-{len(daemons)}.log")
         daemons.append(d)
         return d
@@ -184,5 +185,5 @@ def start_daemon(tmp_path):
             d.proc.wait(10)
 
 
-if str(REPO) not in sys.path:  # `from tests.infra import ...` under any pytest import mode
+if str(REPO) not in sys.path:  # `from tests.guard.infra import ...` under any pytest import mode
     sys.path.insert(0, str(REPO))

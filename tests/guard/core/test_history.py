@@ -19,7 +19,7 @@ from guard.core.verdicts import Policy, check
 from .factories import FINGERPRINT, baseline_of, make_case
 
 T0 = datetime(2026, 9, 1, 3, 0, tzinfo=timezone.utc)
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _result(rng, fp=None, n_kernels=3, **kw):
@@ -134,7 +134,7 @@ def test_killed_mid_transaction_leaves_no_half_run(tmp_path):
     script = textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(REPO)!r})
-        sys.path.insert(0, {str(REPO / "tests")!r})
+        sys.path.insert(0, {str(REPO / "tests" / "guard")!r})
         from datetime import datetime, timezone
         import numpy as np
         from guard.adapters.history import History

@@ -1,5 +1,5 @@
 """The references agree: mamba-ssm's chunked reference (``ssd_chunk_scan_combined_ref``), our chunked
-reference and our per-step recurrence (``kernels.ssd.naive``). ``tests/ssd/test_naive.py`` adds mamba-ssm's
+reference and our per-step recurrence (``kernels.ssd.naive``). ``tests/kernels/ssd/test_naive.py`` adds mamba-ssm's
 ``ssd_minimal_discrete`` and the per-stage references against mamba-ssm's Triton wrappers."""
 
 from __future__ import annotations

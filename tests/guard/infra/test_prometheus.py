@@ -10,8 +10,8 @@ import urllib.parse
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.infra import sample
-from tests.infra.conftest import REPO, free_port, http_get, wait_for
+from tests.guard.infra import sample
+from tests.guard.infra.conftest import REPO, free_port, http_get, wait_for
 
 FAMILIES = {
     "mamba2_guard_kernel_latency_seconds", "mamba2_guard_speedup_ratio", "mamba2_guard_precision_abs_diff",
@@ -78,16 +78,20 @@ def test_textfile_is_written_atomically_and_parses(tmp_path):
 def test_cli_textfile_from_snapshot(tmp_path):
     import argparse
 
-    from guard.adapters.metrics import add_arguments, cmd_metrics, write_snapshot
+    from guard.adapters.metrics import write_snapshot
+    from guard.cli import build_parser
 
     s = sample.snapshot()
     write_snapshot(tmp_path, s["result"], s["verdicts"], drift=s["drift"], events=s["events"])
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    assert cmd_metrics(parser.parse_args(["textfile", "--state-dir", str(tmp_path)])) == 0
+    parser = build_parser()
+
+    def cmd_metrics(args: argparse.Namespace) -> int:
+        return args.func(args)
+
+    assert cmd_metrics(parser.parse_args(["metrics", "textfile", "--state-dir", str(tmp_path)])) == 0
     assert "mamba2_guard_speedup_ratio" in (tmp_path / "metrics" / "mamba2_guard.prom").read_text()
-    assert cmd_metrics(parser.parse_args(["push", "--state-dir", str(tmp_path), "--gateway", ""])) == 2
-    assert cmd_metrics(parser.parse_args(["show", "--state-dir", str(tmp_path / "nothing")])) == 2
+    assert cmd_metrics(parser.parse_args(["metrics", "push", "--state-dir", str(tmp_path), "--gateway", ""])) == 2
+    assert cmd_metrics(parser.parse_args(["metrics", "show", "--state-dir", str(tmp_path / "nothing")])) == 2
 
 
 def _dashboard_queries() -> list[tuple[str, str]]:

@@ -1,18 +1,18 @@
-"""scripts/sass_report.py: offline SASS of an entry's kernels (Triton's own compiler, no GPU). Run in a fresh
-process, as its docstring asks: this test process has the CPU interpreter's libdevice patches."""
+"""guard.dev.sass (``mamba2-guard dev sass``): offline SASS of an entry's kernels (Triton's own compiler,
+no GPU). Run in a fresh process, as its docstring asks:
+this test process has the CPU interpreter's libdevice patches."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sass_report.py"
+COMMAND = [sys.executable, "-m", "guard", "dev", "sass"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=600)
 
 
 def test_fast_sigmoid_lowers_to_mufu_ex2_and_rsq_and_the_exact_one_divides(tmp_path):
