@@ -14,19 +14,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from guard import EnvironmentProblem, check_kernels_package
+from guard.adapters.state import default_state_dir
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("guard")
-
-
-def default_state_dir() -> Path:
-    override = os.environ.get("MAMBA2_GUARD_STATE")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "mamba2-guard"
 
 
 def _console():
@@ -63,7 +57,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
-    from guard import fingerprint
+    from guard.adapters import fingerprint
 
     fp = fingerprint.collect()
     data = fp.to_dict()
@@ -119,7 +113,7 @@ def _progress():
 
 
 def _options(args: argparse.Namespace, **overrides):
-    from guard.nightly import CycleOptions
+    from guard.flows.nightly import CycleOptions
 
     return CycleOptions(suite=args.suite, shapes=args.shapes or (), kernels=args.kernels or (), seed=args.seed,
                         rounds=args.rounds, confirm=not getattr(args, "no_confirm", False),
@@ -132,10 +126,11 @@ def _options(args: argparse.Namespace, **overrides):
 def cmd_bench(args: argparse.Namespace) -> int:
     """Bench the selection; write the result JSON; optionally the baseline. Exit 1 on a precision failure
     or error (speed is judged by ``check``)."""
-    from guard import baselines, fingerprint
+    from guard.adapters import fingerprint
+    from guard.adapters.files import atomic_write_text
     from guard.bench import shard
-    from guard.nightly import selection
-    from kernels.config_store import atomic_write_text
+    from guard.flows import baselines
+    from guard.flows.nightly import selection
 
     progress = _progress()
     options = _options(args)
@@ -164,13 +159,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Verdicts for a saved bench result against the baseline and the history."""
-    from guard import baselines
-    from guard.checking import run_check
+    from guard.adapters.history import History
     from guard.core import report
     from guard.core.results import BenchResult
     from guard.core.verdicts import Policy, exit_code
-    from guard.history import History
-    from guard.nightly import write_reports
+    from guard.flows import baselines
+    from guard.flows.check import run_check
+    from guard.flows.nightly import write_reports
     from kernels.config_store import slugify
 
     state = Path(args.state_dir)
@@ -199,7 +194,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_nightly(args: argparse.Namespace) -> int:
     """One cycle: fingerprint, bench, check with confirming re-runs, drift, reports, history."""
-    from guard.nightly import CycleBusy, run_cycle
+    from guard.flows.nightly import CycleBusy, run_cycle
 
     state = Path(args.state_dir)
     print(f"state directory: {state}")
@@ -229,8 +224,8 @@ def cmd_drift(args: argparse.Namespace) -> int:
     drift that calls for an action (re-tune or re-baseline, by the guard config's policy) is found."""
     import dataclasses
 
-    from guard import fingerprint
-    from guard.nightly import detect_drift, recorded_paths
+    from guard.adapters import fingerprint
+    from guard.flows.nightly import detect_drift, recorded_paths
 
     cfg = _guard_config(args)
     fp = fingerprint.collect()
@@ -259,8 +254,9 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     config store, then re-baseline. Exit 1 when a job failed or the budget left jobs undone."""
     import torch
 
-    from guard import fingerprint
-    from guard.autotune import (
+    from guard.adapters import fingerprint
+    from guard.bench.shard import visible_devices
+    from guard.flows.autotune import (
         DEFAULT_TUNER,
         TUNER_ENV,
         AutotuneOptions,
@@ -269,7 +265,6 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         rebaseline,
         rich_bar,
         run_autotune,
-        visible_devices,
     )
     from kernels import config_store, registry, suites
 
@@ -335,8 +330,9 @@ def _with_pr_overrides(cfg, args: argparse.Namespace):
 
 def cmd_pr(args: argparse.Namespace) -> int:
     """Open or update the config PR for this GPU (``--dry-run``: print body and diff, push nothing)."""
-    from guard import PROJECT_ROOT, fingerprint
-    from guard.prflow import run_pr
+    from guard import PROJECT_ROOT
+    from guard.adapters import fingerprint
+    from guard.flows.pr import run_pr
 
     cfg = _with_pr_overrides(_guard_config(args), args)
     fp = fingerprint.collect()
@@ -376,6 +372,88 @@ def _positive_seconds(value: str) -> float:
     if not seconds > 0 or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
     return seconds
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from guard import daemon
+
+    return daemon.cmd_daemon(args)
+
+
+def _option(text: str) -> tuple[str, Any]:
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.replace("-", "_"), yaml.safe_load(value)
+
+
+def _daemon_arguments(parser: argparse.ArgumentParser) -> None:
+    from guard.daemon import DEFAULT_METRICS_PORT, DEFAULT_NIGHTLY_CRON, DRIFT_TARGET, NIGHTLY_TARGET
+
+    parser.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+    parser.add_argument("--nightly-cron", default=DEFAULT_NIGHTLY_CRON, help="crontab, UTC (default: %(default)s)")
+    parser.add_argument("--nightly-interval", type=float, metavar="S", help="run the nightly every S seconds instead")
+    parser.add_argument("--nightly-timeout", type=float, default=6 * 3600, metavar="S",
+                        help="hard timeout of one cycle (default: %(default)s)")
+    parser.add_argument("--nightly-target", default=NIGHTLY_TARGET, help=argparse.SUPPRESS)
+    parser.add_argument("--option", "-o", action="append", type=_option, default=[], metavar="KEY=VALUE",
+                        help="passed to daemon_cycle as a keyword (YAML value), e.g. -o suite=default")
+    parser.add_argument("--drift-interval", type=float, default=900, metavar="S", help="default: %(default)s")
+    parser.add_argument("--drift-timeout", type=float, default=300, metavar="S", help="default: %(default)s")
+    parser.add_argument("--drift-target", default=DRIFT_TARGET, help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-interval", type=float, default=60, metavar="S", help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                        help="/metrics port, 0 = none (default: %(default)s)")
+    parser.add_argument("--metrics-addr", default="127.0.0.1",
+                        help="bind address (default: %(default)s; 0.0.0.0 for a remote Prometheus)")
+    parser.add_argument("--misfire-grace", type=float, default=6 * 3600, metavar="S", help="default: %(default)s")
+    parser.add_argument("--shutdown-grace", type=float, default=120, metavar="S",
+                        help="on SIGTERM, wait this long for a running job before killing it (default: %(default)s)")
+    parser.add_argument("--kill-grace", type=float, default=10, metavar="S",
+                        help="between SIGTERM and SIGKILL of a child (default: %(default)s)")
+    parser.add_argument("--no-catch-up", action="store_true", help="do not run a missed nightly at start")
+
+
+def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``mamba2-guard metrics {textfile,push,show}`` (the CLI wires this in)."""
+    parser.add_argument("action", choices=("textfile", "push", "show"),
+                        help="textfile: write the node-exporter file; push: send to a Pushgateway; show: print")
+    parser.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+    parser.add_argument("--snapshot", help="a latest.json to read (default: <state-dir>/latest.json)")
+    parser.add_argument("--path", help="textfile path (default: <state-dir>/metrics/mamba2_guard.prom)")
+    parser.add_argument("--gateway", help="Pushgateway URL (default: $MAMBA2_GUARD_PUSHGATEWAY)")
+    parser.add_argument("--job", default="mamba2-guard", help="Pushgateway job name (default: %(default)s)")
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """Exit 0 on success, 2 when there is nothing to export or no gateway is given."""
+    from guard.adapters.metrics import GuardMetrics
+    from guard.adapters.state import StateDir, load_daemon_state
+
+    state = StateDir(Path(args.state_dir))
+    m = GuardMetrics()
+    source = Path(args.snapshot) if args.snapshot else state.latest
+    if not m.load_snapshot(source):
+        print(f"mamba2-guard: no usable snapshot at {source} (run a cycle first)", file=sys.stderr)
+        return 2
+    if state.daemon_state.exists():
+        m.restore(load_daemon_state(state)[0])
+    if args.action == "show":
+        sys.stdout.write(m.exposition().decode())
+    elif args.action == "textfile":
+        path = Path(args.path) if args.path else state.textfile
+        m.write_textfile(path)
+        print(f"metrics: wrote {path}")
+    else:
+        url = args.gateway or os.environ.get("MAMBA2_GUARD_PUSHGATEWAY")
+        if not url:
+            print("mamba2-guard: no Pushgateway (--gateway or MAMBA2_GUARD_PUSHGATEWAY)", file=sys.stderr)
+            return 2
+        m.push(url, args.job)
+        print(f"metrics: pushed to {url} (job {args.job})")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -438,16 +516,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
     p.set_defaults(func=cmd_nightly)
 
-    from guard import daemon as daemon_mod
-    from guard import metrics as metrics_mod
-
     p = sub.add_parser("daemon", help="scheduled nightly, drift watch and /metrics (APScheduler)")
-    daemon_mod.add_arguments(p)
-    p.set_defaults(func=daemon_mod.cmd_daemon)
+    _daemon_arguments(p)
+    p.set_defaults(func=cmd_daemon)
 
     p = sub.add_parser("metrics", help="export the last cycle's metrics: textfile | push | show")
-    metrics_mod.add_arguments(p)
-    p.set_defaults(func=metrics_mod.cmd_metrics)
+    _metrics_arguments(p)
+    p.set_defaults(func=cmd_metrics)
 
     def guard_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
@@ -490,6 +565,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--origin", metavar="URL", help="git remote to push to (overrides git.origin)")
     p.add_argument("--api-url", metavar="URL", help="GitHub REST base URL, for Enterprise (overrides github.base_url)")
     p.set_defaults(func=cmd_pr)
+
+    from guard import dev
+
+    dev.register(sub)
     return parser
 
 

@@ -2,7 +2,7 @@
 
 Jobs (explicit ids, ``replace_existing=True``, so a restart keeps exactly one copy of each):
 
-``nightly``   cron in UTC (default ``17 3 * * *``: off the hour), runs ``guard.nightly:daemon_cycle`` in a
+``nightly``   cron in UTC (default ``17 3 * * *``: off the hour), runs ``guard.flows.nightly:daemon_cycle`` in a
               child process with a hard timeout.
 ``drift``     every 15 minutes: the fingerprint only (in a child: NVML can hang with the GPU); when a
               drift that calls for a re-tune appears that was not acted on yet, a one-off ``retune``
@@ -32,25 +32,21 @@ Robustness, and why (see docs/architecture.md, "Daemon"):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
-import pickle
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from guard import metrics as metrics_mod
-from guard.state import (
+from guard.adapters import metrics as metrics_mod
+from guard.adapters.processes import kill_children, run_in_child, target_ref
+from guard.adapters.state import (
     AlreadyRunning,
     InstanceLock,
     StateDir,
@@ -63,177 +59,10 @@ log = logging.getLogger("guard.daemon")
 
 DEFAULT_NIGHTLY_CRON = "17 3 * * *"
 DEFAULT_METRICS_PORT = 9466
-NIGHTLY_TARGET = "guard.nightly:daemon_cycle"
+NIGHTLY_TARGET = "guard.flows.nightly:daemon_cycle"
 DRIFT_TARGET = "guard.daemon:probe_drift"
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-# ----------------------------------------------------------------------------------------------
-# Child processes with a hard timeout
-
-
-@dataclass(frozen=True)
-class ChildResult:
-    status: str  # "ok" | "error" | "timeout" | "killed"
-    value: Any = None  # the target's return value (status "ok")
-    error: str | None = None  # traceback or reason
-    returncode: int | None = None  # of the child process
-    duration_s: float = 0.0
-    pid: int | None = None
-    log_path: str | None = None
-
-
-CHILD_BOOT = "import sys; from guard.daemon import child_main; sys.exit(child_main(sys.argv[1]))"
-_CHILDREN: dict[int, subprocess.Popen] = {}
-_CHILDREN_LOCK = threading.Lock()
-
-
-def target_ref(target: str | Callable[..., Any]) -> str:
-    """``module:function`` for a module-level function (the only kind a child or job store can load)."""
-    if isinstance(target, str):
-        if ":" not in target:
-            raise ValueError(f"target: expected 'module:function', got {target!r}")
-        return target
-    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
-    if not module or "<" in qualname or "." in qualname or module == "__main__":
-        raise ValueError(f"target: {target!r} is not an importable module-level function")
-    return f"{module}:{qualname}"
-
-
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)  # the child is a session leader: pgid == pid
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        proc.send_signal(sig)
-
-
-def _stop(proc: subprocess.Popen, kill_grace_s: float) -> None:
-    """SIGTERM the child's process group, then SIGKILL it after ``kill_grace_s``."""
-    _kill_group(proc, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(kill_grace_s)
-    _kill_group(proc, signal.SIGKILL)  # grandchildren too, even if the leader already left
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:  # uninterruptible sleep (a wedged driver): stop waiting
-        log.error("child %d did not die after SIGKILL (stuck in the kernel?); abandoning it", proc.pid)
-
-
-def run_in_child(target: str | Callable[..., Any], timeout_s: float, args: Sequence[Any] = (),
-                 kwargs: Mapping[str, Any] | None = None, *, log_path: Path | None = None,
-                 kill_grace_s: float = 10.0, env: Mapping[str, str] | None = None) -> ChildResult:
-    """Run ``target(*args, **kwargs)`` in a fresh Python process, in its own process group.
-
-    Arguments and the return value travel as pickles through temp files (so they must be picklable;
-    ``Path`` and plain data are). On timeout the whole group gets SIGTERM, ``kill_grace_s`` later
-    SIGKILL, and the result is ``status="timeout"``. :func:`kill_children` (used at shutdown) ends
-    running children the same way and their results read ``status="killed"``.
-    """
-    ref = target_ref(target)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mamba2-guard-child-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.pkl", Path(tmp) / "out.pkl"
-        spec_path.write_bytes(pickle.dumps({"target": ref, "args": tuple(args), "kwargs": dict(kwargs or {}),
-                                            "out": str(out_path), "parent": os.getpid()}))
-        child_env = dict(os.environ if env is None else env)
-        child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        child_env.setdefault("PYTHONUNBUFFERED", "1")
-        stdout: Any = subprocess.DEVNULL
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            stdout = open(log_path, "ab")  # noqa: SIM115 (closed below, after the child is gone)
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", CHILD_BOOT, str(spec_path)],
-                stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT, env=child_env,
-                start_new_session=True, close_fds=True,
-            )
-            with _CHILDREN_LOCK:
-                _CHILDREN[proc.pid] = proc
-            status = None
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                log.error("child %s (pid %d) exceeded its %.0f s timeout; killing its process group",
-                          ref, proc.pid, timeout_s)
-                _stop(proc, kill_grace_s)
-                status = "timeout"
-            finally:
-                with _CHILDREN_LOCK:
-                    killed = getattr(proc, "_guard_killed", False)
-                    _CHILDREN.pop(proc.pid, None)
-        finally:
-            if log_path is not None:
-                stdout.close()
-        duration = time.monotonic() - started
-        common = {"returncode": proc.returncode, "duration_s": duration, "pid": proc.pid,
-                  "log_path": str(log_path) if log_path else None}
-        if status == "timeout":
-            return ChildResult("timeout", error=f"killed after the {timeout_s:.0f} s timeout", **common)
-        if killed:
-            return ChildResult("killed", error="killed at daemon shutdown", **common)
-        try:
-            outcome = pickle.loads(out_path.read_bytes())
-        except (OSError, EOFError, pickle.UnpicklingError) as exc:
-            return ChildResult("error", error=f"child exited {proc.returncode} without a result ({exc})", **common)
-        if outcome.get("ok"):
-            return ChildResult("ok", value=outcome.get("value"), **common)
-        return ChildResult("error", error=outcome.get("error"), **common)
-
-
-def child_main(spec_path: str) -> int:
-    """Entry point inside the child: load the spec, call the target, pickle the outcome."""
-    spec = pickle.loads(Path(spec_path).read_bytes())
-    out = Path(spec["out"])
-    _watch_parent(spec.get("parent"))
-    from kernels._targets import load_target
-
-    try:
-        value = load_target(spec["target"])(*spec["args"], **spec["kwargs"])
-        outcome = {"ok": True, "value": value}
-    except BaseException:  # noqa: BLE001 (report everything, SystemExit too)
-        outcome = {"ok": False, "error": traceback.format_exc()}
-        traceback.print_exc()
-    try:
-        data = pickle.dumps(outcome)
-    except Exception as exc:  # noqa: BLE001
-        data = pickle.dumps({"ok": False, "error": f"result is not picklable: {exc}"})
-    tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
-    sys.stdout.flush()
-    return 0 if outcome["ok"] else 1
-
-
-def _watch_parent(parent: int | None, interval_s: float = 0.5) -> None:
-    """If the daemon dies (kill -9 included), take this whole process group down: no orphan holds the GPU."""
-    if not parent:
-        return
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval_s)
-            if os.getppid() != parent:
-                os.killpg(os.getpgid(0), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def kill_children(kill_grace_s: float = 10.0) -> int:
-    """Stop every running child (process groups); returns how many there were."""
-    with _CHILDREN_LOCK:
-        procs = list(_CHILDREN.values())
-        for p in procs:
-            p._guard_killed = True  # type: ignore[attr-defined]
-    threads = [threading.Thread(target=_stop, args=(p, kill_grace_s), daemon=True) for p in procs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(kill_grace_s + 10)
-    return len(procs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,8 +187,8 @@ def retune_job(state_dir: str, nightly_target: str = NIGHTLY_TARGET, nightly_tim
 
 def probe_drift(state_dir: Path) -> dict[str, Any]:
     """Child side of the drift watch: the fingerprint, classified against the recorded configs/baseline."""
-    from guard import fingerprint
-    from guard.nightly import detect_drift
+    from guard.adapters import fingerprint
+    from guard.flows.nightly import detect_drift
 
     fp = fingerprint.collect()
     return {"fingerprint": fp.to_dict(), "drift": detect_drift(fp).to_dict()}
@@ -603,42 +432,6 @@ def run_daemon(config: DaemonConfig) -> int:
 # `mamba2-guard daemon`
 
 
-def _option(text: str) -> tuple[str, Any]:
-    import yaml
-
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.replace("-", "_"), yaml.safe_load(value)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from guard.cli import default_state_dir
-
-    parser.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
-    parser.add_argument("--nightly-cron", default=DEFAULT_NIGHTLY_CRON, help="crontab, UTC (default: %(default)s)")
-    parser.add_argument("--nightly-interval", type=float, metavar="S", help="run the nightly every S seconds instead")
-    parser.add_argument("--nightly-timeout", type=float, default=6 * 3600, metavar="S",
-                        help="hard timeout of one cycle (default: %(default)s)")
-    parser.add_argument("--nightly-target", default=NIGHTLY_TARGET, help=argparse.SUPPRESS)
-    parser.add_argument("--option", "-o", action="append", type=_option, default=[], metavar="KEY=VALUE",
-                        help="passed to daemon_cycle as a keyword (YAML value), e.g. -o suite=default")
-    parser.add_argument("--drift-interval", type=float, default=900, metavar="S", help="default: %(default)s")
-    parser.add_argument("--drift-timeout", type=float, default=300, metavar="S", help="default: %(default)s")
-    parser.add_argument("--drift-target", default=DRIFT_TARGET, help=argparse.SUPPRESS)
-    parser.add_argument("--metrics-interval", type=float, default=60, metavar="S", help=argparse.SUPPRESS)
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                        help="/metrics port, 0 = none (default: %(default)s)")
-    parser.add_argument("--metrics-addr", default="127.0.0.1",
-                        help="bind address (default: %(default)s; 0.0.0.0 for a remote Prometheus)")
-    parser.add_argument("--misfire-grace", type=float, default=6 * 3600, metavar="S", help="default: %(default)s")
-    parser.add_argument("--shutdown-grace", type=float, default=120, metavar="S",
-                        help="on SIGTERM, wait this long for a running job before killing it (default: %(default)s)")
-    parser.add_argument("--kill-grace", type=float, default=10, metavar="S",
-                        help="between SIGTERM and SIGKILL of a child (default: %(default)s)")
-    parser.add_argument("--no-catch-up", action="store_true", help="do not run a missed nightly at start")
-
-
 def config_from_args(args: argparse.Namespace) -> DaemonConfig:
     return DaemonConfig(
         state_dir=Path(args.state_dir), nightly_cron=args.nightly_cron, nightly_interval_s=args.nightly_interval,
@@ -659,13 +452,3 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         print(f"mamba2-guard: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return run_daemon(config)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mamba2-guard daemon", description="scheduled nightly, drift watch, metrics")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return cmd_daemon(args)

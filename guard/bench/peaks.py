@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from guard.adapters.files import atomic_write_text
 from guard.bench import timing
-from kernels.config_store import atomic_write_text
 
 
 def measure(device: str = "cuda") -> dict[str, Any]:

@@ -68,7 +68,7 @@ def references(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch
     return References(fp64, peer, same_dtype)
 
 
-def _precision(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch.Tensor],
+def precision_of(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, torch.Tensor],
                refs: References | None = None) -> Precision:
     refs = refs or references(entry, inputs, ours)
     outputs = compare(ours, refs.fp64, refs.peer, entry.tolerance, refs.same_dtype)
@@ -103,7 +103,7 @@ def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch
             _mamba_ssm.forget_last_picks()
         started = time.monotonic()
         inputs = entry.inputs(shape, seed, device)
-        precision = _precision(entry, inputs, entry.run_helion(inputs)) if check_precision else None
+        precision = precision_of(entry, inputs, entry.run_helion(inputs)) if check_precision else None
         if not on_gpu:
             return CaseResult(**base, precision=precision, timings_meaningful=False)
         precision_s = time.monotonic() - started

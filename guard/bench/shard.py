@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from guard.adapters.files import atomic_write_text, tail
+from guard.adapters.processes import kill_group, signal_name, spawn
 from guard.bench.worker import BENCH_ENV, DEFAULT_BENCH
 from guard.core.results import BenchResult, CaseResult, SchemaError
 from guard.core.tuneplan import Job, assign, plan_jobs
@@ -80,10 +82,22 @@ def resolve_workers(value: Any, gpus: int | None = None) -> int:
     return min(parsed, gpus) if gpus else parsed  # type: ignore[type-var]
 
 
+def visible_devices(workers: int | None = None) -> list[str]:
+    """One CUDA_VISIBLE_DEVICES value per GPU of the host (as this process sees them); with ``workers``,
+    that many values, round-robin over the GPUs (the autotune's rule too)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in env.split(",") if d.strip()][:count] if env else [str(i) for i in range(count)]
+    ids = ids or ["0"]
+    if workers is not None:
+        ids = [ids[i % len(ids)] for i in range(workers)] if workers > len(ids) else ids[:workers]
+    return ids
+
+
 def devices_for(workers: int) -> list[str]:
     """The CUDA_VISIBLE_DEVICES value of each worker (the autotune's rule)."""
-    from guard.autotune import visible_devices
-
     return visible_devices(workers)
 
 
@@ -96,9 +110,7 @@ def bench_fn_ref(explicit: str | None = None) -> str:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    from guard.autotune import _kill_group as kill
-
-    kill(proc, grace=2.0)
+    kill_group(proc, 2.0)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -125,16 +137,15 @@ class _Worker:
 
     def start(self) -> None:
         from guard import PROJECT_ROOT
-        from kernels.config_store import atomic_write_text
 
         self.result_path.unlink(missing_ok=True)
         atomic_write_text(self.spec_path, json.dumps(self.spec, indent=1, sort_keys=True, default=str) + "\n")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.device, PYTHONUNBUFFERED="1")
         self.started = self.last_change = time.monotonic()
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "guard.bench.worker", str(self.spec_path)],
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                         cwd=str(PROJECT_ROOT), start_new_session=True)
+            self.proc = spawn([sys.executable, "-m", "guard.bench.worker", str(self.spec_path)],
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                              cwd=str(PROJECT_ROOT))
 
     def state(self) -> dict[str, Any] | None:
         return _read(self.result_path)
@@ -156,11 +167,9 @@ class _Worker:
             if rc == 0 and state.get("done"):
                 self.status = "ok"
             else:
-                from guard.autotune import _signal_name, _tail
-
                 self.status = "crash"
-                why = state.get("error") or _tail(self.log_path)
-                self.detail = f"crashed ({_signal_name(rc)}{': ' + why if why else ''})"
+                why = state.get("error") or tail(self.log_path)
+                self.detail = f"crashed ({signal_name(rc)}{': ' + why if why else ''})"
             return False
         waiting_for_lock = (self.state() or {}).get("phase") == "lock"  # the lock has its own timeout
         if not waiting_for_lock and time.monotonic() - self.last_change > case_timeout_s:
@@ -391,7 +400,7 @@ def rerun_on_measuring_gpu(result: BenchResult, *, state_dir: Path, seed: int, r
                            fingerprint_digest: str, progress: Progress, bench_fn: str | None = None,
                            case_timeout_s: float = DEFAULT_CASE_TIMEOUT_S):
     """For a sharded result: the confirmation re-run of one case, in a fresh worker on the GPU that measured
-    it (seed + 1, no roofline, as ``guard.nightly.rerun_on_device``). None for an unsharded result."""
+    it (seed + 1, no roofline, as ``guard.flows.nightly.rerun_on_device``). None for an unsharded result."""
     if "sharding" not in (result.extra or {}):
         return None
     counter = [0]

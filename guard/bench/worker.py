@@ -51,7 +51,9 @@ def _case_dict(case: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from guard.autotune_worker import _watch_parent, _write_atomic, load_tuner
+    from guard.adapters.files import atomic_write_text
+    from guard.adapters.processes import watch_parent
+    from kernels._targets import load_target
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     if spec.get("parent_pid"):
-        _watch_parent(int(spec["parent_pid"]))
+        watch_parent(int(spec["parent_pid"]), interval_s=0.2)
     started = time.monotonic()
     result_path = Path(spec["result"])
     state: dict[str, Any] = {"worker": spec.get("worker"), "device": spec.get("device"), "pid": os.getpid(),
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     def write() -> None:
         state["wall_s"] = round(time.monotonic() - started, 3)
         state["cpu_s"] = _cpu_seconds()
-        _write_atomic(result_path, json.dumps(state, sort_keys=True, default=str, allow_nan=False) + "\n")
+        atomic_write_text(result_path, json.dumps(state, sort_keys=True, default=str, allow_nan=False) + "\n")
 
     def note(**fields: Any) -> None:
         state.update(fields)
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         write()
 
     write()
-    bench = load_tuner(spec["bench"])
+    bench = load_target(spec["bench"])
     jobs = list(spec["jobs"])
     try:
         for i, case in enumerate(bench(spec, note)):
@@ -111,7 +113,7 @@ def gpu_identity(device_token: str | None) -> dict[str, Any]:
     """This process's GPU (torch's device 0 under ``CUDA_VISIBLE_DEVICES``): host index, UUID, name.
     The host index is the ``CUDA_VISIBLE_DEVICES`` token when it is a number (DCGM's ``gpu`` label), else
     NVML's index of the UUID."""
-    from guard import fingerprint
+    from guard.adapters import fingerprint
 
     fp = fingerprint.collect(0)
     index: int | None = int(device_token) if device_token and device_token.isdigit() else None

@@ -10,8 +10,6 @@ first) and the body says so and where the full data is.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -20,6 +18,7 @@ from typing import Any
 
 from guard.core.configdiff import ConfigDiff, diff_config_files
 from guard.core.drift import fingerprint_changes
+from guard.core.fingerprint import fingerprint_hash
 
 # GitHub rejects PR bodies over 65536 characters; stay clearly under it, counted in UTF-8 bytes.
 GITHUB_BODY_LIMIT = 65536
@@ -28,12 +27,6 @@ MAX_TITLE_CHARS = 200
 MAX_FAILED_SEARCHES = 10  # listed in the body; the full list is in the config file's `tuned` record
 BRANCH_PREFIX = "mamba2-guard"
 SHORT_HASH_LEN = 12
-
-# Keys that name a machine or a moment rather than an environment: two hosts with the same GPU model
-# and software must produce the same fingerprint hash (and so the same branch).
-VOLATILE_FINGERPRINT_KEYS = frozenset(
-    {"gpu_uuid", "gpu_index", "hostname", "host", "collected_at", "timestamp", "date", "pci_bus_id"}
-)
 
 MARKER_RE = re.compile(r"<!--\s*mamba2-guard:gpu=(?P<gpu>[^\s]+)\s+fingerprint=(?P<fp>[0-9a-fA-F]+)\s*-->")
 
@@ -52,16 +45,6 @@ _ENV_KEYS = (
 
 # ----------------------------------------------------------------------------------------------
 # Identity: fingerprint hash, branch, marker
-
-
-def fingerprint_hash(fp: Mapping[str, Any], exclude: frozenset[str] = VOLATILE_FINGERPRINT_KEYS) -> str:
-    """sha256 over the canonical JSON of the fingerprint, without machine/moment keys.
-
-    Serialized like ``guard.fingerprint.Fingerprint.digest()``, so both give the same hash.
-    """
-    data = {k: v for k, v in (fp or {}).items() if k not in exclude}
-    blob = json.dumps(data, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def sanitize_slug(gpu_slug: str) -> str:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guard.core import stats
-from guard.core.prbody import fingerprint_hash as _fingerprint_hash
+from guard.core.fingerprint import fingerprint_hash
 
 SCHEMA_VERSION = 1
 BASELINE_SCHEMA_VERSION = 1
@@ -56,11 +56,6 @@ class SchemaError(ValueError):
     def __init__(self, path: str, message: str):
         self.path = path
         super().__init__(f"{path}: {message}" if path else message)
-
-
-def fingerprint_hash(fingerprint: Mapping[str, Any]) -> str:
-    """The hash that identifies an environment (shared with the PR bot: one definition)."""
-    return _fingerprint_hash(fingerprint)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 keep-or-reject decision for a winner, and the deterministic merge of results into the configs.
 
 Pure: names, plain dicts and sample lists in, plain values out. No GPU, process, file or clock; the I/O
-lives in ``guard.autotune`` (orchestrator) and ``guard.autotune_worker`` (one job in a child process).
+lives in ``guard.flows.autotune`` (orchestrator) and ``guard.flows.autotune_worker`` (one job in a child process).
 
 Vocabulary
 ----------

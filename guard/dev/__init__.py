@@ -1,0 +1,81 @@
+"""Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench.
+
+Each tool's code is ``guard.dev.<module>.run(args, parser)``; its arguments are declared here, so that the
+CLI's one parser knows them without importing the tools (``sass`` changes the Triton environment at import,
+the others import torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+
+
+def sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev sweep`` ."""
+    parser.add_argument("spec", type=Path, help="JSON list of jobs (see the module docstring)")
+    parser.add_argument("--out", type=Path, required=True, help="results JSON, rewritten after each shape")
+    parser.add_argument("--rounds", type=int, default=30, help="timed samples per config (default 30)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: Triton's interpreter, no timing (default cuda)")
+    parser.add_argument("--no-precision", action="store_true", help="skip the outputs' comparison")
+
+
+def sass_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev sass`` ."""
+    parser.add_argument("entries", nargs="+", metavar="ENTRY", help="registry entry names")
+    parser.add_argument("--shape", default="nemotron3-nano", help="suite shape (default nemotron3-nano)")
+    parser.add_argument("--seqlen", type=int, default=512,
+                        help="shorter sequence for the CPU capture (default 512); the configs are looked up "
+                             "by key, so a shorter one finds the shape's own through the nearest-key rule")
+    parser.add_argument("--gpu-slug", default="nvidia-h200", help="whose configs (default nvidia-h200)")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: sm_90)")
+    parser.add_argument("--out", type=Path, help="also write each kernel's Triton code, PTX and SASS here")
+    parser.add_argument("--json", type=Path, help="write the reports as JSON")
+
+
+def calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev calibrate`` ."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--suite", help="shape suite from kernels/suites.yaml")
+    where.add_argument("--shapes", nargs="+", help="shape names (default: nemotron3-nano)")
+    parser.add_argument("--kernels", nargs="+", help="registry entries (default: all with a Helion kernel)")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--slowdown", type=float, default=0.05, help="fraction in (0, 1); 0 skips those runs")
+    parser.add_argument("--aa-timing-only", action="store_true",
+                        help="A/A runs re-time only; precision is the first bench's")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--state-dir", type=Path, default=Path("/tmp/mamba2-guard-calibration"))
+    parser.add_argument("--json", type=Path, required=True)
+
+
+def module_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev module-bench`` ."""
+    parser.add_argument("--shape", required=True, help="a shape of kernels/suites.yaml")
+    parser.add_argument("--d-model", type=int, required=True, help="the model width (the suite has none)")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+
+
+# name -> (module, argument declarations, one-line help)
+TOOLS = {
+    "sweep": ("guard.dev.sweep", sweep_arguments, "hand-picked configs against the stored ones, timed on the GPU"),
+    "sass": ("guard.dev.sass", sass_arguments, "SASS of an entry's kernels, compiled offline with the stored configs"),
+    "calibrate": ("guard.dev.calibrate", calibrate_arguments,
+                  "measure the regression rule on a GPU: A/A false alarms, detection of an injected slowdown"),
+    "module-bench": ("guard.dev.module_bench", module_bench_arguments,
+                     "the full mamba-ssm Mamba2 module, GEMMs included, on mamba-ssm's kernels and on ours"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """``mamba2-guard dev <tool> ...`` under the CLI's subcommands ``sub``."""
+    dev = sub.add_parser("dev", help="developer tools: sweep | sass | calibrate | module-bench")
+    tools = dev.add_subparsers(dest="tool", required=True, metavar="TOOL")
+    for name, (module, arguments, text) in TOOLS.items():
+        p = tools.add_parser(name, help=text, description=text)
+        arguments(p)
+        p.set_defaults(func=lambda args, module=module, p=p: importlib.import_module(module).run(args, p))

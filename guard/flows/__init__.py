@@ -1,0 +1,1 @@
+"""Flows: nightly, check, autotune, pr, baselines; each composes core + adapters + bench."""

@@ -1,0 +1,311 @@
+"""The autotune child process: ``python -m guard.flows.autotune_worker [--parent PID]``.
+
+The orchestrator (``guard.flows.autotune``) starts one per worker thread, in its own session with
+``CUDA_VISIBLE_DEVICES`` set to that worker's GPU, and sends it jobs one at a time: the path of a job's
+spec JSON on a line of stdin. The child runs the job (its output, Helion's and Triton's included, goes to
+the job's own log), writes the tuner's result atomically to ``spec["result"]`` and answers ``done`` on its
+stdout. It serves jobs until stdin closes, so imports, the CUDA context, compiled kernels and mamba-ssm's
+autotune picks are paid once per worker, not once per job. The orchestrator's hard timeout still holds
+per job: a job that crashes the child or hangs costs that job only (the orchestrator kills the process
+group and starts a fresh child for the next job). A tuner that raises ends the child too: a CUDA error
+can leave the context unusable for the jobs after it. If the orchestrator dies (kill -9), a watch thread
+kills this process group, Helion's own benchmark workers included.
+
+The spec names the tuner (``module:function`` or ``/path/file.py:function``; tests pass a fake one), the
+job and the settings; the tuner returns ``{"launches": [...]}`` (see ``guard.core.tuneplan.decide`` for a
+launch's fields).
+
+``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public
+function, and for each distinct (kernel, shape key) that no earlier job of the run tuned
+(``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches) runs Helion's
+autotuner (effort, recorded random seed, the job's budget split over its launches, warm-started from the
+committed config where the installed helion still accepts it and from the kernel's seed configs), then
+measures what the keep-or-reject decision needs: the public function's precision with the winner (against
+mamba-ssm and fp64, the bench's criterion) and the public function on the winner against it on the
+incumbent, interleaved (``guard.bench.timing.Timer``), so that host-side work the config changes counts.
+Each launch records the seconds of each phase (tune, precision, timing), the job those of its set-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from guard.adapters.files import atomic_write_text
+from guard.adapters.processes import watch_parent
+
+
+def load_tuner(ref: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The tuner named by ``module:function`` or ``/path/file.py:function``."""
+    from kernels._targets import load_target
+
+    return load_target(ref)
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """stdout and stderr of this process (fds 1 and 2: compilers' and Helion's output too) into ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for handle in (fd, *saved):
+            os.close(handle)
+
+
+def run_one(spec: dict[str, Any], job_number: int, started: float) -> None:
+    """One job: the tuner on the spec, its result written atomically to ``spec["result"]``."""
+    os.environ.update(spec.get("env") or {})
+    t0 = time.monotonic()
+    tuner = load_tuner(spec["tuner"])
+    result = dict(tuner(spec) or {})
+    result.setdefault("launches", [])
+    result["seconds"] = round(time.monotonic() - t0, 3)
+    result["process"] = {"pid": os.getpid(), "job_number": job_number,
+                         "age_seconds": round(t0 - started, 3)}  # 0 for the first job: it paid the imports
+    atomic_write_text(Path(spec["result"]), json.dumps(result, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m guard.flows.autotune_worker",
+                                     description="run autotune jobs whose spec paths arrive on stdin")
+    parser.add_argument("--parent", type=int, help="exit with the process group when this pid is gone")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.parent:
+        watch_parent(args.parent, interval_s=0.2)
+    started = time.monotonic()
+    answers = os.dup(1)
+    os.dup2(2, 1)  # stray prints go to the worker log, never into the answers
+    for number, line in enumerate(sys.stdin, start=1):
+        spec_path = Path(line.strip())
+        spec = json.loads(spec_path.read_text())
+        with _output_to(Path(spec["log"])):
+            try:
+                run_one(spec, number, started)
+            except Exception:
+                traceback.print_exc()
+                return 1
+        os.write(answers, f"done {spec_path}\n".encode())
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The real tuner (GPU)
+
+
+def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
+    import helion
+    import torch
+
+    from guard.bench.precision import failing_outputs
+    from guard.bench.run import precision_of, references
+    from guard.bench.timing import Timer
+    from guard.bench.worker import gpu_identity
+    from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
+    from kernels import config_store, registry, suites
+    from kernels._runtime import capture_launches, complete_config, pinned_config, validate_config
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("helion_tuner needs a CUDA GPU")
+    device = torch.device("cuda")
+    job = spec["job"]
+    entry = registry.get(job["kernel"])
+    shape = suites.load().shape(job["shape"])
+    seed, effort, rounds = int(spec["seed"]), spec["effort"], int(spec.get("rounds", 30))
+    deadline = time.monotonic() + float(spec["budget_seconds"])
+    base_path = spec.get("base_configs")
+    base = config_store.load(Path(base_path)) if base_path and Path(base_path).exists() else config_store.ConfigFile()
+
+    inputs = entry.inputs(shape, seed, device)
+    with capture_launches() as captured:
+        entry.run_helion(inputs)
+    elsewhere = {tuple(slot) for slot in spec.get("tuned_elsewhere") or ()}  # by earlier jobs of the run
+    launches, seen, tuned_elsewhere = [], set(), []
+    for tk, kargs in captured:
+        key = tk.shape_key(*kargs)
+        slot = (tk.name, str(key))
+        if slot in seen:
+            continue
+        seen.add(slot)
+        if slot in elsewhere:
+            tuned_elsewhere.append(list(slot))
+        else:
+            launches.append((tk, kargs, key))
+    timer = Timer(device)
+    refs = None  # fp64 reference and mamba-ssm's outputs, computed once for every config judged
+
+    def judge(kernel: Any, key: Any, config: dict[str, Any]) -> dict[str, Any]:
+        """The public function's precision with ``kernel`` on ``config`` at ``key``."""
+        nonlocal refs
+        with pinned_config(kernel, config, key):
+            ours = entry.run_helion(inputs)
+        refs = refs or references(entry, inputs, ours)
+        verdict = precision_of(entry, inputs, ours, refs)
+        return {"ok": verdict.ok, "detail": failing_outputs(verdict.outputs),
+                "max_rel_err_vs_fp64": verdict.max_rel_err_vs_fp64,
+                "max_abs_diff_vs_mamba_ssm": verdict.max_abs_diff_vs_mamba_ssm, "outputs": list(verdict.outputs)}
+
+    setup_seconds = round(time.monotonic() - started, 3)  # imports (first job), inputs, the recording run
+    out = []
+    for i, (tk, kargs, key) in enumerate(launches):
+        record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name}
+        found = config_store.find(base, tk.name, key)
+        incumbent_kind, incumbent = DEFAULT, None
+        if found.config is not None:
+            why = validate_config(tk, kargs, found.config)
+            if why is None:
+                incumbent_kind = COMMITTED if found.source == "exact" else NEAREST
+                incumbent = complete_config(tk, kargs, found.config) or dict(found.config)
+            else:
+                record["committed_invalid"] = why
+        default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
+        record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
+        budget = max(10, int((deadline - time.monotonic()) / (len(launches) - i)))
+        settings = search_settings(effort, seed, budget, bool(spec.get("helion_benchmark_subprocess")))
+        record["settings"] = dict(settings)
+        seeds = _unique(([incumbent] if incumbent is not None else []) + neighbour_seeds(tk, kargs, base, key)
+                        + tk.seed_configs(kargs))
+        if seeds:
+            settings["autotune_seed_configs"] = [helion.Config(**seed) for seed in seeds]
+        if tk.partial_sums or tk.finish:  # Helion's own check would reject configs that split partials otherwise
+            settings["autotune_baseline_accuracy_check_fn"] = tk.autotune_accuracy_check
+        if incumbent is not None:
+            # After a helion or triton upgrade the committed config may compute wrong results; then any
+            # winner that passes replaces it (guard.core.tuneplan.decide), however fast.
+            t0 = time.monotonic()
+            try:
+                record["incumbent_precision"] = judge(tk, key, incumbent)
+            except Exception as exc:
+                _raise_if_cuda_broken()
+                record["incumbent_precision"] = {"ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+            record["incumbent_precision_seconds"] = round(time.monotonic() - t0, 1)
+        if record.get("incumbent_precision", {}).get("ok") and not settings["autotune_benchmark_subprocess"]:
+            # Helion checks candidates against the outputs of its conservative reference config, which
+            # at nemotron3-nano ran 50 s for the norm backward before its first candidate (budget 10 s);
+            # the incumbent, just shown to pass the precision criterion, gives them in milliseconds.
+            settings["autotune_baseline_fn"] = incumbent_run(tk, incumbent)
+        record["reference"] = "incumbent" if "autotune_baseline_fn" in settings else "helion"
+        record.update(warm_start=incumbent is not None, seed_configs=len(seeds))
+        t0 = time.monotonic()
+        try:
+            tuner = tk.helion_kernel(None, "compiled", **settings)
+            best = dict(tuner.autotune(kargs, force=True))
+        except Exception as exc:  # one launch failing must not lose the others
+            _raise_if_cuda_broken()
+            record.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:])
+            out.append(record)
+            continue
+        record.update(config=best, tune_seconds=round(time.monotonic() - t0, 1))
+        try:
+            t0 = time.monotonic()
+            record["precision"] = judge(tk, key, best)
+            record["precision_seconds"] = round(time.monotonic() - t0, 1)
+            # Timed through the public function, as bench times it: host-side sums of per-program
+            # partials, whose size the config decides, are part of the cost.
+            t0 = time.monotonic()
+            samples = timer.interleaved({"incumbent": _entry_on(entry, inputs, tk, incumbent or default, key),
+                                         "candidate": _entry_on(entry, inputs, tk, best, key)},
+                                        rounds=rounds, warmup=3)
+            record.update(samples_ms=samples, timing_seconds=round(time.monotonic() - t0, 1))
+        except Exception as exc:
+            _raise_if_cuda_broken()
+            record.update(error=f"validation: {type(exc).__name__}: {exc}",
+                          traceback=traceback.format_exc()[-3000:])
+        out.append(record)
+        torch.cuda.empty_cache()
+    return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "setup_seconds": setup_seconds,
+            "gpu": gpu_identity(spec.get("device"))}  # which card tuned it: the UUID keeps GPUs apart
+
+
+def run_on_config(module: str, name: str, config: dict[str, Any], *args: Any) -> Any:
+    """The tuned kernel ``module.name`` on ``config``, compiled: Helion's reference run for a search."""
+    import importlib
+
+    return getattr(importlib.import_module(module), name).helion_kernel(config, "compiled")(*args)
+
+
+def search_settings(effort: str, seed: int, budget: int, benchmark_subprocess: bool) -> dict[str, Any]:
+    """Helion's settings for one launch's search of ``budget`` seconds.
+
+    Helion benchmarks a population only once all of it compiled, each compile cut at the compile timeout
+    (Helion's: 60 s). With a timeout at or above the budget, one slow compile ends the search before any
+    candidate ran (NoConfigFound): the norm backward's default config compiles for about 50 s, chunk_cumsum's
+    64-head tile at chunk 256 for 15 s. So the timeout is half the budget, at least 5 s: on the H200 the
+    compiles of 229 candidates in 9 searches took 1 s at the median and 4.6 s at most, but for that tile."""
+    return {"autotune_effort": effort, "autotune_random_seed": seed, "autotune_budget_seconds": budget,
+            "autotune_compile_timeout": int(min(60, max(5, budget // 2))),
+            "autotune_benchmark_subprocess": benchmark_subprocess}
+
+
+def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any) -> list[dict[str, Any]]:
+    """The committed configs of the kernel's other shapes that fit ``args``: a neighbour's config can beat
+    the nearest one. On the H200, long-context's chunk_scan ran in 1.27 ms on nemotron3-nano's new config
+    and in 1.78 ms on the old one, the nearest config it was tuned against."""
+    from kernels import config_store
+    from kernels._runtime import complete_config, validate_config
+
+    out = []
+    for config in config_store.neighbours(base, kernel.name, key):
+        if validate_config(kernel, args, config) is None:
+            out.append(complete_config(kernel, args, config) or dict(config))
+    return out
+
+
+def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list({json.dumps(c, sort_keys=True): c for c in configs}.values())
+
+
+def incumbent_run(kernel: Any, config: dict[str, Any]) -> Callable[..., Any]:
+    """``kernel`` on ``config`` as Helion's ``autotune_baseline_fn``. Helion deep-copies its settings
+    (``Settings.to_dict``) and may pickle them for its subprocesses, which a ``helion.Kernel`` (it holds
+    locks) does not survive: on the H200 every search given one failed before its first candidate. So a
+    module function bound to the kernel's import path and a plain config."""
+    import functools
+    import importlib
+
+    module, name = kernel.__module__, kernel.__name__
+    if getattr(importlib.import_module(module), name, None) is not kernel:
+        raise ValueError(f"kernel: expected a tuned kernel importable as {module}.{name}")
+    return functools.partial(run_on_config, module, name, dict(config))
+
+
+def _raise_if_cuda_broken() -> None:
+    """A candidate that faulted (illegal address, launch failure) leaves the CUDA context unusable: end
+    the job, and with it this child, so the next job gets a fresh process instead of the same error."""
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def _entry_on(entry: Any, inputs: Any, kernel: Any, config: dict[str, Any], key: Any) -> Any:
+    from kernels._runtime import pinned_config
+
+    run = entry.bind(entry.helion_fn(), inputs)  # what bench times
+
+    def call() -> None:
+        with pinned_config(kernel, config, key):
+            run()
+
+    return call
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

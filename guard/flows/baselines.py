@@ -1,0 +1,75 @@
+"""``baselines/<gpu-slug>.yaml``: read with validation, written atomically and stably by
+``mamba2-guard bench --update-baseline``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from guard import PROJECT_ROOT
+from guard.adapters.files import atomic_write_text
+from guard.core.fingerprint import fingerprint_hash
+from guard.core.results import (
+    Baseline,
+    BenchResult,
+    SchemaError,
+    baseline_from_result,
+    load_baseline,
+)
+
+BASELINE_DIR = PROJECT_ROOT / "baselines"
+
+
+class BaselineFileError(ValueError):
+    """An unreadable baseline file; the message names the file and the key."""
+
+
+def path_for(slug: str, directory: Path | None = None) -> Path:
+    return (directory or BASELINE_DIR) / f"{slug}.yaml"
+
+
+def read_document(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise BaselineFileError(f"{path}: not valid YAML: {exc}") from exc
+    return doc
+
+
+def load(path: Path) -> Baseline | None:
+    """The baseline at ``path``, or None when there is none."""
+    doc = read_document(path)
+    if doc is None:
+        return None
+    try:
+        return load_baseline(doc)
+    except SchemaError as exc:
+        raise BaselineFileError(f"{path}: {exc}") from exc
+
+
+def update(path: Path, result: BenchResult) -> list[str]:
+    """Write the result's usable cases into the baseline at ``path``. Cases of other kernels or shapes
+    already there are kept, each with the date and fingerprint it was measured under (a partial re-tune
+    re-baselines only what it tuned; the rest keeps its numbers). Returns the cases of ``result`` that
+    could not go in."""
+    new = baseline_from_result(result)
+    old = read_document(path) or {}
+    old_at = old.get("recorded_at")
+    old_fp = fingerprint_hash(old["fingerprint"]) if old.get("fingerprint") else None
+    results: dict[str, dict[str, Any]] = {
+        kernel: {shape: {**case, "recorded_at": case.get("recorded_at") or old_at,
+                         "fingerprint": case.get("fingerprint") or old_fp}
+                 for shape, case in (shapes or {}).items()}
+        for kernel, shapes in (old.get("results") or {}).items()}
+    for kernel, shapes in new["results"].items():
+        results.setdefault(kernel, {}).update(shapes)
+    merged = dict(new)
+    merged["results"] = {k: dict(sorted(v.items())) for k, v in sorted(results.items())}
+    load_baseline(merged)  # never write a file that would not load
+    atomic_write_text(path, yaml.safe_dump(merged, sort_keys=True, default_flow_style=False, width=120))
+    return [f"{c.kernel}/{c.shape}" for c in result.cases
+            if c.kernel not in new["results"] or c.shape not in new["results"][c.kernel]]

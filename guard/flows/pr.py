@@ -1,0 +1,179 @@
+"""``mamba2-guard pr``: propose this GPU's configs and baseline in a pull request.
+
+Composition only: the files ``kernels/configs/<slug>.yaml`` and ``baselines/<slug>.yaml`` of a checkout
+(``root``), the same files on the base branch of the PR target (read from ``guard.adapters.gitops.ConfigRepo``'s
+private clone), ``guard.core.prbody.render_pr`` for title/body/branch, ``ConfigRepo.update`` for the
+branch, ``guard.adapters.github.PrClient`` for the PR.
+
+Targets, from the guard config: ``git.origin`` + ``git.base_branch``; on embedded defaults a bare
+repository ``<state>/pr/origin.git`` created from this checkout's HEAD (base branch ``main``), so the
+whole flow runs on a laptop. The GitHub step runs only with ``github.repo`` configured and its token in
+the environment; otherwise it is skipped, and the outcome says so. ``dry_run`` renders the body and the
+diff and pushes nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from guard import PROJECT_ROOT
+from guard.config import GuardConfig
+from guard.core import drift as drift_mod
+from guard.core.configdiff import diff_config_files
+from guard.core.prbody import PrInput, render_pr
+
+DEFAULT_BASE_BRANCH = "main"
+DEFAULT_LABELS = ("mamba2-guard",)
+Progress = Callable[[str], None]
+
+
+@dataclass
+class PrFlowOutcome:
+    gpu_slug: str
+    title: str
+    body: str
+    branch: str
+    fingerprint_hash: str
+    diff: str
+    config_diff: str
+    dry_run: bool
+    origin: str
+    base_branch: str
+    git: dict[str, Any] | None = None
+    github: dict[str, Any] | None = None
+    messages: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _git(args: list[str], cwd: Path | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+def default_origin(state_dir: Path, base_branch: str, checkout: Path = PROJECT_ROOT) -> Path:
+    """``<state>/pr/origin.git``: a bare repository holding this checkout's HEAD as ``base_branch``."""
+    bare = Path(state_dir).resolve() / "pr" / "origin.git"
+    if not (bare / "HEAD").exists():
+        bare.mkdir(parents=True, exist_ok=True)
+        _git(["init", "--quiet", "--bare", str(bare)])
+        _git(["push", "--quiet", str(bare), f"HEAD:refs/heads/{base_branch}"], cwd=checkout)
+        _git(["symbolic-ref", "HEAD", f"refs/heads/{base_branch}"], cwd=bare)
+    return bare
+
+
+def _read_doc(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    doc = yaml.safe_load(text)
+    return doc if isinstance(doc, dict) else None
+
+
+def _run_url() -> str | None:
+    server, repo, run = (os.environ.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))
+    return f"{server}/{repo}/actions/runs/{run}" if server and repo and run else None
+
+
+def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_slug: str, *,
+           root: Path = PROJECT_ROOT, dry_run: bool = False, drift: drift_mod.DriftReport | None = None,
+           reproduce_command: str | None = None, progress: Progress = lambda m: None,
+           client_factory: Callable[[GuardConfig], Any] | None = None) -> PrFlowOutcome:
+    from guard.adapters.gitops import ConfigRepo, FetchFailed, managed_paths
+
+    root = Path(root)
+    messages: list[str] = []
+    base_branch = cfg.git.get("base_branch") or DEFAULT_BASE_BRANCH
+    origin = cfg.git.get("origin")
+    if not origin:
+        origin = str(default_origin(Path(state_dir), base_branch))
+        messages.append(f"PR target: the bare repository {origin} (no git.origin in {cfg.describe()})")
+    paths = managed_paths(gpu_slug)
+    new_texts = {p: (root / p).read_text() if (root / p).is_file() else None for p in paths}
+
+    repo = ConfigRepo(Path(state_dir) / "pr" / "repo", origin, base_branch,
+                      bot_name=cfg.bot.get("name") or "mamba2-guard[bot]",
+                      bot_email=cfg.bot.get("email") or "mamba2-guard[bot]@users.noreply.github.com",
+                      token_env=cfg.git.get("token_env") or cfg.token_env)
+    old_texts: dict[str, str | None]
+    try:
+        repo.sync()
+        old_texts = {}
+        for p in paths:
+            try:
+                old_texts[p] = _git(["show", f"refs/remotes/origin/{base_branch}:{p}"], cwd=repo.clone_dir)
+            except RuntimeError:
+                old_texts[p] = None
+    except FetchFailed as exc:
+        if not dry_run:
+            raise
+        messages.append(f"cannot fetch the PR target ({exc}); comparing with this checkout's HEAD instead")
+        old_texts = {}
+        for p in paths:
+            try:
+                old_texts[p] = _git(["show", f"HEAD:{p}"], cwd=PROJECT_ROOT)
+            except RuntimeError:
+                old_texts[p] = None
+    configs_path, baseline_path = paths
+    old_configs, new_configs = _read_doc(old_texts[configs_path]), _read_doc(new_texts[configs_path])
+    old_baseline, new_baseline = _read_doc(old_texts[baseline_path]), _read_doc(new_texts[baseline_path])
+    if drift is None:
+        drift = drift_mod.classify(fingerprint, (old_configs or {}).get("fingerprint") if old_configs else None,
+                                   (old_baseline or {}).get("fingerprint"), policy=cfg.drift_policy)
+    text = render_pr(PrInput(
+        gpu_slug=gpu_slug, fingerprint=fingerprint, new_configs=new_configs, old_configs=old_configs,
+        new_baseline=new_baseline, old_baseline=old_baseline, drift=drift,
+        reproduce_command=reproduce_command or "mamba2-guard autotune && mamba2-guard pr",
+        run_url=_run_url(), full_data=str(Path(state_dir) / "autotune")))
+    diff = "".join(
+        "".join(difflib.unified_diff((old_texts[p] or "").splitlines(keepends=True),
+                                     (new_texts[p] or "").splitlines(keepends=True),
+                                     fromfile=f"a/{p}" if old_texts[p] is not None else "/dev/null",
+                                     tofile=f"b/{p}" if new_texts[p] is not None else "/dev/null"))
+        for p in paths)
+    outcome = PrFlowOutcome(gpu_slug=gpu_slug, title=text.title, body=text.body, branch=text.branch,
+                            fingerprint_hash=text.fingerprint_hash, diff=diff,
+                            config_diff=diff_config_files(old_configs, new_configs).render_text(),
+                            dry_run=dry_run, origin=origin, base_branch=base_branch, messages=messages)
+    if dry_run:
+        messages.append("dry run: nothing committed or pushed")
+        return outcome
+    if not any(new_texts.values()):
+        messages.append(f"nothing to propose: neither {' nor '.join(paths)} exists under {root}")
+        return outcome
+    result = repo.update(root, gpu_slug, text.fingerprint_hash, trigger=drift.summary(), branch=text.branch)
+    outcome.git = result.to_dict()
+    messages.append(f"git: {result.status}: {result.detail}")
+    if result.status == "noop":
+        messages.append("GitHub step skipped: nothing differs from the base branch")
+        return outcome
+    if not cfg.github_repo:
+        messages.append(f"GitHub step skipped: no github.repo in {cfg.describe()}")
+        return outcome
+    if not os.environ.get(cfg.token_env):
+        messages.append(f"GitHub step skipped: no token in ${cfg.token_env}")
+        return outcome
+    from guard.adapters.github import client_from_config
+
+    client = (client_factory or (lambda c: client_from_config(c.raw)))(cfg)
+    labels = list(cfg.github.get("labels") or DEFAULT_LABELS)
+    if result.status == "human-edit":
+        pr = client.comment_human_edit(cfg.github_repo, result.branch, result.remote_sha,
+                                       [h.author_email for h in result.human_commits], result.detail)
+    else:
+        pr = client.open_or_update_pr(cfg.github_repo, result.branch, base_branch, text.title, text.body, labels,
+                                      gpu_slug, text.fingerprint_hash)
+    outcome.github = pr.to_dict()
+    messages.append(f"GitHub: {pr.detail or pr.action}" + (f" {pr.url}" if pr.url else ""))
+    return outcome

@@ -1,0 +1,86 @@
+"""The command line: exit codes and errors that list the valid names."""
+
+from __future__ import annotations
+
+import json
+
+from guard import cli
+from guard.bench.timing import METHOD_VERSION
+
+
+def test_unknown_kernel_lists_valid_ones_and_exits_2(capsys):
+    assert cli.main(["list", "--kernels", "chunk_stat"]) == cli.EXIT_USAGE
+    assert "valid kernels: chunk_cumsum" in capsys.readouterr().err
+
+
+def test_unknown_shape_and_suite_exit_2(capsys):
+    assert cli.main(["list", "--shapes", "nano"]) == cli.EXIT_USAGE
+    assert "valid shapes:" in capsys.readouterr().err
+    assert cli.main(["list", "--suite", "nightly"]) == cli.EXIT_USAGE
+    assert "valid suites: default, smoke" in capsys.readouterr().err
+
+
+def test_fingerprint_json(capsys):
+    assert cli.main(["fingerprint", "--json"]) == cli.EXIT_OK
+    data = json.loads(capsys.readouterr().out)
+    assert {"gpu_name", "driver_version", "torch", "triton", "helion", "mamba_ssm", "kernels_source_hash"} <= set(data)
+
+
+def _without_helion(monkeypatch, name):
+    from kernels import registry
+
+    entry = registry.get(name)
+    monkeypatch.setitem(registry.REGISTRY, name, registry.KernelEntry(**{**entry.__dict__, "helion": None}))
+
+
+def test_bench_reports_missing_kernels_and_check_exits_by_policy(tmp_path, monkeypatch, capsys):
+    _without_helion(monkeypatch, "chunk_state")
+    out = tmp_path / "result.json"
+    state = ["--state-dir", str(tmp_path / "state")]
+    code = cli.main(["bench", "--shapes", "smoke", "--kernels", "chunk_state", "bmm_chunk", "--json", str(out), *state])
+    assert code == cli.EXIT_OK
+    written = json.loads(out.read_text())
+    assert written["fingerprint"]["timing_method"] == METHOD_VERSION
+    cases = {c["kernel"]: c for c in written["cases"]}
+    assert cases["chunk_state"]["missing"] is True and cases["chunk_state"]["precision"] is None
+    assert cases["bmm_chunk"]["precision"]["ok"] is True and cases["bmm_chunk"]["timings_meaningful"] is False
+    # a missing kernel is reported, never passing; it fails the check only with --strict
+    assert cli.main(["check", "--result", str(out), *state]) == cli.EXIT_OK
+    assert cli.main(["check", "--result", str(out), "--strict", *state]) == cli.EXIT_FAIL
+    report = sorted((tmp_path / "state" / "reports").glob("*-report.md"))[-1].read_text()
+    assert "missing-kernel" in report and "chunk_state" in report
+
+
+def test_nightly_on_cpu_records_history_and_reports(tmp_path, capsys):
+    state = tmp_path / "state"
+    assert cli.main(["nightly", "--kernels", "chunk_cumsum", "--state-dir", str(state)]) == cli.EXIT_OK
+    printed = capsys.readouterr()
+    assert "CPU interpret mode" in printed.out + printed.err
+    from guard.adapters.history import History
+
+    with History(state / "history.sqlite") as history:
+        runs = history.runs()
+    assert [(r["job"], r["status"], r["n_cases"]) for r in runs] == [("nightly", "pass", 1)]
+    assert len(list((state / "reports").glob("*-report.json"))) == 1
+
+
+def test_check_without_results_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["check", "--state-dir", str(tmp_path)]) == cli.EXIT_USAGE
+    assert "--result: no saved bench result" in capsys.readouterr().err
+
+
+def test_calibration_script_names_the_bad_argument():
+    import subprocess
+    import sys
+
+    def run(*argv):
+        return subprocess.run([sys.executable, "-m", "guard", "dev", "calibrate", *argv], capture_output=True,
+                              text=True, timeout=120)
+
+    bad = run("--kernels", "chunk_state", "--json", "x.json", "--slowdown", "5")
+    assert bad.returncode == 2 and "--slowdown: expected a fraction in [0, 1), got 5.0" in bad.stderr
+    assert run("--kernels", "chunk_state", "--json", "x.json", "--runs", "0").returncode == 2
+    unknown = run("--shapes", "no-such-shape", "--json", "x.json")
+    assert unknown.returncode == 2 and "no-such-shape" in unknown.stderr
+    no_gpu = run("--kernels", "chunk_state", "--json", "x.json")
+    assert no_gpu.returncode == 2 and "needs a CUDA GPU" in no_gpu.stderr

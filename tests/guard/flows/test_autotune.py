@@ -1,0 +1,425 @@
+"""The autotune orchestrator with a fake tuner: child processes, hard timeouts, resume, sharding,
+never shipping a slower config. No GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from guard.core import tuneplan
+from guard.flows.autotune import AutotuneOptions, run_autotune
+from kernels import config_store
+
+FAKE = str(Path(__file__).with_name("fake_tuner.py")) + ":tune"
+ROOT = Path(__file__).resolve().parents[3]
+KERNELS = ["chunk_cumsum", "chunk_state", "state_passing"]
+SHAPES = ["smoke", "mamba2-default"]
+BASE = [1.00 + 0.002 * (i % 9) for i in range(30)]
+
+
+def options(tmp_path: Path, **kw) -> AutotuneOptions:
+    defaults = dict(kernels=KERNELS, shapes=SHAPES, out=tmp_path / "configs" / "fake.yaml",
+                    state_dir=tmp_path / "state", gpu_slug="fake", fingerprint={"helion": "9.9"},
+                    fingerprint_digest="d" * 64, budget_seconds=5, tuner=FAKE, devices=("0",))
+    defaults.update(kw)
+    return AutotuneOptions(**defaults)
+
+
+def quiet(_message: str) -> None:
+    pass
+
+
+def test_crash_and_hang_are_recorded_as_failed_and_the_run_continues(tmp_path):
+    extra = {"jobs": {"chunk_state@smoke": {"crash": True}, "state_passing@smoke": {"hang": True}}}
+    t0 = time.monotonic()
+    outcome = run_autotune(options(tmp_path, extra=extra, job_timeout_seconds=3, max_attempts=1), quiet)
+    assert time.monotonic() - t0 < 30
+    by_job = {e["job"]: e for e in outcome.entries}
+    assert by_job["chunk_state@smoke"]["status"] == "failed" and by_job["chunk_state@smoke"]["reason"] == "crash"
+    assert "SIGSEGV" in by_job["chunk_state@smoke"]["detail"]
+    assert by_job["state_passing@smoke"]["status"] == "failed"
+    assert by_job["state_passing@smoke"]["reason"] == "timeout"
+    assert outcome.summary["ok"] == 4 and outcome.summary["failed"] == 2
+    cf = config_store.load(outcome.out)
+    assert set(cf.kernels) == {"chunk_cumsum_k", "chunk_state_k", "state_passing_k"}
+    assert "shape=smoke" not in cf.kernels["chunk_state_k"]
+    # An incomplete run keeps a fingerprint only where the file had none: here it had none.
+    assert cf.fingerprint == {"helion": "9.9"} and cf.tuned["jobs_failed"] == 2
+    # A rerun retries the failed jobs (up to max_attempts), not the finished ones.
+    calls = tmp_path / "calls"
+    os.environ["FAKE_TUNE_CALLS"] = str(calls)
+    try:
+        again = run_autotune(options(tmp_path), quiet)  # no crash/hang this time (extra is not in the plan id)
+    finally:
+        del os.environ["FAKE_TUNE_CALLS"]
+    assert sorted(line.split()[0] for line in calls.read_text().splitlines()) == [
+        "chunk_state@smoke", "state_passing@smoke"]
+    assert again.complete and again.summary["failed"] == 0
+    # The retries benchmark Helion's candidates in its own subprocess: a faulting candidate would end an
+    # in-process search again.
+    isolated = {job: json.loads((again.run_dir / "jobs" / f"{job}.spec.json").read_text())
+                ["helion_benchmark_subprocess"] for job in ("chunk_state@smoke", "state_passing@smoke",
+                                                            "chunk_cumsum@smoke")}
+    assert isolated == {"chunk_state@smoke": True, "state_passing@smoke": True, "chunk_cumsum@smoke": False}
+
+
+def test_a_job_that_crashed_is_retried_at_once_in_isolation_and_only_once(tmp_path):
+    # chunk_scan at long-context on the H200: a candidate hit an illegal address and took the job's child
+    # down; the retry, Helion's benchmarks in their own subprocess, finished. It used to wait for the next run.
+    extra = {"jobs": {"chunk_state@smoke": {"crash_in_process": True}, "state_passing@smoke": {"crash": True}}}
+    messages: list[str] = []
+    finished: list[str] = []
+    outcome = run_autotune(options(tmp_path, shapes=SHAPES[:1], extra=extra), messages.append,
+                           on_job=lambda entry: finished.append(entry["job"]))
+    attempts = [(e["job"], e["status"]) for e in outcome.entries]
+    assert attempts == [("chunk_cumsum@smoke", "ok"), ("chunk_state@smoke", "failed"), ("chunk_state@smoke", "ok"),
+                        ("state_passing@smoke", "failed"), ("state_passing@smoke", "failed")]  # max_attempts 2
+    assert finished == ["chunk_cumsum@smoke", "chunk_state@smoke", "state_passing@smoke"]  # one bar step a job
+    assert sum("retrying" in m for m in messages) == 2
+    isolated = json.loads((outcome.run_dir / "jobs" / "chunk_state@smoke.spec.json").read_text())
+    assert isolated["helion_benchmark_subprocess"] is True
+    assert "shape=smoke" in config_store.load(outcome.out).kernels["chunk_state_k"]
+    assert outcome.summary["ok"] == 2 and outcome.summary["failed"] == 1
+    assert tuneplan.retry_now("j", [{"job": "j", "status": "failed", "reason": "timeout"}])
+    assert not tuneplan.retry_now("j", [{"job": "j", "status": "failed"}, {"job": "j", "status": "ok"}])
+    assert not tuneplan.retry_now("j", [{"job": "j", "status": "failed", "reason": "timeout"}], max_attempts=1)
+    assert not tuneplan.retry_now("j", [])
+
+
+def test_a_worker_keeps_one_process_until_a_job_crashes_or_hangs_it(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(calls))
+    extra = {"jobs": {"chunk_state@smoke": {"crash": True}, "chunk_cumsum@mamba2-default": {"hang": True}}}
+    outcome = run_autotune(options(tmp_path, extra=extra, job_timeout_seconds=3, max_attempts=1), quiet)
+    pids = {line.split()[0]: int(line.split()[1]) for line in calls.read_text().splitlines()}
+    assert list(pids) == [j.id for j in outcome.jobs]
+    first, second, third = (pids["chunk_cumsum@smoke"], pids["chunk_state@smoke"]), \
+        (pids["state_passing@smoke"], pids["chunk_cumsum@mamba2-default"]), \
+        (pids["chunk_state@mamba2-default"], pids["state_passing@mamba2-default"])
+    assert len(set(first)) == len(set(second)) == len(set(third)) == 1
+    assert len({first[0], second[0], third[0]}) == 3  # a fresh child after the crash and after the hang
+    by_job = {e["job"]: e for e in outcome.entries}
+    assert [by_job[j]["process"]["job_number"] for j in pids if by_job[j]["status"] == "ok"] == [1, 1, 1, 2]
+    assert {by_job[j]["status"] for j in ("chunk_state@smoke", "chunk_cumsum@mamba2-default")} == {"failed"}
+
+
+def test_a_tuner_that_raises_fails_its_job_with_the_error_and_the_next_job_gets_a_fresh_child(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(calls))
+    extra = {"jobs": {"chunk_state@smoke": {"raise": "CUDA error: an illegal memory access"}}}
+    outcome = run_autotune(options(tmp_path, kernels=KERNELS, shapes=SHAPES[:1], extra=extra, max_attempts=1), quiet)
+    by_job = {e["job"]: e for e in outcome.entries}
+    failed = by_job["chunk_state@smoke"]
+    assert failed["status"] == "failed" and failed["reason"] == "crash"
+    assert "illegal memory access" in failed["detail"] and "exit code 1" in failed["detail"]
+    pids = {line.split()[0]: line.split()[1] for line in calls.read_text().splitlines()}
+    assert pids["chunk_cumsum@smoke"] == pids["chunk_state@smoke"] != pids["state_passing@smoke"]
+    assert by_job["state_passing@smoke"]["status"] == "ok"
+
+
+def test_never_ship_a_slower_config(tmp_path):
+    out = tmp_path / "configs" / "fake.yaml"
+    committed = {"num_warps": 4}
+    base = config_store.ConfigFile(fingerprint={"helion": "1.0"}, tuned={}, kernels={
+        "k": {f"case={n}": dict(committed) for n in ("slower", "faster", "marginal", "imprecise", "same")}})
+    config_store.save(out, base)
+
+    def job(case, factor, ok=True, config=None):
+        return {"launches": [{"kernel": "k", "key": f"case={case}", "config": config or {"num_warps": 8},
+                              "incumbent": "committed", "incumbent_config": committed, "precision": {"ok": ok},
+                              "samples_ms": {"incumbent": BASE, "candidate": [x * factor for x in BASE]}}]}
+
+    extra = {"jobs": {"chunk_cumsum@smoke": job("slower", 1.08), "chunk_state@smoke": job("faster", 0.9),
+                      "state_passing@smoke": job("marginal", 0.995),
+                      "chunk_cumsum@mamba2-default": job("imprecise", 0.5, ok=False),
+                      "chunk_state@mamba2-default": job("same", 0.9, config=committed),
+                      "state_passing@mamba2-default": {"launches": []}}}
+    outcome = run_autotune(options(tmp_path, extra=extra), quiet)
+    cf = config_store.load(out)
+    assert cf.kernels["k"]["case=faster"] == {"num_warps": 8}
+    for case in ("slower", "marginal", "imprecise", "same"):
+        assert cf.kernels["k"][f"case={case}"] == committed, case
+    assert outcome.changed and outcome.complete
+    assert outcome.summary["kept"] == 1 and outcome.summary["rejected"] == 4
+    reasons = {lc["key"]: lc["decision"]["reason"] for e in outcome.entries for lc in e.get("launches", [])}
+    assert "precision" in reasons["case=imprecise"] and "margin" in reasons["case=marginal"]
+    assert cf.fingerprint == {"helion": "9.9"}  # complete: the configs now carry the new environment
+
+
+@pytest.mark.parametrize("workers", [2, 5])
+def test_sharded_run_equals_sequential(tmp_path, workers):
+    seq = run_autotune(options(tmp_path / "seq"), quiet)
+    par = run_autotune(options(tmp_path / "par", devices=tuple(str(i) for i in range(workers))), quiet)
+    assert config_store.load(seq.out).kernels == config_store.load(par.out).kernels
+    assert {e["job"]: [lc["decision"] for lc in e["launches"]] for e in seq.entries} == {
+        e["job"]: [lc["decision"] for lc in e["launches"]] for e in par.entries}
+    for e in par.entries:  # one worker per GPU, by the static assignment, each job naming its card
+        assert e["worker"] == e["index"] % workers and e["device"] == str(e["worker"])
+        assert e["gpu"]["uuid"] == f"GPU-fake-{e['device']}"
+
+
+def _journal(state: Path) -> list[dict]:
+    found = list(state.glob("autotune/*/journal.jsonl"))
+    return tuneplan.parse_journal(found[0].read_text()) if found else []
+
+
+def test_resume_after_kill_9(tmp_path):
+    state, out, calls = tmp_path / "state", tmp_path / "configs" / "fake.yaml", tmp_path / "calls"
+    cmd = [sys.executable, "-m", "guard", "autotune", "--tuner", FAKE, "--kernels", *KERNELS, "--shapes", *SHAPES,
+           "--state-dir", str(state), "--out", str(out), "--gpu-slug", "fake", "--budget-seconds", "5",
+           "--workers", "1"]
+    env = dict(os.environ, FAKE_TUNE_CALLS=str(calls), FAKE_TUNE_EXTRA=json.dumps({"default": {"sleep": 0.6}}))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    reads = 0
+    try:
+        while len(_journal(state)) < 2:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline
+            if out.exists():  # every observed version of the file is complete
+                config_store.load(out)
+                reads += 1
+            time.sleep(0.05)
+        time.sleep(0.3)  # the third job is in flight
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    finished = {e["job"] for e in _journal(state)}
+    assert 2 <= len(finished) < 6
+    cf = config_store.load(out)
+    # The file is rewritten right after each journal line: a kill between the two leaves it one job
+    # behind the journal (the resume brings it in step first), never ahead and never torn.
+    assert len(finished) - 1 <= sum(len(v) for v in cf.kernels.values()) <= len(finished)
+    # The orphaned child kills itself when its parent is gone.
+    pids = [int(line.split()[1]) for line in calls.read_text().splitlines()]
+    time.sleep(1.0)
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "zombie" in status.read_text() or "State:\tZ" in status.read_text()
+
+    env["FAKE_TUNE_EXTRA"] = json.dumps({"default": {"sleep": 0}})
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6/6 jobs ok" in done.stdout
+    called = [line.split()[0] for line in calls.read_text().splitlines()]
+    for job in finished:
+        assert called.count(job) == 1, (job, called)  # finished jobs are never redone
+    assert sorted(set(called)) == sorted(f"{k}@{s}" for k in KERNELS for s in SHAPES)
+    cf = config_store.load(out)
+    assert sum(len(v) for v in cf.kernels.values()) == 6
+    assert not list(out.parent.glob(".*.tmp"))
+    logs = [p for p in state.glob("autotune/*/logs/*.log") if not p.name.startswith("worker-")]
+    assert sorted(p.stem for p in logs) == sorted(f"{k}@{s}" for k in KERNELS for s in SHAPES)
+    for log in logs:  # each job's output in its own log (the job killed in flight ran twice), none other's
+        lines = log.read_text().splitlines()
+        assert lines and set(lines) == {f"fake tuner: {log.stem}"}, (log, lines)
+
+
+def test_overall_budget_starts_no_job_it_cannot_hold_and_cuts_none_short(tmp_path):
+    # Each job sleeps 1.5 s with a 1 s tuning budget, inside a 2 s overall budget: the first job starts
+    # (2 s left >= 1 s) and the second (0.5 s left < 1 s) does not. The first job outlives the overall
+    # budget and still finishes: it is never killed at the deadline.
+    extra = {"default": {"sleep": 1.5}}
+    outcome = run_autotune(options(tmp_path, kernels=KERNELS[:1], extra=extra, budget_seconds=1,
+                                   total_budget_seconds=2.0, job_timeout_seconds=20), quiet)
+    assert [e["job"] for e in outcome.entries] == ["chunk_cumsum@smoke"]
+    assert outcome.entries[0]["status"] == "ok"
+    assert outcome.skipped == ["chunk_cumsum@mamba2-default"] and not outcome.complete
+
+
+def test_a_later_job_skips_launches_an_earlier_job_tuned(tmp_path):
+    # Like a whole call after the per-kernel jobs: job 2 launches the Helion kernel job 1 already tuned.
+    shared = {"kernel": "shared_k", "key": "shape=smoke", "config": {"block_sizes": [32], "num_warps": 4},
+              "incumbent": "default", "incumbent_config": {"block_sizes": [16], "num_warps": 2},
+              "precision": {"ok": True}, "samples_ms": {"incumbent": BASE, "candidate": [0.9 * x for x in BASE]}}
+    own = {**shared, "kernel": "own_k"}
+    extra = {"jobs": {"chunk_cumsum@smoke": {"launches": [shared]},
+                      "chunk_state@smoke": {"launches": [shared, own]}}}
+    outcome = run_autotune(options(tmp_path, kernels=KERNELS[:2], shapes=SHAPES[:1], extra=extra), quiet)
+    first, second = outcome.entries
+    assert [lc["kernel"] for lc in first["launches"]] == ["shared_k"] and first["tuned_elsewhere"] == []
+    assert [lc["kernel"] for lc in second["launches"]] == ["own_k"]
+    assert second["tuned_elsewhere"] == [["shared_k", "shape=smoke"]]
+    assert set(config_store.load(outcome.out).kernels) == {"shared_k", "own_k"}
+
+
+def test_config_file_keeps_the_provenance_of_earlier_runs(tmp_path):
+    first = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1]), quiet)
+    first_run = config_store.load(first.out).tuned["run"]
+    second = run_autotune(options(tmp_path, kernels=KERNELS[1:2], shapes=SHAPES[:1]), quiet)
+    tuned = config_store.load(second.out).tuned
+    assert tuned["run"] != first_run
+    assert [(r["run"], r["jobs"]) for r in tuned["earlier"]] == [(first_run, 1)]
+    assert "earlier" not in tuned["earlier"][0]  # one flat list, not nested records
+    assert set(config_store.load(second.out).kernels) == {"chunk_cumsum_k", "chunk_state_k"}
+
+
+def test_candidates_are_timed_through_the_public_function_with_their_config_pinned(monkeypatch):
+    """The worker times the registry entry's public function (host-side sums of partials included), with
+    the candidate pinned for its own shape key only, and leaves the kernel's normal lookup afterwards."""
+    import torch
+
+    from guard.flows.autotune_worker import _entry_on
+    from kernels import registry, suites
+    from kernels._runtime import capture_launches
+    from kernels.testing import execution_mode
+
+    entry = registry.get("causal_conv1d_bwd")
+    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
+    with capture_launches() as launches, execution_mode("triton"):
+        entry.run_helion(inputs)
+    kernel, args = launches[0]
+    candidate = {"block_sizes": [16, 4], "num_warps": 2}
+    built = []
+    real = kernel.helion_kernel
+    monkeypatch.setattr(kernel, "helion_kernel", lambda config, mode="compiled", **kw: (
+        built.append(config), real(config, mode, **kw))[1])
+    call = _entry_on(entry, inputs, kernel, candidate, kernel.shape_key(*args))
+    with capture_launches() as timed, execution_mode("triton"):
+        call()
+    assert [k.name for k, _ in timed] == ["causal_conv1d_bwd"]  # the whole public function ran
+    assert built == [candidate]
+    assert "lookup" not in vars(kernel)  # the pin is gone: the config store answers again
+
+
+def test_the_config_file_names_the_searches_that_failed(tmp_path):
+    failed = {"kernel": "chunk_state_k", "key": "shape=smoke", "config": None, "incumbent": "default",
+              "error": "NoConfigFound: No working config found from autotuning"}
+    extra = {"jobs": {"chunk_state@smoke": {"launches": [failed]}}}
+    first = run_autotune(options(tmp_path, extra=extra), quiet)
+    tuned = config_store.load(first.out).tuned
+    assert tuned["searches_failed"] == ["chunk_state_k[shape=smoke]: NoConfigFound"]
+    # A later run records its own failures; the provenance of earlier runs does not carry the list.
+    second = run_autotune(options(tmp_path, budget_seconds=6), quiet)
+    tuned = config_store.load(second.out).tuned
+    assert tuned["searches_failed"] == [] and "searches_failed" not in tuned["earlier"][-1]
+
+
+def test_the_incumbent_as_helions_reference_survives_its_settings_copy():
+    """Helion deep-copies its settings before a search (and pickles them for subprocesses): a
+    ``helion.Kernel`` there failed every warm-started search on the H200 (`cannot pickle RLock`)."""
+    import copy
+    import pickle
+
+    import helion
+    import torch
+
+    from guard.flows.autotune_worker import incumbent_run
+    from kernels import registry, suites
+    from kernels._runtime import capture_launches
+    from kernels.testing import execution_mode
+
+    entry = registry.get("chunk_cumsum")
+    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
+    with capture_launches() as launches, execution_mode("triton"):
+        entry.run_helion(inputs)
+    kernel, args = launches[0]
+    config = {"block_sizes": [2], "num_warps": 2}
+    reference = incumbent_run(kernel, config)
+    assert helion.Settings(autotune_baseline_fn=reference).to_dict()
+    for copied in (copy.deepcopy(reference), pickle.loads(pickle.dumps(reference))):
+        with execution_mode("triton"):
+            got, want = copied(*args), kernel.helion_kernel(config, "compiled")(*args)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="kernel: expected a tuned kernel importable"):
+        incumbent_run(copy.copy(kernel), config)
+
+
+@pytest.mark.parametrize("budget, compile_timeout", [(10, 5), (15, 7), (40, 20), (300, 60), (4, 5)])
+def test_a_compile_may_take_half_the_search_budget(budget, compile_timeout):
+    from guard.flows.autotune_worker import search_settings
+
+    settings = search_settings("quick", 7, budget, False)
+    assert settings["autotune_compile_timeout"] == compile_timeout
+    assert (settings["autotune_budget_seconds"], settings["autotune_random_seed"]) == (budget, 7)
+
+
+def test_the_configs_of_a_kernels_other_shapes_seed_its_search():
+    """Long-context's chunk_scan on the H200: nemotron3-nano's new config, seeded, measured 1.27 ms against
+    1.78 ms for the nearest config the job started from."""
+    import torch
+
+    from guard.flows.autotune_worker import neighbour_seeds
+    from kernels import registry, suites
+    from kernels._runtime import capture_launches
+    from kernels.config_store import ConfigFile, ShapeKey
+
+    entry = registry.get("chunk_cumsum")
+    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
+    with capture_launches() as launches:
+        entry.run_helion(inputs)
+    kernel, args = launches[0]
+    key = kernel.shape_key(*args)
+    fields = dict(key.fields)
+
+    def like(**changes):
+        return ShapeKey.of(**{**fields, **changes})
+
+    far, near, other_dtype = like(tokens=fields["tokens"] * 64), like(tokens=fields["tokens"] * 2), like(dtype="x")
+    base = ConfigFile(kernels={kernel.name: {
+        str(key): {"block_sizes": [4]},  # its own: the incumbent, not a neighbour
+        str(far): {"block_sizes": [1], "num_warps": 1},
+        str(near): {"block_sizes": [2], "num_warps": 2},
+        str(other_dtype): {"block_sizes": [4], "num_warps": 8},  # another exact field: never a fallback
+        str(like(tokens=fields["tokens"] * 4)): {"block_sizes": [3]},  # not a power of 2: invalid
+    }})
+    seeds = neighbour_seeds(kernel, args, base, key)
+    assert [(s["block_sizes"], s["num_warps"]) for s in seeds] == [([2], 2), ([1], 1)]
+    assert neighbour_seeds(kernel, args, ConfigFile(), key) == []
+
+
+@pytest.mark.parametrize("field, value", [("budget_seconds", 0), ("total_budget_seconds", -5),
+                                          ("job_timeout_seconds", "soon"), ("effort", "medium")])
+def test_bad_options_are_refused_by_name(tmp_path, field, value):
+    with pytest.raises(ValueError, match=field.split("_seconds")[0]):
+        options(tmp_path, **{field: value})
+
+
+def test_a_sharded_run_splits_longest_first_by_the_job_times_of_earlier_runs(tmp_path):
+    slow = {"jobs": {"chunk_state@smoke": {"sleep": 1.2}}}
+    first = run_autotune(options(tmp_path, extra=slow), quiet)  # one worker: the times to split by
+    assert first.complete
+    messages: list[str] = []
+    second = run_autotune(options(tmp_path, budget_seconds=6, devices=("0", "1")), messages.append)
+    assert any(m.startswith("chunk_cumsum@smoke (0 s): chunk_cumsum_k[shape=smoke] kept") for m in messages)
+    by_job = {e["job"]: e["worker"] for e in second.entries}
+    # The slow job alone on one GPU, the five quick ones on the other (round-robin would give 3 and 3).
+    assert sorted(by_job.values()).count(by_job["chunk_state@smoke"]) == 1
+    assert any("longest first" in m for m in messages)
+
+
+def test_job_seconds_newest_run_wins_and_failures_do_not_count():
+    older = [{"job": "a@s", "status": "ok", "seconds": 10.0}, {"job": "b@s", "status": "ok", "seconds": 4.0}]
+    newer = [{"job": "a@s", "status": "ok", "seconds": 30.0}, {"job": "b@s", "status": "failed", "seconds": 99.0},
+             {"job": "c@s", "status": "ok", "seconds": 0}]
+    assert tuneplan.job_seconds([older, newer]) == {"a@s": 30.0, "b@s": 4.0}
+
+
+def test_only_a_whole_suite_run_stamps_the_file_with_its_environment(tmp_path):
+    out = tmp_path / "configs" / "fake.yaml"
+    config_store.save(out, config_store.ConfigFile(fingerprint={"helion": "1.0"}, tuned={}, kernels={}))
+    outcome = run_autotune(options(tmp_path, whole_suite=False), quiet)
+    assert outcome.complete and config_store.load(out).fingerprint == {"helion": "1.0"}
+    outcome = run_autotune(options(tmp_path, budget_seconds=6), quiet)
+    assert outcome.complete and config_store.load(out).fingerprint == {"helion": "9.9"}
+
+
+def test_covers_whole_suite():
+    from guard.flows.autotune import covers_whole_suite
+    from kernels import registry, suites
+
+    every = [e.name for e in registry.select(None)]
+    default = [s.name for s in suites.load().suite("default")]
+    assert covers_whole_suite(every, default + ["smoke"])
+    assert not covers_whole_suite(every[1:], default)
+    assert not covers_whole_suite(every, default[1:])

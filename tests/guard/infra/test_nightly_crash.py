@@ -1,0 +1,56 @@
+"""Crash safety of the real nightly cycle: kill -9 in the middle, then restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from guard.adapters.history import History
+
+KERNELS = ["chunk_cumsum", "bmm_chunk", "chunk_state", "state_passing", "chunk_scan", "gated_rmsnorm_fwd"]
+
+
+def _nightly(state: Path, *kernels: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "guard", "nightly", "--state-dir", str(state), "--shapes", "smoke", "--kernels",
+         *kernels], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _leftover_temp_files(state: Path) -> list[Path]:
+    return [p for p in state.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_kill_9_mid_nightly_leaves_consistent_state_and_the_next_cycle_runs(tmp_path):
+    state = tmp_path / "state"
+    first = _nightly(state, "chunk_cumsum")
+    assert first.wait(timeout=300) == 0, first.stdout.read()
+
+    victim = _nightly(state, *KERNELS)
+    seen = []
+    deadline = time.monotonic() + 300
+    for line in victim.stdout:  # kill it once the bench is under way, between two kernels
+        seen.append(line)
+        if line.startswith("[2/"):
+            os.killpg(victim.pid, signal.SIGKILL)
+            break
+        assert time.monotonic() < deadline, "".join(seen)
+    victim.wait(timeout=60)
+    assert victim.returncode == -signal.SIGKILL, "".join(seen)
+
+    with History(state / "history.sqlite") as history:  # opens with PRAGMA integrity_check
+        assert [r["status"] for r in history.runs()] == ["pass"]  # no half-recorded run
+    assert not _leftover_temp_files(state)
+    json.loads((state / "latest.json").read_text())  # the previous snapshot, whole
+
+    again = _nightly(state, "chunk_cumsum", "bmm_chunk")  # the lock of the killed cycle is gone
+    output = again.communicate(timeout=300)[0]
+    assert again.returncode == 0, output
+    with History(state / "history.sqlite") as history:
+        assert [r["n_cases"] for r in history.runs()] == [2, 1]
+    assert not _leftover_temp_files(state)

@@ -1,0 +1,162 @@
+"""Fixtures for the PR-bot tests: a real bare origin (file://), source dirs, a fake GitHub on 127.0.0.1."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .fake_github import FakeGitHub
+
+TOKEN = "ghp_FAKEtoken0123456789abcdefSECRETxyz"
+HUMAN = {
+    "GIT_AUTHOR_NAME": "Alice Human",
+    "GIT_AUTHOR_EMAIL": "alice@example.com",
+    "GIT_COMMITTER_NAME": "Alice Human",
+    "GIT_COMMITTER_EMAIL": "alice@example.com",
+}
+
+FP_OLD = {
+    "gpu_name": "NVIDIA H200",
+    "gpu_uuid": "GPU-1111",
+    "compute_capability": "9.0",
+    "sm_count": 132,
+    "memory_bytes": 150_000_000_000,
+    "driver_version": "580.159.04",
+    "cuda_runtime": "12.8",
+    "torch": "2.11.0",
+    "triton": "3.5.0",
+    "helion": "1.4.0",
+    "mamba_ssm": "2.3.2",
+    "python": "3.11.7",
+    "kernels_source_hash": "a" * 64,
+    "kernel_sources": {"kernels/ssd/chunk_scan.py": "1" * 64, "kernels/norm/rmsnorm.py": "2" * 64},
+}
+FP_NEW = {**FP_OLD, "helion": "1.5.0", "triton": "3.6.0"}
+
+CONFIGS_OLD = {
+    "fingerprint": FP_OLD,
+    "tuned": {"date": "2026-01-01", "effort": "quick", "seed": 1, "budget_s": 600},
+    "kernels": {
+        "ssd_chunk_scan_fwd": {
+            "hd64_ds128_cs256_bf16_L4k": {"block_sizes": [64, 32], "num_warps": 4, "num_stages": 3},
+            "hd64_ds128_cs256_bf16_L16k": {"block_sizes": [64, 64], "num_warps": 4, "num_stages": 2},
+        },
+        "rmsnorm_gated_fwd": {"g1024_bf16": {"block_sizes": [1024], "num_warps": 8}},
+    },
+}
+
+
+def baseline_doc(fp, helion_ms=0.5, mamba_ms=0.6):
+    results = {}
+    for kernel, shapes in CONFIGS_OLD["kernels"].items():
+        results[kernel] = {
+            s: {
+                "helion": {"median_ms": helion_ms},
+                "mamba_ssm": {"median_ms": mamba_ms},
+                "speedup_vs_mamba_ssm": mamba_ms / helion_ms,
+                "precision": {
+                    "max_rel_err_vs_fp64": 1e-3,
+                    "max_abs_diff_vs_mamba_ssm": 2e-4,
+                    "allclose": True,
+                    "finite": True,
+                },
+            }
+            for s in shapes
+        }
+    return {"fingerprint": fp, "results": results}
+
+
+def new_configs(num_warps=8, seed=7):
+    doc = copy.deepcopy(CONFIGS_OLD)
+    doc["fingerprint"] = FP_NEW
+    doc["tuned"] = {"date": "2026-02-01", "effort": "full", "seed": seed, "budget_s": 3600}
+    doc["kernels"]["ssd_chunk_scan_fwd"]["hd64_ds128_cs256_bf16_L4k"]["num_warps"] = num_warps
+    return doc
+
+
+def dump(path: Path, doc) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=True))
+
+
+def git(cwd: Path, *args: str, env: dict | None = None) -> str:
+    full_env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", **HUMAN, **(env or {})}
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=full_env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def token(monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    return TOKEN
+
+
+@pytest.fixture
+def origin(tmp_path) -> Path:
+    """A bare repo with main holding configs + baselines for h200 (and a100, untouched by the bot)."""
+    bare = tmp_path / "origin.git"
+    git(tmp_path, "init", "--bare", "--initial-branch=main", str(bare))
+    seed = tmp_path / "seed"
+    git(tmp_path, "init", "--initial-branch=main", str(seed))
+    dump(seed / "kernels/configs/h200.yaml", CONFIGS_OLD)
+    dump(seed / "kernels/configs/a100.yaml", {"fingerprint": {"gpu_name": "A100"}, "kernels": {}})
+    dump(seed / "baselines/h200.yaml", baseline_doc(FP_OLD))
+    (seed / "README.md").write_text("configs\n")
+    git(seed, "add", "-A")
+    git(seed, "commit", "-q", "-m", "initial")
+    git(seed, "remote", "add", "origin", str(bare))
+    git(seed, "push", "-q", "origin", "main")
+    return bare
+
+
+@pytest.fixture
+def origin_url(origin) -> str:
+    return f"file://{origin}"
+
+
+@pytest.fixture
+def make_source(tmp_path):
+    counter = iter(range(1000))
+
+    def _make(configs=None, baseline=None) -> Path:
+        src = tmp_path / f"source{next(counter)}"
+        if configs is not None:
+            dump(src / "kernels/configs/h200.yaml", configs)
+        if baseline is not None:
+            dump(src / "baselines/h200.yaml", baseline)
+        # Files the bot must never commit.
+        dump(src / "kernels/configs/a100.yaml", {"fingerprint": {"gpu_name": "A100"}, "kernels": {"x": {}}})
+        (src / "junk.txt").parent.mkdir(parents=True, exist_ok=True)
+        (src / "junk.txt").write_text("not for the bot\n")
+        return src
+
+    return _make
+
+
+@pytest.fixture
+def fake_gh(token):
+    with FakeGitHub(token) as server:
+        yield server
+    assert server.violations == [], server.violations
+
+
+@pytest.fixture
+def client(fake_gh):
+    from guard.adapters.github import PrClient
+
+    return PrClient(
+        base_url=fake_gh.api, retry=None, seconds_between_requests=None, seconds_between_writes=None, timeout=10
+    )
+
+
+@pytest.fixture
+def debug_logs(caplog):
+    caplog.set_level(logging.DEBUG)
+    return caplog

@@ -1,0 +1,176 @@
+"""Config diff and PR text: content, determinism, and the 64 KB cap on huge inputs."""
+
+from __future__ import annotations
+
+from guard.core.configdiff import diff_config_files, diff_configs
+from guard.core.drift import classify
+from guard.core.fingerprint import fingerprint_hash
+from guard.core.prbody import (
+    MAX_BODY_BYTES,
+    PrInput,
+    branch_name,
+    marker,
+    parse_marker,
+    render_pr,
+)
+
+from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, baseline_doc, new_configs
+
+
+def test_config_diff_added_removed_changed_fields():
+    old = {
+        "k1": {"s1": {"block_sizes": [64, 32], "num_warps": 4, "pid_type": "flat"}, "gone": {"num_warps": 2}},
+        "k2": {"s": {"indexing": {"a": "pointer", "b": "pointer"}}},
+    }
+    new = {
+        "k1": {"s1": {"block_sizes": [128, 32], "num_warps": 4, "num_stages": 3}, "fresh": {"num_warps": 8}},
+        "k2": {"s": {"indexing": {"a": "pointer", "b": "block_ptr"}}},
+        "k3": {"x": {"num_warps": 1}},
+    }
+    d = diff_configs(old, new)
+    by = {(e.kernel, e.shape_key): e for e in d.entries}
+    assert set(by) == {("k1", "fresh"), ("k1", "gone"), ("k1", "s1"), ("k2", "s"), ("k3", "x")}
+    assert by[("k1", "fresh")].status == "added" and by[("k1", "gone")].status == "removed"
+    s1 = {f.field: (f.status, f.old, f.new) for f in by[("k1", "s1")].fields}
+    assert s1 == {
+        "block_sizes": ("changed", [64, 32], [128, 32]),
+        "num_stages": ("added", None, 3),
+        "pid_type": ("removed", "flat", None),
+    }
+    assert [f.field for f in by[("k2", "s")].fields] == ["indexing.b"]
+    text = d.render_text()
+    assert '~ k1 / s1: block_sizes [64,32] -> [128,32]; +num_stages=3; -pid_type (was "flat")' in text
+    assert d.counts() == {"added": 2, "removed": 1, "changed": 2}
+    assert diff_configs(old, old).empty
+    assert diff_config_files(CONFIGS_OLD, new_configs()).entries[0].fields[0].new == 8
+
+
+def test_branch_and_marker_are_deterministic():
+    h = fingerprint_hash(FP_NEW)
+    assert h == fingerprint_hash(dict(reversed(list(FP_NEW.items()))))
+    # Host and card identity are not part of the environment.
+    assert h == fingerprint_hash({**FP_NEW, "gpu_uuid": "GPU-9", "hostname": "n2"})
+    assert h != fingerprint_hash(FP_OLD)
+    assert branch_name("nvidia-h200", h) == f"mamba2-guard/nvidia-h200/{h[:12]}"
+    assert branch_name("NVIDIA H200", h) == f"mamba2-guard/nvidia-h200/{h[:12]}"
+    assert parse_marker("x\n" + marker("nvidia-h200", h) + "\ny") == {"gpu": "nvidia-h200", "fingerprint": h}
+    assert parse_marker("no marker") is None
+
+
+def test_fingerprint_hash_matches_fingerprint_digest_when_available():
+    try:
+        from guard.adapters.fingerprint import Fingerprint
+    except Exception:  # another module; only checked when present
+        return
+    fields = {f: FP_NEW.get(f) for f in Fingerprint.__dataclass_fields__}
+    fields.update(hostname="h", gpu_index=0)
+    fp = Fingerprint(**fields)
+    assert fingerprint_hash(fp.to_dict()) == fp.digest()
+
+
+def _input(**kw):
+    drift = classify(FP_NEW, FP_OLD, FP_OLD, {})
+    base = dict(
+        gpu_slug="nvidia-h200",
+        fingerprint=FP_NEW,
+        new_configs=new_configs(),
+        old_configs=CONFIGS_OLD,
+        new_baseline=baseline_doc(FP_NEW, helion_ms=0.4),
+        old_baseline=baseline_doc(FP_OLD, helion_ms=0.5),
+        drift=drift,
+        reproduce_command="mamba2-guard autotune --gpu nvidia-h200 --seed 7",
+        run_url="https://ci.example/runs/42",
+    )
+    base.update(kw)
+    return PrInput(**base)
+
+
+def test_pr_body_contents():
+    pr = render_pr(_input())
+    body = pr.body
+    assert body.startswith(pr.marker) and pr.marker == marker("nvidia-h200", pr.fingerprint_hash)
+    assert pr.branch == branch_name("nvidia-h200", fingerprint_hash(FP_NEW))
+    assert "helion 1.4.0 -> 1.5.0" in pr.title and "triton 3.5.0 -> 3.6.0" in pr.title
+    assert "| software | `helion` | 1.4.0 | 1.5.0 | retune |" in body
+    # Per kernel x shape: before/after latency, change, speedup, precision.
+    assert "| `ssd_chunk_scan_fwd` | `hd64_ds128_cs256_bf16_L4k` | 0.5 | 0.4 | -20.0% | 0.6 | 1.20x | 1.50x |" in body
+    assert "1.00e-03" in body and "2.00e-04" in body
+    assert "~ ssd_chunk_scan_fwd / hd64_ds128_cs256_bf16_L4k: num_warps 4 -> 8" in body
+    assert "| 7 | full | 3600 | 2026-02-01 | - | - |" in body and "did not finish" not in body
+    assert "mamba2-guard autotune --gpu nvidia-h200 --seed 7" in body
+    assert "https://ci.example/runs/42" in body
+    assert not pr.truncated
+    assert render_pr(_input()).body == body  # deterministic
+
+
+def test_pr_body_says_when_the_re_tune_was_partial():
+    configs = new_configs()
+    configs["tuned"] = {**configs["tuned"], "jobs": 69, "jobs_ok": 21, "jobs_failed": 1, "seconds_spent": 534.2}
+    body = render_pr(_input(new_configs=configs)).body
+    assert "| 21/69 (1 failed) | 534.2 |" in body
+    assert "48 of 69 autotune jobs did not finish" in body
+    assert "search(es) failed" not in body
+
+
+def test_pr_body_lists_the_searches_that_failed():
+    configs = new_configs()
+    failed = [f"k{i:02d}[tokens=1]: NoConfigFound" for i in range(12)]
+    configs["tuned"] = {**configs["tuned"], "searches_failed": failed}
+    body = render_pr(_input(new_configs=configs)).body
+    assert "_12 search(es) failed, so their old configs stay: `k00[tokens=1]: NoConfigFound`," in body
+    assert "`k09[tokens=1]: NoConfigFound` and 2 more._" in body and "k10[" not in body
+
+
+def test_pr_body_new_gpu_and_no_drift_report():
+    pr = render_pr(_input(old_configs=None, old_baseline=None, drift=None))
+    assert "new GPU nvidia-h200" in pr.title
+    assert "+ rmsnorm_gated_fwd / g1024_bf16" in pr.body
+    # Without a drift report the changed versions come from the recorded fingerprints.
+    pr2 = render_pr(_input(drift=None))
+    assert "| `helion` | 1.4.0 | 1.5.0 |" in pr2.body
+
+
+def test_huge_input_stays_under_64kb_and_says_so():
+    n = 4000
+    old_k = {"k": {f"shape{i:05d}": {"block_sizes": [64, 32], "num_warps": 4} for i in range(n)}}
+    new_k = {"k": {f"shape{i:05d}": {"block_sizes": [128, 32], "num_warps": 8} for i in range(n)}}
+
+    def bl(ms, bad=None, slow=None):
+        return {
+            "results": {
+                "k": {
+                    f"shape{i:05d}": {
+                        "helion": {"median_ms": ms * (1 + (i == slow))},
+                        "mamba_ssm": {"median_ms": 1.0},
+                        "speedup_vs_mamba_ssm": 1.0 / ms,
+                        "precision": {"allclose": i != bad, "max_rel_err_vs_fp64": 1e-3},
+                    }
+                    for i in range(n)
+                }
+            }
+        }
+
+    inp = _input(
+        old_configs={"kernels": old_k},
+        new_configs={"kernels": new_k, "tuned": {"seed": 1}},
+        old_baseline=bl(0.5),
+        new_baseline=bl(0.5, bad=3999, slow=1234),
+        full_data="artifact bench-result.json",
+    )
+    pr = render_pr(inp)
+    size = len(pr.body.encode("utf-8"))
+    assert size <= MAX_BODY_BYTES < 65536
+    assert pr.truncated and pr.omitted["perf_rows"] > 0 and pr.omitted["config_entries"] > 0
+    assert "truncated to stay under GitHub's 64 KB limit" in pr.body and "artifact bench-result.json" in pr.body
+    assert pr.body.startswith(pr.marker)
+    # The precision failure and the biggest latency change survive truncation.
+    assert "`shape03999`" in pr.body and "**NO**" in pr.body
+    assert "`shape01234`" in pr.body
+    # Diff alone is also bounded.
+    d = diff_configs(old_k, new_k)
+    assert len(d.render_lines(10)) == 11 and "3990 more" in d.render_lines(10)[-1]
+
+
+def test_giant_reproduce_command_is_hard_cut():
+    pr = render_pr(_input(reproduce_command="x" * 200_000), max_bytes=20_000)
+    assert len(pr.body.encode()) <= 20_000 and pr.body.startswith(pr.marker) and pr.truncated

@@ -1,0 +1,142 @@
+"""guard/ imports only downward: core <- adapters <- bench <- flows <- entry points (cli, daemon).
+
+Walks every module of guard/ with ``ast`` (imports inside functions count too) and checks that
+* no module imports a module of a higher layer;
+* the module import graph has no cycle;
+* no ``_private`` name is imported from another module;
+* guard/core imports none of torch, git, github, HTTP, the scheduler or the clock's side of the world;
+* kernels/ never imports guard.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+GUARD = REPO / "guard"
+
+# Lower number = lower layer. A module may import its own layer or any lower one.
+LAYERS = {"guard": 0, "guard.core": 0, "guard.adapters": 1, "guard.config": 1, "guard.bench": 2,
+          "guard.flows": 3, "guard.dev": 3, "guard.cli": 4, "guard.daemon": 4, "guard.__main__": 4}
+CORE_FORBIDDEN = ("torch", "git", "github", "requests", "urllib", "http", "socket", "subprocess", "apscheduler",
+                  "sqlite3", "prometheus_client", "pynvml", "time", "kernels")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer(module: str) -> int:
+    best = None
+    for prefix, rank in LAYERS.items():
+        if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[0])):
+            best = (prefix, rank)
+    assert best is not None, f"{module}: no layer (add it to LAYERS)"
+    return best[1]
+
+
+def imports(path: Path, modules: set[str]) -> list[tuple[str, str | None, int]]:
+    """(imported guard module, imported name or None, line) for every import of guard in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, None, node.lineno) for a in node.names if a.name.split(".")[0] == "guard"]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] != "guard":
+                continue
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                if sub in modules:  # `from guard.adapters import state`: the module itself
+                    found.append((sub, None, node.lineno))
+                else:
+                    found.append((node.module, a.name, node.lineno))
+    return found
+
+
+def guard_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(GUARD.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = guard_modules()
+    return {m: {target for target, _, _ in imports(p, set(mods)) if target != m} for m, p in mods.items()}
+
+
+def test_imports_only_go_downward():
+    mods = guard_modules()
+    upward = []
+    for m, path in mods.items():
+        for target, _, line in imports(path, set(mods)):
+            if m == "guard" or target == "guard":  # the package root (PROJECT_ROOT, the kernels check)
+                continue
+            if layer(target) > layer(m):
+                upward.append(f"{path.relative_to(REPO)}:{line}: {m} (layer {layer(m)}) imports {target} "
+                              f"(layer {layer(target)})")
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles():
+    g = graph()
+    mods = set(g)
+
+    def resolve(target: str) -> str | None:  # `from guard.adapters.files import x` -> guard.adapters.files
+        while target and target not in mods:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    edges = {m: {t for t in map(resolve, targets) if t and t != m and not m.startswith(t + ".")
+                 and t != "guard"} for m, targets in g.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges[m]):
+            if state.get(t) == 1:
+                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_private_name_imported_across_modules():
+    mods = guard_modules()
+    bad = [f"{p.relative_to(REPO)}:{line}: from {target} import {name}"
+           for m, p in mods.items() for target, name, line in imports(p, set(mods))
+           if name and name.startswith("_") and not name.startswith("__") and target != m]
+    assert not bad, "private names imported across modules:\n" + "\n".join(bad)
+
+
+def test_core_stays_pure():
+    bad = []
+    for path in sorted((GUARD / "core").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                     else [])
+            for name in names:
+                if name.split(".")[0] in CORE_FORBIDDEN or (name.split(".")[0] == "guard"
+                                                             and not name.startswith("guard.core")):
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}: imports {name}")
+    assert not bad, "guard/core must stay pure:\n" + "\n".join(bad)
+
+
+def test_kernels_never_import_guard():
+    bad = []
+    for path in sorted((REPO / "kernels").rglob("*.py")):
+        for target, _, line in imports(path, set()):
+            bad.append(f"{path.relative_to(REPO)}:{line}: imports {target}")
+    assert not bad, "kernels/ imports guard:\n" + "\n".join(bad)

@@ -1,0 +1,444 @@
+"""The whole Mamba-2 layer: ``kernels.mamba_split_conv1d_scan_combined`` and ``kernels.patch_mamba_ssm``.
+
+CPU, Helion ref mode, fp32 (hl.dot takes no fp64): the forward and every gradient against a pure-PyTorch
+fp64 composition of the references (``kernels.conv.naive``, ``kernels.ssd.naive.ssd_chunked_ref``,
+``kernels.norm.naive``, F.linear) over the option combinations; a ``mamba_ssm.modules.mamba2.Mamba2``
+patched, in both ``use_mem_eff_path`` modes, against the same composition driven by the module's
+parameters; the patch and its inverse. GPU tests compare with mamba-ssm itself (needs causal-conv1d).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import _mamba_ssm
+from kernels.layer_naive import mamba_split_conv1d_scan_ref as layer_ref
+from kernels.testing import execution_mode
+
+INF = float("inf")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Problems
+
+
+def _problem(b=2, L=40, h=4, p=8, g=1, n=8, width=4, d_nonssm=0, seed=0, options=()):
+    """Leaves (fp32) and static keyword arguments of one call."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0, shift=0.0):
+        return torch.randn(*shape, generator=gen) * scale + shift
+
+    dim = h * p
+    conv_dim = dim + 2 * g * n
+    leaves = {
+        "zxbcdt": rnd(b, L, 2 * d_nonssm + dim + conv_dim + h),
+        "conv1d_weight": rnd(conv_dim, width, scale=0.5),
+        "conv1d_bias": rnd(conv_dim, scale=0.1),
+        "dt_bias": rnd(h, scale=0.5, shift=-1.0),
+        "A": -torch.rand(h, generator=gen) * 2 - 0.5,
+        "D": rnd(h, p) if "D_hdim" in options else rnd(h),
+    }
+    static = {"chunk_size": 16, "ngroups": g, "headdim": None if "D_hdim" in options else p}
+    if "rmsnorm" in options:
+        leaves["rmsnorm_weight"] = rnd(dim, scale=0.2, shift=1.0)
+        static["rmsnorm_eps"] = 1e-5
+    static["norm_before_gate"] = "norm_before_gate" in options
+    if "outproj" in options or "outproj_bias" in options:
+        leaves["outproj_weight"] = rnd(24, d_nonssm + dim, scale=(d_nonssm + dim) ** -0.5)
+        if "outproj_bias" in options:
+            leaves["outproj_bias"] = rnd(24, scale=0.1)
+    if "initial_states" in options:
+        leaves["initial_states"] = rnd(b, h, p, n)
+        static["return_final_states"] = True
+    if "dt_limit" in options:
+        static["dt_limit"] = (0.05, 0.6)
+    if "seq_idx" in options:
+        cut = [L // 3, L // 3 + 5] if b > 1 else [L // 2]
+        seq_idx = torch.zeros(b, L, dtype=torch.int32)
+        for i in range(b):
+            seq_idx[i, cut[i % len(cut)]:] = 1
+        static["seq_idx"] = seq_idx
+    if "no_conv_bias" in options:
+        leaves["conv1d_bias"] = None
+    return leaves, static
+
+
+def _run(fn, leaves, static, dtype, seed=7):
+    """Output(s) and gradients of every leaf for a random cotangent."""
+    inputs = {k: (v.detach().to(dtype or v.dtype).requires_grad_(True) if v is not None else None)
+              for k, v in leaves.items()}
+    result = fn(**inputs, **static)
+    outs = result if isinstance(result, tuple) else (result,)
+    gen = torch.Generator().manual_seed(seed)
+    cotangents = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs]
+    wanted = {k: v for k, v in inputs.items() if v is not None}
+    grads = torch.autograd.grad(outs, list(wanted.values()), cotangents)
+    return [o.detach() for o in outs], dict(zip(wanted, grads, strict=True))
+
+
+def _close(mine, ref, name, rtol=1e-4, atol_scale=2e-5):
+    assert mine.dtype == torch.float32 and torch.isfinite(mine).all(), name
+    scale = ref.abs().max().item() + 1.0
+    torch.testing.assert_close(mine.double(), ref, atol=atol_scale * scale, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+def _compare(leaves, static):
+    with execution_mode("ref"):
+        outs, grads = _run(kernels.mamba_split_conv1d_scan_combined, leaves, static, torch.float32)
+    ref_outs, ref_grads = _run(layer_ref, leaves, static, torch.float64)
+    for i, (mine, ref) in enumerate(zip(outs, ref_outs, strict=True)):
+        _close(mine, ref, f"out[{i}]")
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        assert grads[name].dtype == torch.float32, name
+        _close(grads[name], ref_grads[name], f"d{name}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The function against the fp64 composition
+
+OPTIONS = [
+    ("rmsnorm", "outproj"),  # Mamba2's defaults
+    ("rmsnorm", "norm_before_gate", "outproj_bias", "D_hdim"),
+    (),  # no norm: the SSD's own z gate, no out_proj
+    ("outproj_bias",),  # no norm, out_proj: the gated output is recomputed in backward
+    ("rmsnorm", "dt_limit", "initial_states"),
+    ("rmsnorm", "outproj", "seq_idx", "no_conv_bias"),
+    ("seq_idx", "initial_states", "D_hdim", "dt_limit"),
+]
+
+
+@pytest.mark.parametrize("g", [1, 2])
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(o) or "plain")
+def test_matches_fp64_composition(options, g):
+    leaves, static = _problem(g=g, options=options)
+    _compare(leaves, static)
+
+
+@pytest.mark.parametrize("width", [2, 3])
+def test_conv_widths_and_ragged_length(width):
+    leaves, static = _problem(b=1, L=37, h=2, p=16, g=2, n=16, width=width, options=("rmsnorm", "outproj"))
+    _compare(leaves, static)
+
+
+@pytest.mark.parametrize("options", [("rmsnorm", "outproj", "seq_idx", "initial_states"),
+                                     ("seq_idx", "initial_states", "D_hdim")], ids=["rmsnorm", "z_gate"])
+def test_triton_interpreter_strided_views(options):
+    # Helion's generated Triton code in the interpreter: real tiling and masking on the strided views of
+    # zxbcdt (dt, z) and of the conv output (x, B, C), ragged last chunk; the kernels write dz, ddt and the
+    # conv's dx into slices of the input gradient, and the SSD's dx, dB, dC into slices of one buffer. dz comes
+    # from the norm's backward, or without the norm from the SSD's z gate.
+    leaves, static = _problem(b=1, L=24, h=2, p=16, g=2, n=16, options=options)
+    with execution_mode("triton"):
+        outs, grads = _run(kernels.mamba_split_conv1d_scan_combined, leaves, static, torch.float32)
+    ref_outs, ref_grads = _run(layer_ref, leaves, static, torch.float64)
+    for i, (mine, ref) in enumerate(zip(outs, ref_outs, strict=True)):
+        _close(mine, ref, f"out[{i}]")
+    for name in grads:
+        _close(grads[name], ref_grads[name], f"d{name}")
+
+
+def test_swiglu_part_d_nonssm():
+    leaves, static = _problem(L=32, d_nonssm=12, options=("rmsnorm", "outproj_bias"))
+    _compare(leaves, static)
+    leaves, static = _problem(L=32, d_nonssm=12, options=())  # no out_proj: out is (b, L, d_nonssm + dim)
+    _compare(leaves, static)
+
+
+def test_activation_none():
+    leaves, static = _problem(L=32, options=("rmsnorm",))
+    _compare(leaves, {**static, "activation": None})
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    ({"zxbcdt": torch.zeros(2, 40)}, ValueError, "zxbcdt: expected"),
+    ({"zxbcdt": torch.zeros(2, 40, 85)}, ValueError, "zxbcdt: last dim"),
+    ({"headdim": None}, ValueError, "headdim: required"),
+    ({"ngroups": 3}, ValueError, "ngroups: expected"),
+    ({"conv1d_weight": torch.zeros(39, 4)}, ValueError, "conv1d_weight: expected"),
+    ({"conv1d_weight": torch.zeros(48, 5)}, NotImplementedError, "conv1d_weight: the causal conv1d supports widths"),
+    ({"conv1d_bias": torch.zeros(47)}, ValueError, "conv1d_bias: expected"),
+    ({"dt_bias": torch.zeros(3)}, ValueError, r"dt_bias: expected \(4,\)"),
+    ({"A": torch.zeros(5)}, ValueError, r"A: expected \(4,\)"),
+    ({"D": torch.zeros(4, 3)}, ValueError, "headdim: 8 disagrees"),
+    ({"initial_states": torch.zeros(2, 4, 8, 7)}, ValueError, "initial_states: expected"),
+    ({"seq_idx": torch.zeros(2, 41, dtype=torch.int32)}, ValueError, "seq_idx: expected"),
+    ({"dt_limit": (1.0, 0.0)}, ValueError, "dt_limit: expected"),
+    ({"rmsnorm_weight": torch.zeros(31)}, ValueError, "rmsnorm_weight: expected"),
+    ({"outproj_weight": torch.zeros(24, 31)}, ValueError, "outproj_weight: expected"),
+    ({"outproj_bias": torch.zeros(24)}, ValueError, "outproj_bias: given without outproj_weight"),
+    ({"chunk_size": 0}, ValueError, "chunk_size: expected"),
+    ({"activation": "relu"}, NotImplementedError, "activation"),
+])
+def test_bad_arguments_are_named(change, error, message):
+    leaves, static = _problem()
+    with pytest.raises(error, match=message):
+        kernels.mamba_split_conv1d_scan_combined(**{**leaves, **static, **change})
+
+
+def test_saves_no_conv_or_norm_output():
+    # mamba-ssm's recomputation policy: saved are zxbcdt, the weights, the SSD's pre-gate output and rstd.
+    leaves, static = _problem(options=("rmsnorm", "outproj"))
+    inputs = {k: v.requires_grad_(True) for k, v in leaves.items()}
+    with execution_mode("ref"):
+        out = kernels.mamba_split_conv1d_scan_combined(**inputs, **static)
+    b, L = inputs["zxbcdt"].shape[:2]
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
+    shapes = sorted(tuple(t.shape) for t in saved)
+    assert (b, L, 4, 8) in shapes  # out_x
+    assert (b, L, 48) not in shapes and (b, L, 32) not in shapes  # neither xBC_conv nor the norm output
+
+
+# ---------------------------------------------------------------------------------------------------
+# mamba_ssm.modules.mamba2.Mamba2, patched
+
+
+@pytest.fixture
+def mamba2():
+    try:
+        return _mamba_ssm.module("modules.mamba2")
+    except ImportError as exc:  # mamba2.py imports huggingface_hub
+        pytest.skip(f"mamba_ssm.modules.mamba2 cannot be imported: {exc}")
+
+
+@pytest.fixture
+def patched(mamba2):
+    kernels.patch_mamba_ssm()
+    try:
+        yield mamba2
+    finally:
+        kernels.unpatch_mamba_ssm()
+
+
+def _module_ref(module, u):
+    """The module's forward as the fp64 composition, on fp64 copies of its parameters (returned)."""
+    params = {name: p.detach().double().requires_grad_(True) for name, p in module.named_parameters()}
+    zxbcdt = F.linear(u.double(), params["in_proj.weight"], params.get("in_proj.bias"))
+    D = params["D"].view(module.nheads, module.headdim) if module.D_has_hdim else params["D"]
+    kwargs = {} if module.dt_limit == (0.0, INF) else {"dt_limit": module.dt_limit}
+    out = layer_ref(zxbcdt, params["conv1d.weight"][:, 0], params.get("conv1d.bias"), params["dt_bias"],
+                    -torch.exp(params["A_log"]), D, module.chunk_size,
+                    rmsnorm_weight=params.get("norm.weight"), rmsnorm_eps=module.norm.eps if module.rmsnorm else 1e-6,
+                    outproj_weight=params["out_proj.weight"], outproj_bias=params.get("out_proj.bias"),
+                    headdim=module.headdim, ngroups=module.ngroups, norm_before_gate=module.norm_before_gate,
+                    **kwargs)
+    return out, params
+
+
+def _module_case(mamba2, use_mem_eff_path, ngroups, seed=0, **extra):
+    torch.manual_seed(seed)
+    module = mamba2.Mamba2(d_model=64, d_state=16, headdim=16, ngroups=ngroups, chunk_size=16,
+                           use_mem_eff_path=use_mem_eff_path, device="cpu", **extra)
+    u = torch.randn(2, 40, 64, generator=torch.Generator().manual_seed(seed + 1))
+    dout = torch.randn(2, 40, 64, generator=torch.Generator().manual_seed(seed + 2))
+    return module, u, dout
+
+
+MODULE_CASES = [
+    (True, 1, {}),
+    (True, 2, {}),
+    (False, 1, {}),
+    (False, 2, {}),
+    (True, 2, {"D_has_hdim": True, "norm_before_gate": True, "bias": True, "dt_limit": (0.01, 0.5)}),
+    (False, 1, {"rmsnorm": False, "conv_bias": False}),
+]
+
+
+@pytest.mark.parametrize(("use_mem_eff_path", "ngroups", "extra"), MODULE_CASES,
+                         ids=[f"memeff{int(m)}-g{g}" + ("-" + "-".join(e) if e else "") for m, g, e in MODULE_CASES])
+def test_patched_mamba2_matches_reference(patched, use_mem_eff_path, ngroups, extra):
+    module, u, dout = _module_case(patched, use_mem_eff_path, ngroups, **extra)
+    if module.rmsnorm:
+        from kernels.norm.rmsnorm import RMSNormGated
+        assert isinstance(module.norm, RMSNormGated)
+    with execution_mode("ref"):
+        out = module(u)
+        out.backward(dout)
+    ref, ref_params = _module_ref(module, u)
+    ref.backward(dout.double())
+    _close(out.detach(), ref.detach(), "out")
+    for name, param in module.named_parameters():
+        _close(param.grad, ref_params[name].grad, f"d{name}")
+
+
+def test_patch_routes_both_paths_through_our_kernels(patched, monkeypatch):
+    from kernels.conv import causal_conv1d as conv_mod
+    from kernels.norm import gated_rmsnorm as norm_mod
+    from kernels.ssd import combined as ssd_mod
+
+    calls = []
+
+    def spy(module, name):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: (calls.append(name), original(*a, **k))[1])
+
+    import kernels.layer_fn as layer_fn
+    for module, name in [(layer_fn, "causal_conv1d_fwd"), (layer_fn, "ssd_forward"), (layer_fn, "gated_rmsnorm_fwd"),
+                         (conv_mod, "causal_conv1d_fwd"), (ssd_mod, "ssd_forward"),
+                         (norm_mod, "gated_rmsnorm_fwd_kernel")]:
+        spy(module, name)
+    for use_mem_eff_path in (True, False):
+        module, u, _ = _module_case(patched, use_mem_eff_path, 1)
+        calls.clear()
+        with execution_mode("ref"), torch.no_grad():
+            module(u)
+        assert {"causal_conv1d_fwd", "ssd_forward"} <= set(calls), (use_mem_eff_path, calls)
+        assert "gated_rmsnorm_fwd" in calls or "gated_rmsnorm_fwd_kernel" in calls, (use_mem_eff_path, calls)
+
+
+def test_patch_and_unpatch_restore_exactly(mamba2):
+    combined = _mamba_ssm.module("ops.triton.ssd_combined")
+    gated = _mamba_ssm.module("ops.triton.layernorm_gated")
+    names = ("mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "causal_conv1d_fn", "RMSNormGated")
+    before_mamba2 = {name: getattr(mamba2, name) for name in names}
+    before = (combined.mamba_chunk_scan_combined, combined.mamba_split_conv1d_scan_combined, gated.rmsnorm_fn,
+              gated.RMSNorm)
+    from kernels.conv.causal_conv1d import causal_conv1d_fn
+    from kernels.layer import is_patched
+    from kernels.norm.rmsnorm import RMSNormGated, rmsnorm_fn
+    try:
+        first = kernels.patch_mamba_ssm()
+        second = kernels.patch_mamba_ssm()  # idempotent
+        assert first == second and is_patched()
+        assert {"mamba_ssm.modules.mamba2", "mamba_ssm.ops.triton.ssd_combined",
+                "mamba_ssm.ops.triton.layernorm_gated"} <= set(first)
+        assert mamba2.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
+        assert mamba2.mamba_split_conv1d_scan_combined is kernels.mamba_split_conv1d_scan_combined
+        assert combined.mamba_split_conv1d_scan_combined is kernels.mamba_split_conv1d_scan_combined
+        assert mamba2.causal_conv1d_fn is causal_conv1d_fn
+        assert mamba2.RMSNormGated is RMSNormGated and gated.RMSNorm is RMSNormGated
+        assert gated.rmsnorm_fn is rmsnorm_fn
+    finally:
+        kernels.unpatch_mamba_ssm()
+    assert kernels.unpatch_mamba_ssm() == [] and not is_patched()  # idempotent
+    assert {name: getattr(mamba2, name) for name in names} == before_mamba2
+    assert (combined.mamba_chunk_scan_combined, combined.mamba_split_conv1d_scan_combined, gated.rmsnorm_fn,
+            gated.RMSNorm) == before
+
+
+def test_unpatched_mamba2_falls_back_as_before(mamba2, monkeypatch):
+    # Without causal-conv1d, mamba-ssm's own non-fused path uses nn.Conv1d; after unpatch it does again.
+    kernels.patch_mamba_ssm()
+    kernels.unpatch_mamba_ssm()
+    if mamba2.causal_conv1d_fn is not None:
+        pytest.skip("causal-conv1d is installed: mamba-ssm does not fall back to nn.Conv1d")
+    module, u, _ = _module_case(mamba2, False, 1, rmsnorm=False)
+    calls = []
+    conv_forward = module.conv1d.forward
+    monkeypatch.setattr(module.conv1d, "forward", lambda *a: (calls.append(1), conv_forward(*a))[1])
+    module(u[:, :16])  # mamba-ssm's Triton SSD in the Triton interpreter; the conv is nn.Conv1d
+    assert calls
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU: against mamba-ssm itself (needs causal-conv1d for its fused path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape_name", ["nemotron3-nano", "mamba2-default"])
+def test_gpu_matches_mamba_ssm(shape_name):
+    pytest.importorskip("causal_conv1d")
+    from kernels import suites
+
+    shape = suites.load().shape(shape_name)
+    combined = _mamba_ssm.module("ops.triton.ssd_combined")
+    h, p, g, n, Q = shape.nheads, shape.headdim, shape.ngroups, shape.dstate, shape.chunk_size
+    dtype = getattr(torch, shape.dtype)
+    b, L = shape.batch, min(shape.seqlen, 4096)
+    dim = h * p
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*s, scale=1.0, shift=0.0, dt=dtype):
+        return (torch.randn(*s, generator=gen, device="cuda") * scale + shift).to(dt)
+
+    # dtypes as in a bf16 Mamba2: A, D and dt_bias stay fp32 (mamba2.py builds them so).
+    leaves = {
+        "zxbcdt": rnd(b, L, 2 * dim + 2 * g * n + h),
+        "conv1d_weight": rnd(dim + 2 * g * n, shape.conv_width, scale=0.5),
+        "conv1d_bias": rnd(dim + 2 * g * n, scale=0.1),
+        "dt_bias": rnd(h, scale=0.5, shift=-3.0, dt=torch.float32),
+        "A": -torch.rand(h, generator=gen, device="cuda") * 8 - 1,
+        "D": rnd(h, dt=torch.float32),
+        "rmsnorm_weight": rnd(dim, scale=0.1, shift=1.0),
+        "outproj_weight": rnd(1024, dim, scale=dim ** -0.5),
+    }
+    static = {"chunk_size": Q, "headdim": p, "ngroups": g, "rmsnorm_eps": 1e-5,
+              "norm_before_gate": shape.norm_before_gate}
+    ours_out, ours_grads = _run(kernels.mamba_split_conv1d_scan_combined, leaves, static, None)
+    ref_out, ref_grads = _run(combined.mamba_split_conv1d_scan_combined, leaves, static, None)
+    for name, mine, ref in [("out", ours_out[0], ref_out[0])] + [(k, ours_grads[k], ref_grads[k]) for k in ref_grads]:
+        assert mine.dtype == ref.dtype, name
+        err = (mine.float() - ref.float()).abs().max().item()
+        assert err <= 2e-2 * (ref.float().abs().max().item() + 1.0), (name, err)
+
+
+# ---------------------------------------------------------------------------------------------------
+# guard.dev.module_bench (mamba2-guard dev module-bench): the full module, GEMMs included
+
+
+def _module_script():
+    import types
+
+    from guard import cli
+    from guard.dev import module_bench
+
+    def main(argv):  # the tool as `mamba2-guard dev module-bench ARGV` runs it, exceptions not caught
+        args = cli.build_parser().parse_args(["dev", "module-bench", *argv])
+        return args.func(args)
+
+    return types.SimpleNamespace(build=module_bench.build, gradients=module_bench.gradients,
+                                 differences=module_bench.differences, main=main)
+
+
+def test_module_script_builds_the_suite_layer_at_any_width(mamba2):
+    """A width that does not divide d_ssm (Nemotron's 2688 against 4096) still gives the suite's SSM part
+    and no MLP part; the patched module's gradients are finite, and the report compares tensor by tensor."""
+    from kernels import suites
+
+    script = _module_script()
+    shape = suites.load().shape("smoke")
+    module, u, dout = script.build(shape, 42, "cpu", seed=0)
+    assert module.d_ssm == module.d_inner == shape.d_ssm and module.nheads == shape.nheads
+    assert module.in_proj.out_features == 2 * shape.d_ssm + 2 * shape.ngroups * shape.dstate + shape.nheads
+    assert u.shape == dout.shape == (shape.batch, shape.seqlen, 42) and u.requires_grad
+    try:
+        with execution_mode("ref"):
+            grads = script.gradients(module, u, dout, patched=True)
+    finally:
+        kernels.unpatch_mamba_ssm()
+    assert all(p.grad is None for p in module.parameters()) and u.grad is None  # left as found
+    assert {"out", "du", "din_proj.weight", "dout_proj.weight", "dA_log", "dD", "ddt_bias"} <= set(grads)
+    same = script.differences(grads, grads)
+    assert all(r["max_abs_diff"] == 0.0 and r["finite"] for r in same.values())
+    broken = {**grads, "du": grads["du"] + 1.0}
+    broken["dD"] = grads["dD"].clone()
+    broken["dD"][0] = float("nan")
+    report = script.differences(broken, grads)
+    assert report["du"]["max_abs_diff"] == pytest.approx(1.0) and not report["dD"]["finite"]
+
+
+def test_module_script_rejects_bad_arguments(mamba2, capsys):
+    from kernels import suites
+
+    script = _module_script()
+    with pytest.raises(SystemExit):
+        script.main(["--shape", "smoke", "--d-model", "0", "--out", "x.json"])
+    assert "--d-model: expected a positive int, got 0" in capsys.readouterr().err
+    with pytest.raises(KeyError, match="nemotron3-nano"):
+        script.main(["--shape", "nemotron3-nan", "--d-model", "64", "--out", "x.json"])
+    other_groups = suites.load().shape("smoke").replace(norm_group_size=64)
+    with pytest.raises(ValueError, match="--shape smoke: Mamba2 normalizes groups of 32, the suite shape of 64"):
+        script.build(other_groups, 64, "cpu", seed=0)
+
+
+def test_module_script_reports_the_guards_paired_speedup():
+    script = _module_script()
+    summary = script.summarize({"helion": [1.0, 1.1, 0.9], "mamba_ssm": [1.2, 1.21, 1.0],
+                                "gemms": [0.5, 0.5, 0.5]})
+    assert summary["median_ms"] == {"helion": 1.0, "mamba_ssm": 1.2, "gemms": 0.5}
+    assert summary["speedup_vs_mamba_ssm"] == pytest.approx(1.0 / 0.9)  # median of 1.2, 1.1, 1.111; not 1.2 / 1.0
+    assert summary["gemm_share"] == {"helion": 0.5, "mamba_ssm": pytest.approx(0.5 / 1.2)}
