@@ -1,0 +1,93 @@
+"""Generate ``docs/results/<slug>.md`` from each ``baselines/<slug>.yaml``.
+
+    python docs/results/build.py           # (re)write every page
+    python docs/results/build.py --check   # exit 1, naming the stale page, when a committed page differs (CI)
+
+The rendering is ``guard.core.results_page`` (pure); this file reads the baselines, maps each case's
+``recorded_at`` to the raw run in ``baselines/runs/`` whose ``started_at`` it is, reads the tuned shapes
+(suite ``default`` of ``kernels/suites.yaml``) and writes or compares the pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from guard.core.results_page import render  # noqa: E402
+
+STARTED_AT = re.compile(r'"started_at":\s*"([^"]+)"')
+
+
+def run_files(runs_dir: Path, slug: str) -> dict[str, str]:
+    """recorded_at -> file name, for the bench results ``<slug>-*.json`` in ``runs_dir`` (their header only)."""
+    found: dict[str, str] = {}
+    for path in sorted(runs_dir.glob(f"{slug}-*.json")):
+        with path.open(errors="replace") as fh:
+            head = fh.read(1 << 16)
+        match = STARTED_AT.search(head)
+        if match and match.group(1) not in found:
+            found[match.group(1)] = path.name
+    return found
+
+
+def tuned_shapes(root: Path) -> list[str]:
+    suites = root / "kernels" / "suites.yaml"
+    if not suites.is_file():
+        return []
+    data = yaml.safe_load(suites.read_text()) or {}
+    return list((data.get("suites") or {}).get("default") or [])
+
+
+def pages(root: Path) -> dict[Path, str]:
+    out: dict[Path, str] = {}
+    shapes = tuned_shapes(root)
+    for baseline in sorted((root / "baselines").glob("*.yaml")):
+        slug = baseline.stem
+        data = yaml.safe_load(baseline.read_text()) or {}
+        out[root / "docs" / "results" / f"{slug}.md"] = render(
+            data, slug, runs=run_files(root / "baselines" / "runs", slug), tuned_shapes=shapes,
+            source=f"baselines/{baseline.name}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a committed page is stale")
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    root = args.root.resolve()
+    generated = pages(root)
+    if args.check:
+        stale = []
+        for path, text in generated.items():
+            current = path.read_text() if path.exists() else ""
+            if current != text:
+                name = path.relative_to(root)
+                diff = difflib.unified_diff(current.splitlines(), text.splitlines(), str(name), "generated",
+                                            lineterm="")
+                print("\n".join(list(diff)[:40]))
+                stale.append(str(name))
+        if stale:
+            for name in stale:
+                print(f"{name} is stale: run `python docs/results/build.py` and commit it", file=sys.stderr)
+            return 1
+        print(f"{len(generated)} results page(s) up to date")
+        return 0
+    for path, text in generated.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path.relative_to(root)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""guard.core.results_page (pure rendering) and docs/results/build.py (write, --check)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from guard.core.results_page import groups, is_heldout, render
+
+REPO = Path(__file__).resolve().parents[3]
+BUILD = REPO / "docs" / "results" / "build.py"
+GLYPHS = "¶†‡§¤◊"
+
+
+def case(ours: float, theirs: float | None, phase: str, recorded: str = "2026-01-01T00:00:00+00:00",
+         **extra) -> dict:
+    out = {"phase": phase, "recorded_at": recorded, "timing_method": "eager/v2", "roofline_fraction": 0.5,
+           "helion": {"median_ms": ours, "n": 30},
+           "precision": {"allclose": True, "finite": True, "max_rel_err_vs_fp64": 1e-7,
+                         "mamba_ssm_max_rel_err_vs_fp64": 2e-7}}
+    if theirs is not None:
+        out["mamba_ssm"] = {"median_ms": theirs, "n": 30}
+        out["speedup_vs_mamba_ssm"] = theirs / ours
+    out.update(extra)
+    return out
+
+
+def baseline(results: dict) -> dict:
+    return {"schema_version": 1, "fingerprint": {"gpu_name": "Test GPU", "driver_version": "1.2"},
+            "results": results}
+
+
+def table_rows(text: str, heading: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index(heading)
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("## "):
+            break
+        if line.startswith("| `"):
+            rows.append(line)
+    return rows
+
+
+def test_rows_by_shape_composite_first_with_numbers_and_run():
+    results = {"a_kernel": {"s1": case(0.5, 1.0, "fwd_1")},
+               "whole_call": {"s1": case(2.0, 3.0, "call_fwd", recorded="2026-02-02T00:00:00+00:00")}}
+    text = render(baseline(results), "test-gpu", runs={"2026-02-02T00:00:00+00:00": "test-gpu-run.json"},
+                  tuned_shapes=["s1"])
+    rows = table_rows(text, "## Shape `s1` (tuned)")
+    assert [r.split("|")[1].strip() for r in rows] == ["`whole_call`", "`a_kernel`"]
+    call = [c.strip() for c in rows[0].split("|")[1:-1]]
+    assert call[:7] == ["`whole_call`", "call_fwd", "2.000", "3.000", "1.50x", "50 %", "pass"]
+    assert "baselines/runs/test-gpu-run.json" in call[-1]
+    kernel = [c.strip() for c in rows[1].split("|")[1:-1]]
+    assert kernel[2:5] == ["0.500", "1.000", "2.00x"]
+    assert kernel[-1] == "recorded 2026-01-01T00:00:00+00:00"  # no run file mapped: the row says when
+    assert "Test GPU" in text and "driver 1.2" in text
+    assert not any(g in text for g in GLYPHS)
+    assert "no held-out shapes yet" in text
+    assert "| `whole_call` | 1.50x |" in text  # the headline table of whole calls
+
+
+def test_missing_peer_and_failed_precision_are_shown():
+    bad = case(1.0, None, "fwd_2")
+    bad["precision"]["allclose"] = False
+    bad["roofline_fraction"] = None
+    text = render(baseline({"k": {"s": bad}}), "x")
+    cells = [c.strip() for c in table_rows(text, "## Shape `s`")[0].split("|")[1:-1]]
+    assert cells[3:7] == ["n/a", "n/a", "n/a", "FAIL"]
+
+
+def test_grouped_by_suite_when_rows_name_one_heldout_first():
+    results = {"k": {"s1": case(1.0, 1.1, "fwd_1", suite="default"),
+                     "z1": case(1.0, 1.2, "fwd_1", suite="zoo"),
+                     "z2": case(1.0, 1.3, "fwd_1", suite="zoo")}}
+    found = groups(results)
+    assert [(kind, name, held) for kind, name, held, _ in found] == [("suite", "zoo", True),
+                                                                      ("suite", "default", False)]
+    text = render(baseline(results), "x", tuned_shapes=["s1"])
+    assert text.index("## Suite `zoo` (held out)") < text.index("## Suite `default`")
+    assert "### Shape `z1`" in text and "they are the claim" in text
+    assert is_heldout({"heldout": True}) and not is_heldout({"suite": "default"})
+
+
+def test_grouped_by_shape_when_a_row_names_no_suite():
+    results = {"k": {"s1": case(1.0, 1.1, "fwd_1", suite="default"), "s2": case(1.0, 1.1, "fwd_1")}}
+    assert [g[:2] for g in groups(results)] == [("shape", "s1"), ("shape", "s2")]
+
+
+def _tree(tmp_path: Path) -> Path:
+    """A temp copy of the repository's layout: the script, one baseline, one run, the suites."""
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    shutil.copy(BUILD, tmp_path / "docs" / "results" / "build.py")
+    (tmp_path / "baselines" / "runs").mkdir(parents=True)
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "suites.yaml").write_text(yaml.safe_dump({"suites": {"default": ["s1"]}}))
+    results = {"k": {"s1": case(0.5, 1.0, "fwd_1", recorded="2026-03-03T00:00:00+00:00")}}
+    (tmp_path / "baselines" / "test-gpu.yaml").write_text(yaml.safe_dump(baseline(results)))
+    (tmp_path / "baselines" / "runs" / "test-gpu-2026-03-03-bench.json").write_text(
+        '{"schema_version": 1, "started_at": "2026-03-03T00:00:00+00:00", "cases": []}')
+    return tmp_path
+
+
+def _build(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(root / "docs" / "results" / "build.py"), *args], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_build_writes_then_check_passes_and_catches_an_edit(tmp_path):
+    root = _tree(tmp_path)
+    page = root / "docs" / "results" / "test-gpu.md"
+    assert _build(root, "--check").returncode == 1  # no page yet
+    done = _build(root)
+    assert done.returncode == 0, done.stderr
+    assert "test-gpu-2026-03-03-bench.json" in page.read_text()
+    fresh = _build(root, "--check")
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    page.write_text(page.read_text().replace("2.00x", "2.10x"))
+    stale = _build(root, "--check")
+    assert stale.returncode == 1
+    assert "docs/results/test-gpu.md is stale" in stale.stderr
