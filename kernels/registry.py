@@ -225,6 +225,30 @@ def inputs_state_passing(s, seed, device):
     return base
 
 
+def inputs_chunk_state_varlen(s, seed, device):
+    """The batch packed into one sequence of batch x seqlen tokens (varlen states need batch 1), cut into
+    2 + tokens // 256 sequences with boundaries off the chunk edges; the states entering each chunk in the io
+    dtype, as the forward passes them."""
+    base = _ssd_base(s, seed, device)
+    g, total, Q = base["g"], s.batch * s.seqlen, s.chunk_size
+    nchunks, nseqs = -(-total // Q), 2 + total // 256
+    dt = _rand(g, (s.nheads, nchunks, Q), torch.float32, device, 0.001, 0.1)
+    bounds = [0, *(k * total // nseqs - k for k in range(1, nseqs)), total]
+    return base | {
+        "x": base["x"].reshape(total, s.nheads, s.headdim), "B": base["B"].reshape(total, s.ngroups, s.dstate),
+        "dt": dt, "dA_cumsum": torch.cumsum(dt * base["A"][:, None, None], dim=-1),
+        "cu_seqlens": torch.tensor(bounds, dtype=torch.int32, device=device),
+        "chunk_states": _randn(g, (nchunks, s.nheads, s.headdim, s.dstate), s.torch_dtype, device),
+    }
+
+
+def _varlen_bytes(s: ShapeSpec) -> int:
+    """Each sequence reads its last chunk (x, B, dt, dA_cumsum) and one entering state, writes one state."""
+    el, nseqs = _sizes(s)["el"], 2 + s.batch * s.seqlen // 256
+    h, p, n, Q = s.nheads, s.headdim, s.dstate, s.chunk_size
+    return nseqs * (Q * (h * p + s.ngroups * n) * el + 2 * Q * h * 4 + 2 * h * p * n * el)
+
+
 def inputs_chunk_state_passing_bwd(s, seed, device):
     base = _ssd_base(s, seed, device)
     base["states_fp32"] = _states(s, base["g"], device, torch.float32, flat=False)
@@ -461,6 +485,12 @@ ENTRIES: tuple[KernelEntry, ...] = (
            _model(lambda z: z["bc"] + z["x"] + 2 * z["dt"] + z["states"] + z["final"]),
            _flops(lambda b, L, h, p, G, n, Q, c: 2 * b * L * h * p * n + 2 * b * c * h * p * n),
            helion="kernels.ssd.chunk_state_passing:chunk_state_passing_fwd"),
+    # The state at the end of each sequence of a packed input (return_varlen_states=True), after chunk_scan.
+    _entry("chunk_state_varlen", "ssd", "fwd_6", "_chunk_state_varlen_kernel", inputs_chunk_state_varlen,
+           ("B", "x", "dt", "dA_cumsum", "cu_seqlens", "chunk_states"), ("varlen_states",),
+           f"{_SSD}:chunk_state_varlen", f"{_STATE}:chunk_state_varlen", _varlen_bytes,
+           lambda s: 2 * (2 + s.batch * s.seqlen // 256) * s.chunk_size * s.nheads * s.headdim * s.dstate,
+           helion="kernels.ssd.chunk_state_varlen:chunk_state_varlen"),
     # ---- SSD backward (launch order of _mamba_chunk_scan_combined_bwd)
     # The backward's recompute of the states (fp32 output, as mamba-ssm's backward computes them): the same
     # kernel under its own shape key, so that the bench watches it and the tuner gives it a whole job.

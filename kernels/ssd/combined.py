@@ -7,8 +7,17 @@ with mamba-ssm's recomputation policy: the forward saves its inputs and the outp
 when z is given); the backward recomputes chunk_cumsum, bmm_chunk and the states, then runs the Helion
 backward kernels in the order of mamba-ssm's ``_mamba_chunk_scan_combined_bwd`` (with the fused stages that
 ``kernels.ssd.compose`` lists).
-Arguments it does not support (``cu_seqlens``, ``return_varlen_states``) raise ``NotImplementedError``
-naming them.
+
+Variable-length states, as in mamba-ssm: ``cu_seqlens`` is used only with ``return_varlen_states=True`` (and
+ignored otherwise, unchecked, as mamba-ssm ignores it); then batch must be 1 and the call also returns
+varlen_states (num_seqs, nheads, headdim, dstate) in C's dtype, the state at the end of each sequence, from
+``kernels.ssd.chunk_state_varlen`` over the states entering each chunk. Pass seq_idx derived from cu_seqlens
+(as Mamba2 does) for states that do not leak across sequences. Checking cu_seqlens' values costs one
+device-to-host copy. As in mamba-ssm 2.3.2.post1, initial_states reach sequence 0's varlen state only when
+that sequence does not end in chunk 0. Return order: out[, final_states], varlen_states.
+Gradients: mamba-ssm refuses any backward after ``return_varlen_states=True`` (an assert in its backward).
+Ours gives out's and final_states' gradients exactly as without it, and raises NotImplementedError if a
+gradient reaches varlen_states, which is not differentiated (never silently dropped).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from kernels.ssd.chunk_scan_chunk_state_bwd import chunk_scan_chunk_state_bwd_dx
 from kernels.ssd.chunk_state_bwd import chunk_cumsum_bwd_of_terms, chunk_state_bwd_db
 from kernels.ssd.chunk_state_passing import chunk_state_passing_fwd
 from kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd
+from kernels.ssd.chunk_state_varlen import chunk_state_varlen
 
 INF = float("inf")
 
@@ -74,6 +84,27 @@ def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
             f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
 
 
+def check_cu_seqlens(x, cu_seqlens) -> None:
+    """cu_seqlens for return_varlen_states: given, batch 1, a 1-D integer tensor on x's device holding
+    0 = cu_seqlens[0] <= cu_seqlens[1] <= ... <= cu_seqlens[-1] = seqlen (one device-to-host copy)."""
+    _expect(cu_seqlens is not None,
+            "return_varlen_states: cu_seqlens must be provided if return_varlen_states is True")
+    batch, seqlen = x.shape[:2]
+    _expect(batch == 1, f"cu_seqlens: passing cu_seqlens to get the varlen states is only supported if batch "
+            f"dimension is 1, got batch {batch}")
+    _expect(isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 1
+            and not cu_seqlens.is_floating_point() and not cu_seqlens.is_complex() and cu_seqlens.dtype != torch.bool,
+            "cu_seqlens: expected a 1-D integer tensor (num_seqs + 1,), got "
+            + (f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}" if isinstance(cu_seqlens, torch.Tensor)
+               else type(cu_seqlens).__name__))
+    _expect(cu_seqlens.device == x.device, f"cu_seqlens: expected on x's device {x.device}, got {cu_seqlens.device}")
+    bounds = cu_seqlens.tolist()
+    _expect(bounds[0] == 0, f"cu_seqlens: expected to start at 0, got {bounds[0]}")
+    _expect(all(a <= b for a, b in zip(bounds, bounds[1:], strict=False)),
+            f"cu_seqlens: expected non-decreasing offsets, got {bounds}")
+    _expect(bounds[-1] == seqlen, f"cu_seqlens: expected to end at seqlen ({seqlen}), got {bounds[-1]}")
+
+
 # The Helion stages, named as compose.forward/backward expect them; the ddA terms stay partials until the
 # last stage sums them.
 HELION_STAGES = types.SimpleNamespace(
@@ -84,6 +115,7 @@ HELION_STAGES = types.SimpleNamespace(
     chunk_scan_bwd_dC=functools.partial(chunk_scan_bwd_dC, unfinished=True),
     chunk_scan_bwd_dcb=functools.partial(chunk_scan_bwd_dcb, unfinished=True),
     bmm_chunk_bwd=bmm_chunk_bwd, chunk_cumsum_bwd_of_terms=chunk_cumsum_bwd_of_terms,
+    chunk_state_varlen=chunk_state_varlen,
 )
 ssd_forward = functools.partial(compose.forward, HELION_STAGES)
 ssd_backward = functools.partial(compose.backward, HELION_STAGES)
@@ -92,26 +124,37 @@ ssd_backward = functools.partial(compose.backward, HELION_STAGES)
 class _MambaChunkScanCombinedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
-                return_final_states):
-        out, out_x, _, _, _, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
-                                                        seq_idx, dt_softplus, dt_limit)
+                return_final_states, cu_seqlens):
+        out, out_x, _, _, _, final_states, *varlen = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias,
+                                                                 initial_states, seq_idx, dt_softplus, dt_limit,
+                                                                 cu_seqlens=cu_seqlens)
         ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
         ctx.chunk_size = chunk_size
         ctx.dt_softplus = dt_softplus
         ctx.dt_limit = dt_limit
         ctx.return_final_states = return_final_states
-        return (out, final_states) if return_final_states else out
+        ctx.return_varlen_states = cu_seqlens is not None
+        if ctx.return_varlen_states:
+            ctx.set_materialize_grads(False)  # so that an unused varlen_states brings no gradient
+        results = (out, *((final_states,) if return_final_states else ()), *varlen)
+        return results if len(results) > 1 else out
 
     @staticmethod
     def backward(ctx, dout, *rest):
         out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
         dfinal_states = rest[0] if ctx.return_final_states else None
+        if ctx.return_varlen_states:
+            if rest[-1] is not None:
+                raise NotImplementedError("varlen_states: gradients through varlen_states are not supported "
+                                          "(mamba-ssm supports no backward at all with return_varlen_states)")
+            if dout is None:  # only final_states is used
+                dout = torch.zeros_like(out)
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
         dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
             dout, x, dt, A, B, C, out, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
             dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=ctx.dt_softplus, dt_limit=ctx.dt_limit)
-        return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None)
+        return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None, None)
 
 
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -122,12 +165,14 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     x: (batch, seqlen, nheads, headdim); dt: (batch, seqlen, nheads); A: (nheads,);
     B, C: (batch, seqlen, ngroups, dstate); D: (nheads, headdim) or (nheads,); z: like x;
     dt_bias: (nheads,); initial_states: (batch, nheads, headdim, dstate); seq_idx: (batch, seqlen).
-    Returns out (batch, seqlen, nheads, headdim), and final_states (fp32) if ``return_final_states``.
+    cu_seqlens: (num_seqs + 1,), used only if ``return_varlen_states`` (then batch must be 1).
+    Returns out (batch, seqlen, nheads, headdim), then final_states (fp32) if ``return_final_states``, then
+    varlen_states (num_seqs, nheads, headdim, dstate) in C's dtype if ``return_varlen_states``.
     """
-    if cu_seqlens is not None:
-        raise NotImplementedError("cu_seqlens: variable-length states are not supported by the Helion kernels yet")
-    if return_varlen_states:
-        raise NotImplementedError("return_varlen_states: not supported by the Helion kernels yet")
     check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
+    if return_varlen_states:
+        check_cu_seqlens(x, cu_seqlens)
+    else:
+        cu_seqlens = None  # unused, as in mamba-ssm
     return _MambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                                           dt_softplus, tuple(dt_limit), return_final_states)
+                                           dt_softplus, tuple(dt_limit), return_final_states, cu_seqlens)

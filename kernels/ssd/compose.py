@@ -15,7 +15,8 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
 ``stages`` is any object with the stage functions as attributes, named as in ``kernels.ssd.naive``:
 chunk_cumsum_fwd, chunk_state_passing_fwd, bmm_chunk_fwd, chunk_scan_fwd, chunk_scan_bwd_dz,
 chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db, chunk_scan_bwd_dC,
-chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_cumsum_bwd_of_terms.
+chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_cumsum_bwd_of_terms; and chunk_state_varlen, which the forward
+calls only when given cu_seqlens.
 """
 
 from __future__ import annotations
@@ -67,15 +68,20 @@ def chain_chunk_state_passing_bwd(stages: Any, C, dA_cumsum, dout, states, dfina
 
 
 def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
-            seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF)):
-    """Returns (out, out_x, dt, dA_cumsum, states, final_states), as ``_mamba_chunk_scan_combined_fwd``."""
+            seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), cu_seqlens=None):
+    """Returns (out, out_x, dt, dA_cumsum, states, final_states), as ``_mamba_chunk_scan_combined_fwd``; with
+    cu_seqlens (batch 1: the caller checks it), varlen_states (num_seqs, h, p, n) in C's dtype is appended:
+    ``stages.chunk_state_varlen`` over the states entering each chunk, as mamba-ssm does."""
     dA_cumsum, dt = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                             dt_limit=dt_limit)
     states, final_states = stages.chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=initial_states,
                                                           seq_idx=seq_idx, out_dtype=C.dtype)
     cb = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
     out, out_x = stages.chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
-    return out, out_x, dt, dA_cumsum, states, final_states
+    if cu_seqlens is None:
+        return out, out_x, dt, dA_cumsum, states, final_states
+    varlen_states = stages.chunk_state_varlen(B[0], x[0], dt[0], dA_cumsum[0], cu_seqlens, states[0])
+    return out, out_x, dt, dA_cumsum, states, final_states, varlen_states
 
 
 def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None,

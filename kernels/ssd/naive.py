@@ -27,6 +27,7 @@ __all__ = [
     "chunk_state_fwd",
     "state_passing_fwd",
     "chunk_state_passing_fwd",
+    "chunk_state_varlen",
     "bmm_chunk_fwd",
     "chunk_scan_fwd",
     "chunk_scan_bwd_dz",
@@ -221,6 +222,37 @@ def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=No
     entering each chunk (b,c,h,p,n) in out_dtype (default fp32), final_states (b,h,p,n) fp32)."""
     return compose.chain_chunk_state_passing(sys.modules[__name__], B, x, dt, dA_cumsum, initial_states, seq_idx,
                                              out_dtype)
+
+
+def chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states):
+    """``chunk_state_varlen``: the final state of each sequence of a packed (batch 1) input.
+
+    B (T,g,n), x (T,h,p), dt and dA_cumsum (h,c,Q), cu_seqlens (S+1), chunk_states (c,h,p,n): the states
+    entering each chunk. For sequence [start, end) whose last position end-1 is in chunk c (l0 = c*Q):
+    sum over l in [max(start, l0), end) of exp(dA_cs[end-1] - dA_cs[l]) * dt[l] * x[l,p] * B[l,n], plus
+    chunk_states[c] * exp(dA_cs[end-1]) if start < l0 (dA_cs and dt of chunk c). An empty sequence gets 0.
+    Returns (S,h,p,n) in chunk_states' dtype.
+    """
+    total_seqlen, nheads, headdim = x.shape
+    _, nchunks, chunk_size = dt.shape
+    assert B.shape[0] == total_seqlen and nheads % B.shape[1] == 0
+    assert dA_cumsum.shape == dt.shape and chunk_states.shape == (nchunks, nheads, headdim, B.shape[2])
+    cd = _cdtype(B, x, dt, dA_cumsum, chunk_states)
+    Bh = _heads(B.to(cd)[None], nheads)[0]
+    bounds = [int(v) for v in cu_seqlens.tolist()]
+    states = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        last = max(end - 1, 0)
+        c, l0 = last // chunk_size, last // chunk_size * chunk_size
+        first = max(start, l0)
+        dA = dA_cumsum[:, c].to(cd)  # (h, Q)
+        scale = _exp_nonpos(dA[:, last - l0, None] - dA[:, first - l0:end - l0]) * dt[:, c, first - l0:end - l0].to(cd)
+        state = torch.einsum("hl,lhp,lhn->hpn", scale, x[first:end].to(cd), Bh[first:end])
+        if start < l0:
+            state = state + chunk_states[c].to(cd) * torch.exp(dA[:, last - l0])[:, None, None]
+        states.append(state)
+    out = torch.stack(states) if states else x.new_zeros((0, nheads, headdim, B.shape[2]), dtype=cd)
+    return out.to(_odtype(chunk_states.dtype, cd))
 
 
 def bmm_chunk_fwd(a, b, chunk_size, seq_idx=None, causal=False, output_dtype=None):
@@ -604,16 +636,21 @@ def chunk_cumsum_bwd_of_partial_terms(intra_steps, next_steps, prev_parts, chunk
 
 
 def ssd_chunked_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
-                    seq_idx=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False):
+                    seq_idx=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                    cu_seqlens=None, return_varlen_states=False):
     """``mamba_chunk_scan_combined`` forward composed from the stage references (differentiable).
 
     x (b,L,h,p), dt (b,L,h), A (h), B/C (b,L,g,n), D (h) or (h,p), z like x, dt_bias (h),
-    initial_states (b,h,p,n), seq_idx (b,L). Returns out, or (out, final_states (b,h,p,n)).
+    initial_states (b,h,p,n), seq_idx (b,L), cu_seqlens (num_seqs+1) with batch 1, used only with
+    return_varlen_states. Returns out, then final_states (b,h,p,n) if return_final_states, then
+    varlen_states (num_seqs,h,p,n) if return_varlen_states.
     """
-    out, _, _, _, _, final_states = compose.forward(
+    out, _, _, _, _, final_states, *varlen = compose.forward(
         sys.modules[__name__], x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-        seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit)
-    return (out, final_states) if return_final_states else out
+        seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit,
+        cu_seqlens=cu_seqlens if return_varlen_states else None)
+    results = (out, *((final_states,) if return_final_states else ()), *varlen)
+    return results if len(results) > 1 else out
 
 
 def ssd_chunked_bwd_ref(dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None,

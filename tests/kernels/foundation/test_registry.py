@@ -12,6 +12,7 @@ from kernels.registry import BaselineUnavailable, MissingImplementation
 
 EXPECTED = {
     "ssd": ["chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan", "chunk_state_passing",
+            "chunk_state_varlen",
             "chunk_state_passing_fp32", "chunk_scan_bwd_dz", "chunk_scan_bwd_dstates", "state_passing_bwd",
             "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
             "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb_ddA",

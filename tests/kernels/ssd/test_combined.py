@@ -1,5 +1,5 @@
 """``kernels.mamba_chunk_scan_combined``: the forward drop-in on CPU (Helion ref mode) against the fp64
-reference, its argument checks, and what it refuses."""
+reference, and its argument checks."""
 
 from __future__ import annotations
 
@@ -67,12 +67,14 @@ def test_forward_matches_fp64_reference(options, L, g):
         torch.testing.assert_close(mine.double(), theirs, atol=1e-4, rtol=1e-4)
 
 
-def test_unsupported_arguments_are_refused_by_name():
+def test_varlen_arguments_are_checked_by_name():
+    """cu_seqlens and return_varlen_states work (tests/ssd/test_varlen.py); here only their errors at batch 2."""
     base = _problem()
-    with pytest.raises(NotImplementedError, match="cu_seqlens"):
-        kernels.mamba_chunk_scan_combined(**base, chunk_size=32, cu_seqlens=torch.tensor([0, 80]))
-    with pytest.raises(NotImplementedError, match="return_varlen_states"):
+    with pytest.raises(ValueError, match="return_varlen_states: cu_seqlens must be provided"):
         kernels.mamba_chunk_scan_combined(**base, chunk_size=32, return_varlen_states=True)
+    with pytest.raises(ValueError, match="cu_seqlens: .*batch dimension is 1"):
+        kernels.mamba_chunk_scan_combined(**base, chunk_size=32, cu_seqlens=torch.tensor([0, 80]),
+                                          return_varlen_states=True)
 
 
 def test_backward_runs():
