@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-
-from kernels.config_store import ShapeKey, Weights
 
 # The weights tried: each of the three from a small ladder. 0 for flags lets a kernel say flags do not matter.
 WEIGHT_LADDER = {"flag": (0.0, 0.25, 1.0, 4.0), "tile": (0.5, 2.0, 8.0), "size": (0.125, 0.5, 2.0)}
+DEFAULT_WEIGHTS = {"flag": 1.0, "tile": 2.0, "size": 0.5}  # kernels.config_store.Weights()
+# The rule's distance between two key texts under weights: kernels.config_store's, handed in by the caller.
+Distance = Callable[[str, str, Mapping[str, float]], float]
 
 
 @dataclass(frozen=True)
@@ -41,17 +42,18 @@ class Measured:
 @dataclass(frozen=True)
 class Fit:
     kernel: str
-    weights: Weights
+    weights: dict[str, float]
     fitted_on: int  # grid keys
     regret: float  # leave-one-out geometric mean of chosen / best time, with the fitted weights
     default_regret: float  # the same with the default weights
     best: dict[str, str]  # grid key -> the stored key whose config was fastest there
 
     def selection_entry(self) -> dict[str, float | int]:
-        return {**self.weights.as_dict(), "fitted_on": self.fitted_on, "regret": round(self.regret, 4)}
+        return {**self.weights, "fitted_on": self.fitted_on, "regret": round(self.regret, 4)}
 
 
-def loo_regret(rows: list[Measured], weights: Weights, stored: Iterable[str] = ()) -> float:
+def loo_regret(rows: list[Measured], weights: Mapping[str, float], distance: Distance,
+               stored: Iterable[str] = ()) -> float:
     """Leave-one-out regret of the nearest-key rule. Each left-out grid key chooses among the other grid
     keys (each standing for its best config) and the ``stored`` keys (standing for their own configs), and
     takes the nearest whose config was measured at the left-out key."""
@@ -59,10 +61,9 @@ def loo_regret(rows: list[Measured], weights: Weights, stored: Iterable[str] = (
     stored = [text for text in stored if text not in by_key]
     logs = []
     for row in rows:
-        here = ShapeKey.parse(row.key)
-        options = [(here.distance(ShapeKey.parse(other.key), weights), other.key, other.best())
+        options = [(distance(row.key, other.key, weights), other.key, other.best())
                    for other in rows if other.key != row.key]
-        options += [(here.distance(ShapeKey.parse(text), weights), text, text) for text in stored]
+        options += [(distance(row.key, text, weights), text, text) for text in stored]
         for _, _, source in sorted(options):
             if source in row.ms:
                 logs.append(math.log(row.ms[source] / row.ms[row.best()]))
@@ -70,7 +71,7 @@ def loo_regret(rows: list[Measured], weights: Weights, stored: Iterable[str] = (
     return math.exp(sum(logs) / len(logs)) if logs else 1.0
 
 
-def fit(rows: list[Measured], stored: Iterable[str] = ()) -> Fit:
+def fit(rows: list[Measured], distance: Distance, stored: Iterable[str] = ()) -> Fit:
     """The weights of ``WEIGHT_LADDER`` with the least leave-one-out regret for one kernel's ``rows``."""
     if not rows:
         raise ValueError("fit: no measurements")
@@ -78,12 +79,11 @@ def fit(rows: list[Measured], stored: Iterable[str] = ()) -> Fit:
     if len(kernels) != 1:
         raise ValueError(f"fit: expected one kernel's measurements, got {sorted(kernels)}")
     stored = list(stored)
-    default = Weights()
-    best_weights, best_regret = default, loo_regret(rows, default, stored)
+    best_weights, best_regret = dict(DEFAULT_WEIGHTS), loo_regret(rows, DEFAULT_WEIGHTS, distance, stored)
     default_regret = best_regret
-    for flag, tile, size in itertools.product(*WEIGHT_LADDER.values()):
-        weights = Weights(flag=flag, tile=tile, size=size)
-        regret = loo_regret(rows, weights, stored)
+    for values in itertools.product(*WEIGHT_LADDER.values()):
+        weights = dict(zip(WEIGHT_LADDER, values, strict=True))
+        regret = loo_regret(rows, weights, distance, stored)
         if regret < best_regret - 1e-9:
             best_weights, best_regret = weights, regret
     return Fit(kernel=rows[0].kernel, weights=best_weights, fitted_on=len(rows), regret=best_regret,

@@ -172,10 +172,20 @@ def read_records(path: Path) -> list[dict]:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the measurements: {exc.strerror}") from exc
-    try:
-        return [json.loads(line) for line in lines if line.strip()]
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: line {exc.lineno}: not a JSON measurement record") from exc
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: line {number}: not a JSON measurement record") from exc
+    return records
+
+
+def key_distance(a: str, b: str, weights: Any) -> float:
+    """The config store's nearest-key distance between two key texts (``guard.core.selection.Distance``)."""
+    return config_store.ShapeKey.parse(a).distance(config_store.ShapeKey.parse(b), config_store.Weights(**weights))
 
 
 def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_store.ConfigFile, list[fitting.Fit]]:
@@ -189,7 +199,7 @@ def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_
         if not rows:
             continue
         stored = sorted(cf.kernels.get(kernel, {}))
-        result = fitting.fit(rows, stored)
+        result = fitting.fit(rows, key_distance, stored)
         fits.append(result)
         selection[kernel] = result.selection_entry()
         configs = {r["key"]: r["configs"] for r in records if r["kernel"] == kernel}
@@ -199,7 +209,7 @@ def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m guard.selection", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m guard.flows.selection", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="time every stored config at each grid shape's keys (GPU)")
     m.add_argument("--suite", default="zoo-fit")
@@ -228,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         config_store.save(path, new)
         for result in fits:
-            print(f"{result.kernel}: {result.weights.as_dict()} on {result.fitted_on} keys, leave-one-out regret "
+            print(f"{result.kernel}: {result.weights} on {result.fitted_on} keys, leave-one-out regret "
                   f"{result.regret:.3f} (default weights {result.default_regret:.3f})")
         return 0
     names = [s.name for s in suites.load().suite(args.suite)]

@@ -1,0 +1,71 @@
+"""Fitting the config-selection rule: the best config per grid key, and weights by leave-one-out regret."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from guard.core import selection
+from guard.flows.selection import apply_fit, key_distance, read_records
+from kernels.config_store import ConfigFile
+
+
+def _k(dstate: int, tokens: int, z: int = 0) -> str:
+    return f"dstate={dstate},tokens={tokens},z={z}"
+
+
+def test_the_best_config_at_each_key_is_the_fastest():
+    row = selection.Measured("k", _k(64, 8192), {"a": 1.0, "b": 0.5, "c": 0.7})
+    assert row.best() == "b"
+
+
+def test_weights_follow_the_field_that_decides_which_config_wins():
+    """Configs here transfer across token counts but not across dstate: the fitted rule must weigh dstate
+    (a tile field) over tokens (a size field), where a rule that ranks tokens first loses time."""
+    fast_small, fast_large = {"s": 1.0, "l": 2.0}, {"s": 2.0, "l": 1.0}
+    rows = [selection.Measured("k", _k(64, t), fast_small) for t in (1024, 65536)]
+    rows += [selection.Measured("k", _k(256, t), fast_large) for t in (2048, 131072)]
+    size_first = {"flag": 1.0, "tile": 0.5, "size": 2.0}
+    assert selection.loo_regret(rows, size_first, key_distance) > 1.0
+    result = selection.fit(rows, key_distance)
+    assert result.regret == pytest.approx(1.0)
+    assert result.fitted_on == 4 and result.best[_k(256, 2048)] == "l"
+    assert math.isclose(selection.loo_regret(rows, result.weights, key_distance), result.regret)
+
+
+def test_ties_keep_the_default_weights():
+    rows = [selection.Measured("k", _k(64, t), {"a": 1.0}) for t in (1024, 4096)]
+    assert selection.fit(rows, key_distance).weights == selection.DEFAULT_WEIGHTS
+
+
+def test_one_kernel_per_fit():
+    with pytest.raises(ValueError, match="one kernel"):
+        selection.fit([selection.Measured("a", _k(64, 1), {"x": 1.0}), selection.Measured("b", _k(64, 1), {"x": 1.0})],
+                      key_distance)
+
+
+def test_apply_fit_stores_grid_winners_without_replacing_tuned_configs(tmp_path):
+    tuned = {_k(128, 16384): {"num_warps": 4}, _k(64, 8192): {"num_warps": 8}}
+    cf = ConfigFile(kernels={"k": dict(tuned)})
+    records = [
+        {"kernel": "k", "key": _k(64, 8192), "ms": {_k(128, 16384): 1.0},
+         "configs": {_k(128, 16384): {"num_warps": 4}}},
+        {"kernel": "k", "key": _k(256, 8192), "ms": {_k(128, 16384): 2.0, _k(64, 8192): 1.0},
+         "configs": {_k(128, 16384): {"num_warps": 4}, _k(64, 8192): {"num_warps": 8}}},
+    ]
+    new, fits = apply_fit(cf, records)
+    assert new.kernels["k"][_k(64, 8192)] == {"num_warps": 8}  # tuned there: kept
+    assert new.kernels["k"][_k(256, 8192)] == {"num_warps": 8}  # the grid key's winner
+    assert set(new.selection["k"]) == {"flag", "tile", "size", "fitted_on", "regret"}
+    assert [f.kernel for f in fits] == ["k"]
+
+
+def test_a_broken_measurement_file_is_named(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"kernel": "k"}) + "\n{oops\n")
+    with pytest.raises(ValueError, match=r"m\.jsonl: line 2: not a JSON measurement record"):
+        read_records(path)
+    with pytest.raises(ValueError, match="cannot read the measurements"):
+        read_records(tmp_path / "missing.jsonl")
