@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="time every stored config at each grid shape's keys (GPU)")
     m.add_argument("--suite", default="zoo-fit")
+    m.add_argument("--shapes", nargs="+", help="shape names instead of the whole suite")
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--rounds", type=int, default=10)
     m.add_argument("--processes", type=int, default=8)
@@ -242,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result.regret:.3f} (default weights {result.default_regret:.3f})")
         return 0
     names = [s.name for s in suites.load().suite(args.suite)]
+    if getattr(args, "shapes", None):
+        names = [suites.load().shape(name).name for name in args.shapes]
     if args.command == "measure":
         measure(names, slug=args.gpu_slug, seed=args.seed, rounds=args.rounds, processes=args.processes, out=args.out)
     else:
