@@ -42,6 +42,8 @@ from typing import Any
 
 import yaml
 
+from kernels import seen
+
 log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -329,6 +331,7 @@ def note_fallback(kernel: str, key: str, slug: str, source: str, used: str | Non
         first = (kernel, key, slug) not in _warned
         _warned.add((kernel, key, slug))
     if first:
+        seen.record(kernel, key, slug, source, used)
         level = logging.DEBUG if slug == "cpu" else logging.WARNING
         detail = f"the config of {source} key {used}" if used else "the kernel's default config"
         log.log(level, "%s: no tuned config for %s on %s; using %s", kernel, key, slug, detail)

@@ -30,17 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from guard.adapters.files import atomic_write_text
+from kernels import seen
 
 log = logging.getLogger("guard.state")
 
 
-def default_state_dir() -> Path:
-    """``$MAMBA2_GUARD_STATE``, else ``$XDG_STATE_HOME/mamba2-guard`` (``~/.local/state/mamba2-guard``)."""
-    override = os.environ.get("MAMBA2_GUARD_STATE")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "mamba2-guard"
+# ``$MAMBA2_GUARD_STATE``, else ``$XDG_STATE_HOME/mamba2-guard``: the training jobs' seen-keys file lives there
+default_state_dir = seen.state_dir
 
 JOBSTORE = "jobs.sqlite"
 LOCK = "daemon.lock"

@@ -22,12 +22,15 @@ gradient reaches varlen_states, which is not differentiated (never silently drop
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 
 import torch
 
+from kernels import seen
 from kernels.ssd import compose
+from kernels.ssd._keys import dtype_name
 from kernels.ssd.bmm_chunk import bmm_chunk_fwd
 from kernels.ssd.bmm_chunk_bwd import bmm_chunk_bwd
 from kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
@@ -121,10 +124,23 @@ ssd_forward = functools.partial(compose.forward, HELION_STAGES)
 ssd_backward = functools.partial(compose.backward, HELION_STAGES)
 
 
+def call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx) -> dict:
+    """The call as a suite shape (``kernels/suites.yaml``'s fields), for the seen-keys file: what ``mamba2-guard
+    autotune --seen`` tunes. Packed documents count as 2 (their number would cost a device sync)."""
+    batch, seqlen, nheads, headdim = x.shape
+    pattern = {"z": z is not None, "docs": 2 if seq_idx is not None else 1,
+               "D": "hp" if D is not None and D.dim() == 2 else "h", "initial_states": initial_states is not None}
+    if dt.dtype != x.dtype:
+        pattern["dt_dtype"] = dtype_name(dt.dtype)
+    return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": B.shape[2],
+            "dstate": B.shape[3], "chunk_size": chunk_size, "dtype": dtype_name(x.dtype), "call": pattern}
+
+
 class _MambaChunkScanCombinedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
                 return_final_states, cu_seqlens):
+        ctx.call = seen.current()
         out, out_x, _, _, _, final_states, *varlen = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias,
                                                                  initial_states, seq_idx, dt_softplus, dt_limit,
                                                                  cu_seqlens=cu_seqlens)
@@ -151,9 +167,10 @@ class _MambaChunkScanCombinedFn(torch.autograd.Function):
                 dout = torch.zeros_like(out)
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
-        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
-            dout, x, dt, A, B, C, out, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-            dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=ctx.dt_softplus, dt_limit=ctx.dt_limit)
+        with seen.calling(**ctx.call) if ctx.call else contextlib.nullcontext():
+            dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
+                dout, x, dt, A, B, C, out, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+                dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=ctx.dt_softplus, dt_limit=ctx.dt_limit)
         return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None, None)
 
 
@@ -174,5 +191,6 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         check_cu_seqlens(x, cu_seqlens)
     else:
         cu_seqlens = None  # unused, as in mamba-ssm
-    return _MambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                                           dt_softplus, tuple(dt_limit), return_final_states, cu_seqlens)
+    with seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
+        return _MambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+                                               dt_softplus, tuple(dt_limit), return_final_states, cu_seqlens)
