@@ -12,9 +12,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from guard import PROJECT_ROOT
 from guard.core.fingerprint import fingerprint_hash
 
-KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+KERNELS_DIR = PROJECT_ROOT / "kernels"
 
 
 def _version(dist: str) -> str | None:
