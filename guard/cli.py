@@ -275,13 +275,19 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         raise EnvironmentProblem("autotune needs a CUDA GPU and none is visible; run it on a GPU runner "
                                  "(`mamba2-guard drift` says whether a re-tune is due)")
     loaded = suites.load()
+    fp = fingerprint.collect()
+    slug = args.gpu_slug or fingerprint.gpu_slug(fp)
+    if args.seen:
+        args.shapes = [s.name for s in suites.seen_on(loaded, slug)]
+        if not args.shapes:
+            print(f"nothing seen to tune on {slug}: no call fell back since the last tune (the seen-keys file)")
+            return 0
+        args.kernels = args.kernels or list(dict.fromkeys(registry.SSD_CALL_STAGES))
     entries = registry.select(args.kernels or None)
     missing = [e.name for e in entries if not e.has_helion]
     if missing:
         print(f"not implemented in Helion yet (skipped): {', '.join(missing)}", file=sys.stderr)
     shapes = [loaded.shape(s).name for s in args.shapes] if args.shapes else [s.name for s in loaded.suite(args.suite)]
-    fp = fingerprint.collect()
-    slug = args.gpu_slug or fingerprint.gpu_slug(fp)
     out = Path(args.out) if args.out else config_store.path_for(slug)
     fields = config_options(cfg)
     if args.margin is not None:
@@ -552,6 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PATH", help="config file (default: kernels/configs/<gpu-slug>.yaml)")
     p.add_argument("--fresh", action="store_true", help="ignore the journal of an earlier run of the same plan")
     p.add_argument("--no-rebaseline", action="store_true", help="do not bench and write the baseline afterwards")
+    p.add_argument("--seen", action="store_true",
+                   help="tune the shapes training jobs called without a tuned config (the seen-keys file's 'seen' "
+                        "suite; kernels: the whole SSD call's)")
     p.add_argument("--json", action="store_true", help="also print the outcome as JSON")
     p.add_argument("--tuner", help=argparse.SUPPRESS)  # module:function or file.py:function (tests)
     p.set_defaults(func=cmd_autotune)

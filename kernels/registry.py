@@ -627,7 +627,8 @@ def _total(names: Sequence[str], model: str) -> Callable[[ShapeSpec], int]:
 _CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "z=z_call", "dt_bias=dt_bias",
               "initial_states=initial_states", "seq_idx=seq_idx", "dt_softplus=dt_softplus")
 _FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk", "chunk_scan")
-_FWD_BWD_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
+# The entries whose kernels the whole call (forward + backward) launches, in launch order.
+SSD_CALL_STAGES = (*_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
                    "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
                    "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb_ddA", "bmm_chunk_bwd",
                    "bmm_chunk_bwd", "chunk_cumsum_bwd_terms")
@@ -640,7 +641,7 @@ CALLS: tuple[KernelEntry, ...] = (
     _entry("ssd_combined_fwd_bwd", "ssd", "call_fwd_bwd", "mamba_chunk_scan_combined (forward + backward)",
            inputs_call, _CALL_ARGS, ("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"),
            f"{_SSD}:ssd_chunked_ref", _COMBINED,
-           _total(_FWD_BWD_STAGES, "bytes_moved"), _total(_FWD_BWD_STAGES, "flops"),
+           _total(SSD_CALL_STAGES, "bytes_moved"), _total(SSD_CALL_STAGES, "flops"),
            helion="kernels.ssd.combined:mamba_chunk_scan_combined",
            grad_of=("x", "dt_raw", "A", "B", "C", "D", "dt_bias")),
 )
@@ -649,7 +650,7 @@ _LAYER_ARGS = ("zxbcdt", "conv_weight", "conv_bias", "dt_bias", "A", "D", "chunk
                "seq_idx=seq_idx", "rmsnorm_weight=norm_weight", "rmsnorm_eps=eps", "headdim=headdim",
                "ngroups=ngroups", "norm_before_gate=norm_before_gate")
 _LAYER_FWD = ("causal_conv1d_fwd", *_FWD_STAGES, "gated_rmsnorm_fwd")
-_LAYER_FWD_BWD = (*_LAYER_FWD, "causal_conv1d_bwd", *_FWD_BWD_STAGES[len(_FWD_STAGES):], "gated_rmsnorm_bwd")
+_LAYER_FWD_BWD = (*_LAYER_FWD, "causal_conv1d_bwd", *SSD_CALL_STAGES[len(_FWD_STAGES):], "gated_rmsnorm_bwd")
 _SPLIT = f"{_mamba_ssm.SSD_COMBINED}:mamba_split_conv1d_scan_combined"
 _LAYER_GRADS = ("dzxbcdt", "dconv_weight", "dconv_bias", "ddt_bias", "dA", "dD", "dnorm_weight")
 

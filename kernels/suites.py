@@ -16,6 +16,8 @@ import torch
 import yaml
 
 SUITES_FILE = Path(__file__).resolve().parent / "suites.yaml"
+# The shapes production called at keys no config was tuned for (kernels/seen.py), while still untuned.
+SEEN_SUITE = "seen"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 _INT_FIELDS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
 # Upper bounds that keep a case within one GPU's memory; a larger value is a typo, not a shape.
@@ -87,6 +89,8 @@ class ShapeSpec:
 class Suites:
     shapes: dict[str, ShapeSpec]
     suites: dict[str, tuple[str, ...]]
+    # seen suite shape -> the (kernel, key) pairs its call fell back at
+    seen_keys: dict[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
 
     def shape(self, name: str) -> ShapeSpec:
         if name not in self.shapes:
@@ -97,6 +101,16 @@ class Suites:
         if name not in self.suites:
             raise KeyError(f"unknown suite {name!r}; valid suites: {', '.join(sorted(self.suites))}")
         return [self.shapes[s] for s in self.suites[name]]
+
+
+def seen_on(loaded: Suites, slug: str) -> list[ShapeSpec]:
+    """The seen suite's shapes recorded on the GPU ``slug`` at least one of whose keys still has no exact
+    config in that GPU's config file: what a re-tune must still cover."""
+    from kernels import config_store
+
+    configs = config_store.load_cached(slug)
+    return [loaded.shapes[name] for name in loaded.suites.get(SEEN_SUITE, ()) if name.startswith(f"seen-{slug}-")
+            and any(configs is None or configs.get(kernel, key) is None for kernel, key in loaded.seen_keys[name])]
 
 
 def _parse_shape(path: Path, name: str, raw: Any) -> ShapeSpec:
@@ -184,4 +198,41 @@ def load(path: Path = SUITES_FILE) -> Suites:
                     f"{path}: suites.{name}: unknown shape {member!r}; valid shapes: {', '.join(sorted(shapes))}"
                 )
         suites[name] = tuple(members)
-    return Suites(shapes, suites)
+    seen_shapes, seen_keys = _seen_shapes()
+    if seen_shapes:
+        shapes.update(seen_shapes)
+        suites[SEEN_SUITE] = tuple(seen_shapes)
+    return Suites(shapes, suites, seen_keys)
+
+
+def _seen_shapes() -> tuple[dict[str, ShapeSpec], dict[str, tuple[tuple[str, str], ...]]]:
+    """Suite shapes of the public calls recorded in the seen-keys file, named ``seen-<gpu slug>-<hash of the
+    call>``, and the (kernel, key) pairs each fell back at; unreadable entries are left out."""
+    import hashlib
+    import json
+    import logging
+
+    from kernels import seen
+
+    file = seen.path()
+    if file is None:
+        return {}, {}
+    try:
+        entries = seen.read(file)
+    except ValueError as exc:
+        logging.getLogger(__name__).warning("%s: the seen suite is empty", exc)
+        return {}, {}
+    shapes: dict[str, ShapeSpec] = {}
+    keys: dict[str, tuple[tuple[str, str], ...]] = {}
+    for entry in entries.values():
+        call = entry.get("call")
+        if not isinstance(call, dict):
+            continue
+        name = f"seen-{entry['gpu']}-" + hashlib.sha256(json.dumps(call, sort_keys=True).encode()).hexdigest()[:8]
+        try:
+            shapes[name] = _parse_shape(file, name, call)
+        except SuiteFileError as exc:
+            logging.getLogger(__name__).warning("%s: left out of the seen suite", exc)
+            continue
+        keys[name] = (*keys.get(name, ()), (str(entry["kernel"]), str(entry["key"])))
+    return shapes, keys

@@ -58,6 +58,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
+from kernels import seen
+
 log = logging.getLogger("guard.metrics")
 
 PREFIX = "mamba2_guard"
@@ -167,6 +169,8 @@ class GuardMetrics:
         self.prs = Counter(f"{PREFIX}_prs_opened", "Pull requests opened by the guard", registry=r)
         self.events = Gauge(f"{PREFIX}_last_event_timestamp_seconds", "When the guard last saw this event",
                             ("event",), registry=r)
+        self.fallback_keys = Gauge(f"{PREFIX}_fallback_keys", "Shape keys served without their own tuned config "
+                                   "(the seen-keys file), by kernel and reason", ("kernel", "reason"), registry=r)
         self.state_errors = Counter(f"{PREFIX}_state_errors", "State files found unreadable and moved aside",
                                     ("file",), registry=r)
         self._gpu: dict[str, str] = gpu_labels(None)
@@ -300,6 +304,26 @@ class GuardMetrics:
     def record_state_error(self, file: str) -> None:
         self.state_errors.labels(file=file).inc()
 
+    def update_seen(self, entries: Iterable[Mapping[str, Any]]) -> None:
+        """``fallback_keys`` from the seen-keys file's entries (kernels/seen.py)."""
+        counts: dict[tuple[str, str], int] = {}
+        for entry in entries:
+            label = (str(entry.get("kernel")), str(entry.get("reason")))
+            counts[label] = counts.get(label, 0) + 1
+        self.fallback_keys.clear()
+        for (kernel, reason), n in counts.items():
+            self.fallback_keys.labels(kernel=kernel, reason=reason).set(n)
+
+    def load_seen(self) -> None:
+        """Fill ``fallback_keys`` from this machine's seen-keys file; an unreadable one is logged."""
+        file = seen.path()
+        if file is None:
+            return
+        try:
+            self.update_seen(seen.read(file).values())
+        except ValueError as exc:
+            log.error("metrics: %s", exc)
+
     def load_snapshot(self, path: Path) -> bool:
         """Fill from a ``latest.json`` snapshot (see :func:`snapshot`). False when absent or unreadable."""
         from guard.adapters.state import read_json
@@ -320,6 +344,7 @@ class GuardMetrics:
                 self.record_event(event, float(ts))
         for kernel, seconds in (data.get("autotune_s") or {}).items():
             self.record_autotune(kernel, float(seconds))
+        self.load_seen()
         return True
 
     # ------------------------------------------------------------------------------------------

@@ -269,8 +269,11 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
     steps: dict[str, Any] = {}
     configs_path, baseline_path = recorded_paths(slug, options.root)
     produced = bool(options.update_baseline)
-    if drift.action == "retune" or options.force_retune:
-        why = drift.summary() if drift.action == "retune" else "forced"
+    seen = suites.seen_on(suites.load(), slug)
+    if drift.action == "retune" or options.force_retune or seen:
+        why = drift.summary() if drift.action == "retune" else "forced" if options.force_retune else (
+            f"{len(seen)} shapes called without a tuned config")
+        shapes = [*shapes, *(s for s in seen if s.name not in {known.name for known in shapes})]
         if not torch.cuda.is_available():
             message = (f"re-tune needed ({why}) but there is no GPU here: re-tune skipped; run "
                        f"`mamba2-guard autotune` then `mamba2-guard pr` on a {slug} GPU runner")

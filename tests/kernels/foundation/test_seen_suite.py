@@ -1,0 +1,57 @@
+"""The seen suite: the public calls that fell back, as suite shapes the guard can bench and tune."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernels import config_store, suites
+from kernels.config_store import ConfigFile
+
+CALL = {"batch": 1, "seqlen": 96, "nheads": 4, "headdim": 16, "ngroups": 2, "dstate": 16, "chunk_size": 32,
+        "dtype": "float32", "call": {"z": True, "docs": 2, "D": "h", "initial_states": False}}
+
+
+def _entry(gpu, kernel, key, call=CALL):
+    return {f"{gpu}|{kernel}|{key}": {"gpu": gpu, "kernel": kernel, "key": key, "reason": "related", "call": call}}
+
+
+@pytest.fixture
+def seen_file(tmp_path, monkeypatch):
+    file = tmp_path / "seen.json"
+    monkeypatch.setenv("MAMBA2_GUARD_SEEN", str(file))
+    monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path / "configs")
+    config_store._cache.clear()
+    return file
+
+
+def test_each_call_is_one_shape_with_the_keys_it_fell_back_at(seen_file):
+    seen_file.write_text(json.dumps({**_entry("gpu-a", "chunk_scan", "t=1"), **_entry("gpu-a", "bmm_chunk", "t=2"),
+                                     **_entry("gpu-b", "chunk_scan", "t=1"),
+                                     **_entry("gpu-a", "x", "t=3", call=None)}))  # no call shape: left out
+    loaded = suites.load()
+    names = loaded.suites[suites.SEEN_SUITE]
+    assert len(names) == 2 and all(n.startswith(("seen-gpu-a-", "seen-gpu-b-")) for n in names)
+    (on_a,) = suites.seen_on(loaded, "gpu-a")
+    assert (on_a.nheads, on_a.z, on_a.docs, on_a.norm_group_size) == (4, True, 2, 64)
+    assert sorted(loaded.seen_keys[on_a.name]) == [("bmm_chunk", "t=2"), ("chunk_scan", "t=1")]
+    assert suites.seen_on(loaded, "gpu-c") == []
+
+
+def test_a_call_leaves_the_re_tune_once_all_its_keys_are_tuned(seen_file, tmp_path):
+    seen_file.write_text(json.dumps({**_entry("gpu-a", "chunk_scan", "t=1"), **_entry("gpu-a", "bmm_chunk", "t=2")}))
+    config_store.save(config_store.path_for("gpu-a", tmp_path / "configs"),
+                      ConfigFile(kernels={"chunk_scan": {"t=1": {"num_warps": 4}}}))
+    assert len(suites.seen_on(suites.load(), "gpu-a")) == 1  # bmm_chunk's key is still untuned
+    config_store.save(config_store.path_for("gpu-a", tmp_path / "configs"), ConfigFile(
+        kernels={"chunk_scan": {"t=1": {"num_warps": 4}}, "bmm_chunk": {"t=2": {"num_warps": 2}}}))
+    loaded = suites.load()
+    assert suites.seen_on(loaded, "gpu-a") == [] and loaded.suites[suites.SEEN_SUITE]  # still a shape
+
+
+def test_an_unreadable_seen_file_leaves_the_suite_out(seen_file, caplog):
+    seen_file.write_text("[1, 2")
+    with caplog.at_level("WARNING"):
+        assert suites.SEEN_SUITE not in suites.load().suites
+    assert any("the seen suite is empty" in r.message for r in caplog.records)
