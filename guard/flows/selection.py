@@ -82,13 +82,19 @@ def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile) -> 
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _launches_in_worker(shape_name: str, seed: int) -> list[tuple[Any, tuple]]:
+    """A pool process serves one shape's jobs in a row: it captures that shape's launches once."""
+    return captured_launches(shape_name, seed, "cuda")
+
+
 def _compile_worker(shape_name: str, seed: int, slug: str, index: int) -> int:
     """Child process: launch every candidate of the ``index``-th distinct kernel launch of ``shape_name`` once
     (Triton compiles on first launch and keeps the result in its on-disk cache). Returns how many ran."""
     import torch
 
     cf = config_store.load(config_store.path_for(slug))
-    kernel, args = captured_launches(shape_name, seed, "cuda")[index]
+    kernel, args = _launches_in_worker(shape_name, seed)[index]
     done = 0
     for config in candidate_configs(kernel, args, cf).values():
         with contextlib.suppress(Exception):  # a failing candidate is reported by the timing process
@@ -128,43 +134,52 @@ def in_parallel(worker: Any, jobs: Sequence[tuple], processes: int) -> list[Any]
 
 def measure(shapes: Sequence[str], *, slug: str, seed: int, rounds: int, processes: int, out: Path) -> list[dict]:
     """Time every stored config of each kernel at each grid shape's keys; write the records to ``out``
-    (JSON lines, one per kernel x key, appended as each finishes)."""
+    (JSON lines, one per kernel x key, appended as each finishes). Shape by shape, so that a run cut short
+    keeps what it measured: the shape's candidates compile in the pool's processes, then are timed here."""
     import torch
 
     from guard.bench.timing import Timer
 
     started = time.monotonic()
-    jobs = [(name, seed, slug, index) for name in shapes
-            for index in range(len(captured_launches(name, seed, "cuda")))]
-    compiled = in_parallel(_compile_worker, jobs, processes)
-    print(f"compiled {sum(c for c in compiled if isinstance(c, int))} candidates in {len(jobs)} jobs "
-          f"({[c for c in compiled if not isinstance(c, int)]}) in {time.monotonic() - started:.0f} s", flush=True)
     cf = config_store.load(config_store.path_for(slug))
     timer = Timer("cuda")
     records = []
-    for shape_name in shapes:
-        for kernel, args in captured_launches(shape_name, seed, "cuda"):
-            key = str(kernel.shape_key(*args))
-            fns, errors = {}, {}
-            for source, config in candidate_configs(kernel, args, cf).items():
-                fn = kernel.helion_kernel(config, "compiled")
-                try:
-                    fn(*args)
-                except Exception as exc:  # noqa: BLE001 (recorded; the other candidates still run)
-                    errors[source] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                    continue
-                fns[source] = functools.partial(fn, *args)
-            samples = timer.interleaved(fns, rounds=rounds) if fns else {}
-            record = {"shape": shape_name, "kernel": kernel.name, "key": key,
-                      "ms": {source: sorted(s)[len(s) // 2] for source, s in samples.items()}, "errors": errors,
-                      "configs": {source: candidate_configs(kernel, args, cf)[source] for source in samples}}
-            records.append(record)
-            with out.open("a") as handle:
-                handle.write(json.dumps(record, sort_keys=True) + "\n")
-            print(f"{shape_name} {kernel.name}: {len(fns)} configs, best {min(record['ms'].values(), default=0):.4f} ms"
-                  f" ({time.monotonic() - started:.0f} s)", flush=True)
-        torch.cuda.empty_cache()
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
+        for shape_name in shapes:
+            launches = captured_launches(shape_name, seed, "cuda")
+            jobs = [pool.submit(_compile_worker, shape_name, seed, slug, index) for index in range(len(launches))]
+            concurrent.futures.wait(jobs)
+            print(f"{shape_name}: compiled in {time.monotonic() - started:.0f} s", flush=True)
+            for kernel, args in launches:
+                record = _time_candidates(timer, shape_name, kernel, args, cf, rounds)
+                records.append(record)
+                with out.open("a") as handle:
+                    handle.write(json.dumps(record, sort_keys=True) + "\n")
+                print(f"{shape_name} {kernel.name}: {len(record['ms'])} configs ({time.monotonic() - started:.0f} s)",
+                      flush=True)
+            del launches
+            torch.cuda.empty_cache()
     return records
+
+
+def _time_candidates(timer: Any, shape_name: str, kernel: Any, args: tuple, cf: config_store.ConfigFile,
+                     rounds: int) -> dict:
+    """One kernel launch's candidates, timed interleaved: its measurement record."""
+    candidates = candidate_configs(kernel, args, cf)
+    fns, errors = {}, {}
+    for source, config in candidates.items():
+        fn = kernel.helion_kernel(config, "compiled")
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 (recorded; the other candidates still run)
+            errors[source] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        fns[source] = functools.partial(fn, *args)
+    samples = timer.interleaved(fns, rounds=rounds) if fns else {}
+    return {"shape": shape_name, "kernel": kernel.name, "key": str(kernel.shape_key(*args)),
+            "ms": {source: sorted(s)[len(s) // 2] for source, s in samples.items()}, "errors": errors,
+            "configs": {source: candidates[source] for source in samples}}
 
 
 def read_records(path: Path) -> list[dict]:
