@@ -166,7 +166,7 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
         return outcome
     from guard.adapters.github import client_from_config
 
-    client = (client_factory or (lambda c: client_from_config(c.raw)))(cfg)
+    client = (client_factory or (lambda c: client_from_config(c.github)))(cfg)
     labels = list(cfg.github.get("labels") or DEFAULT_LABELS)
     if result.status == "human-edit":
         pr = client.comment_human_edit(cfg.github_repo, result.branch, result.remote_sha,
