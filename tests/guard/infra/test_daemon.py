@@ -209,6 +209,14 @@ def test_undecodable_state_files_do_not_stop_the_daemon(tmp_path, start_daemon):
     assert d.stop() == 0
 
 
+def test_a_nightly_overlapping_a_cli_nightly_is_skipped_not_an_error(tmp_path, start_daemon):
+    d = start_daemon(tmp_path / "state", *FAR_CRON, "--nightly-target", "tests.guard.infra.jobs:busy_cycle")
+    d.wait_started()
+    wait_for(lambda: d.count("nightly", "skipped") == 1, 30, what="the catch-up nightly, skipped")
+    assert d.count("nightly", "error") == 0
+    assert d.stop() == 0
+
+
 def test_daemon_serves_metrics(tmp_path, start_daemon):
     state = tmp_path / "state"
     port = free_port()
