@@ -9,6 +9,9 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
+# A daemon cycle that found its state dir held by another cycle (a CLI nightly): skipped (EX_TEMPFAIL).
+EXIT_BUSY = 75
+
 
 class EnvironmentProblem(RuntimeError):
     """The environment cannot run the guard (exit code 2)."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from guard import EnvironmentProblem, check_kernels_package
 from guard.adapters.state import default_state_dir
+from guard.core import flags
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("guard")
@@ -120,7 +121,8 @@ def _options(args: argparse.Namespace, **overrides):
                         strict=getattr(args, "strict", False),
                         update_baseline=getattr(args, "update_baseline", False), out_dir=getattr(args, "out", None),
                         force_retune=getattr(args, "force_retune", False), cuda_graphs=args.cuda_graphs,
-                        workers=args.workers, bench_fn=args.bench_fn, case_timeout_s=args.case_timeout, **overrides)
+                        workers=args.workers, bench_fn=args.bench_fn, case_timeout_s=args.case_timeout,
+                        config=getattr(args, "config", None), **overrides)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -370,16 +372,6 @@ def _workers_arg(value: str):
         raise argparse.ArgumentTypeError(str(exc).removeprefix("workers: ")) from None
 
 
-def _positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
-    return seconds
-
-
 def cmd_daemon(args: argparse.Namespace) -> int:
     from guard import daemon
 
@@ -400,24 +392,26 @@ def _daemon_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
     parser.add_argument("--nightly-cron", default=DEFAULT_NIGHTLY_CRON, help="crontab, UTC (default: %(default)s)")
-    parser.add_argument("--nightly-interval", type=float, metavar="S", help="run the nightly every S seconds instead")
-    parser.add_argument("--nightly-timeout", type=float, default=6 * 3600, metavar="S",
+    parser.add_argument("--nightly-interval", type=flags.seconds(), metavar="S",
+                        help="run the nightly every S seconds instead")
+    parser.add_argument("--nightly-timeout", type=flags.seconds(), default=6 * 3600, metavar="S",
                         help="hard timeout of one cycle (default: %(default)s)")
     parser.add_argument("--nightly-target", default=NIGHTLY_TARGET, help=argparse.SUPPRESS)
     parser.add_argument("--option", "-o", action="append", type=_option, default=[], metavar="KEY=VALUE",
                         help="passed to daemon_cycle as a keyword (YAML value), e.g. -o suite=default")
-    parser.add_argument("--drift-interval", type=float, default=900, metavar="S", help="default: %(default)s")
-    parser.add_argument("--drift-timeout", type=float, default=300, metavar="S", help="default: %(default)s")
+    parser.add_argument("--drift-interval", type=flags.seconds(), default=900, metavar="S", help="default: %(default)s")
+    parser.add_argument("--drift-timeout", type=flags.seconds(), default=300, metavar="S", help="default: %(default)s")
     parser.add_argument("--drift-target", default=DRIFT_TARGET, help=argparse.SUPPRESS)
-    parser.add_argument("--metrics-interval", type=float, default=60, metavar="S", help=argparse.SUPPRESS)
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+    parser.add_argument("--metrics-interval", type=flags.seconds(), default=60, metavar="S", help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-port", type=flags.integer(0, 65535), default=DEFAULT_METRICS_PORT,
                         help="/metrics port, 0 = none (default: %(default)s)")
     parser.add_argument("--metrics-addr", default="127.0.0.1",
                         help="bind address (default: %(default)s; 0.0.0.0 for a remote Prometheus)")
-    parser.add_argument("--misfire-grace", type=float, default=6 * 3600, metavar="S", help="default: %(default)s")
-    parser.add_argument("--shutdown-grace", type=float, default=120, metavar="S",
+    parser.add_argument("--misfire-grace", type=flags.seconds(), default=6 * 3600, metavar="S",
+                        help="default: %(default)s")
+    parser.add_argument("--shutdown-grace", type=flags.seconds(zero=True), default=120, metavar="S",
                         help="on SIGTERM, wait this long for a running job before killing it (default: %(default)s)")
-    parser.add_argument("--kill-grace", type=float, default=10, metavar="S",
+    parser.add_argument("--kill-grace", type=flags.seconds(zero=True), default=10, metavar="S",
                         help="between SIGTERM and SIGKILL of a child (default: %(default)s)")
     parser.add_argument("--no-catch-up", action="store_true", help="do not run a missed nightly at start")
 
@@ -457,13 +451,16 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         if not url:
             print("mamba2-guard: no Pushgateway (--gateway or MAMBA2_GUARD_PUSHGATEWAY)", file=sys.stderr)
             return 2
-        m.push(url, args.job)
+        try:
+            m.push(url, args.job)
+        except OSError as exc:
+            raise EnvironmentProblem(f"Pushgateway {url}: {_os_error(exc)}") from None
         print(f"metrics: pushed to {url} (job {args.job})")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mamba2-guard", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="mamba2-guard", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -485,15 +482,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_list)
 
     def run_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--seed", type=int, default=0, help="input seed (recorded in the result)")
-        p.add_argument("--rounds", type=int, default=30, help="timed samples per implementation")
+        p.add_argument("--seed", type=flags.integer(0), default=0, help="input seed (recorded in the result)")
+        p.add_argument("--rounds", type=flags.integer(1), default=30, help="timed samples per implementation")
         p.add_argument("--cuda-graphs", action="store_true",
                        help="time every entry as CUDA-graph replays (L2 still flushed before each): device work "
                             "without host overhead; whole calls and the layer are always timed so")
         p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
         p.add_argument("--workers", type=_workers_arg, default=1, metavar="N|auto",
                        help="bench workers, one per GPU (child processes; auto: all visible GPUs; default 1)")
-        p.add_argument("--case-timeout", type=_positive_seconds, default=1800.0, metavar="S",
+        p.add_argument("--case-timeout", type=flags.seconds(), default=1800.0, metavar="S",
                        help="with --workers: kill a worker that finishes no case for S seconds (default 1800)")
         p.add_argument("--bench-fn", help=argparse.SUPPRESS)  # module:function or file.py:function (tests)
 
@@ -545,16 +542,19 @@ def build_parser() -> argparse.ArgumentParser:
     selection(p, "default")
     guard_options(p)
     p.add_argument("--effort", choices=("quick", "full"), help="Helion's autotune effort (default: quick)")
-    p.add_argument("--seed", type=int, help="autotuner random seed, recorded in the file (default: 1234)")
-    p.add_argument("--budget-seconds", type=float, metavar="N",
+    p.add_argument("--seed", type=flags.integer(0), help="autotuner random seed, recorded in the file (default: 1234)")
+    p.add_argument("--budget-seconds", type=flags.seconds(), metavar="N",
                    help="Helion's search per kernel x shape job (default: 10, a warm re-tune; a new GPU's first "
                         "tune deserves ~300)")
-    p.add_argument("--total-budget-seconds", type=float, metavar="N",
+    p.add_argument("--total-budget-seconds", type=flags.seconds(), metavar="N",
                    help="whole run (default: 1800): a job starts only while its --budget-seconds still fit (it "
                         "then runs to its own timeout); rerun to resume the rest")
-    p.add_argument("--job-timeout", type=float, metavar="S", help="hard kill of a job (default: 2 x budget + 120)")
-    p.add_argument("--workers", type=int, metavar="N", help="parallel workers, one per GPU (default: all GPUs)")
-    p.add_argument("--margin", type=float, help="a winner must beat the committed config by this (default 0.02)")
+    p.add_argument("--job-timeout", type=flags.seconds(), metavar="S",
+                   help="hard kill of a job (default: 2 x budget + 120)")
+    p.add_argument("--workers", type=flags.integer(1), metavar="N",
+                   help="parallel workers, one per GPU (default: all GPUs)")
+    p.add_argument("--margin", type=flags.fraction,
+                   help="a winner must beat the committed config by this (default 0.02)")
     p.add_argument("--out", metavar="PATH", help="config file (default: kernels/configs/<gpu-slug>.yaml)")
     p.add_argument("--fresh", action="store_true", help="ignore the journal of an earlier run of the same plan")
     p.add_argument("--no-rebaseline", action="store_true", help="do not bench and write the baseline afterwards")
@@ -581,18 +581,83 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (subcommand parsers inherit the class): exit 2 naming the flag."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+
+
+def _url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"expected an http(s)://host URL, got {text!r}")
+    return text
+
+
+def _directory(text: str) -> str:
+    """A directory path, or one that can be created: nothing on it is a file."""
+    path = Path(text)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{existing} is not a directory")
+    return text
+
+
+def _target(text: str) -> str:
+    if text.count(":") != 1 or not all(text.split(":")):
+        raise argparse.ArgumentTypeError(f"expected module:function or file.py:function, got {text!r}")
+    return text
+
+
+def _check_environment() -> None:
+    """The guard's environment variables, checked before anything runs (exit 2 naming the variable)."""
+    from guard.bench.worker import BENCH_ENV
+    from guard.flows.autotune import TUNER_ENV
+
+    checks = {"MAMBA2_GUARD_STATE": _directory, "MAMBA2_GUARD_PUSHGATEWAY": _url, TUNER_ENV: _target,
+              BENCH_ENV: _target}
+    for name, check in checks.items():
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        try:
+            if not value.strip():
+                raise argparse.ArgumentTypeError("is set but empty")
+            check(value)
+        except argparse.ArgumentTypeError as exc:
+            raise EnvironmentProblem(f"${name}: {exc}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    """Exit 0, 1 (a regression or precision failure) or 2 (usage or environment, one line naming the file
+    or flag). ``docs/failure-model.md`` lists what each code means."""
+    from guard.adapters.history import HistoryError
+
     try:
+        _check_environment()
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
         check_kernels_package()
         return args.func(args)
-    except EnvironmentProblem as exc:
+    except (EnvironmentProblem, HistoryError) as exc:
         print(f"mamba2-guard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # disk full, read-only, a path under a file, a host that does not answer
+        print(f"mamba2-guard: {_os_error(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except (KeyError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"mamba2-guard: {message}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _os_error(exc: OSError) -> str:
+    """One line naming the file (or the URL's reason) of an OSError."""
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    reason = exc.strerror or str(getattr(exc, "reason", None) or exc)
+    return f"{where}: {reason}" if where else reason

@@ -44,6 +44,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from guard import EXIT_BUSY
 from guard.adapters import metrics as metrics_mod
 from guard.adapters.processes import kill_children, run_in_child, target_ref
 from guard.adapters.state import (
@@ -158,8 +159,8 @@ def _cycle(job: str, state_dir: str, target: str, timeout_s: float, options: Map
         finished = time.time()
         if result.status == "ok":
             rc = result.value if isinstance(result.value, int) else 0
-            status = {0: "success", 1: "regression"}.get(rc, "error")
-            detail = None if status != "error" else f"exit code {rc}"
+            status = {0: "success", 1: "regression", EXIT_BUSY: "skipped"}.get(rc, "error")
+            detail = {"error": f"exit code {rc}", "skipped": "another cycle holds the state dir"}.get(status)
         else:
             status = result.status
             lines = (result.error or "").strip().splitlines()
@@ -275,7 +276,7 @@ def _nightly_trigger(config: DaemonConfig):
     from apscheduler.triggers.cron import CronTrigger
     from apscheduler.triggers.interval import IntervalTrigger
 
-    if config.nightly_interval_s:
+    if config.nightly_interval_s is not None:
         return IntervalTrigger(seconds=config.nightly_interval_s, timezone=timezone.utc)
     return CronTrigger.from_crontab(config.nightly_cron, timezone=timezone.utc)
 

@@ -1,4 +1,4 @@
-"""Files: guard's one atomic write, and the tail of a log.
+"""Files: guard's one atomic write, its stale temp files, a writability check, and the tail of a log.
 
 ``kernels/config_store.py`` keeps its own ``atomic_write_text`` for the kernels package (kernels never
 import guard); everything under ``guard/`` writes through :func:`atomic_write` here.
@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from pathlib import Path
+
+STALE_TEMP_S = 600.0  # a temp file of an atomic write this old belongs to a writer that was killed
 
 
 def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> None:
@@ -32,9 +35,11 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> N
             if mode is not None:
                 os.fchmod(handle.fileno(), mode)
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
+        if isinstance(exc, OSError) and exc.filename is None:  # a full disk: name the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     folder_fd = os.open(folder, os.O_RDONLY)
     try:
@@ -46,6 +51,34 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> N
 def atomic_write_text(path: Path, text: str) -> None:
     """:func:`atomic_write` for text (the signature of ``kernels.config_store.atomic_write_text``)."""
     atomic_write(path, text)
+
+
+def clean_stale_temp_files(folder: Path, *, recursive: bool = True, older_than_s: float = STALE_TEMP_S) -> list[Path]:
+    """Remove the temp files (``.<name>.<random>.tmp``) that killed atomic writes left in ``folder``.
+
+    Only those older than ``older_than_s``: a younger one may be a live writer's (the daemon's state file
+    while a CLI cycle starts). Returns what was removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    now = time.time()
+    removed = []
+    for path in (folder.rglob if recursive else folder.glob)(".*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_file() and now - path.stat().st_mtime > older_than_s:
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
+def check_writable(folder: Path) -> Path:
+    """Create ``folder`` and prove that a file can be written in it; an OSError naming the path if not."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+    return folder
 
 
 def tail(path: Path, lines: int = 1) -> str:

@@ -317,9 +317,9 @@ class PrClient:
         return PrOutcome(CLOSED, pr.number, pr.html_url, detail=f"closed #{pr.number}")
 
 
-def client_from_config(cfg: dict[str, Any] | None = None) -> PrClient:
+def client_from_config(section: dict[str, Any] | None = None) -> PrClient:
     """Build a :class:`PrClient` from the guard config's ``github`` section (base_url, token_env)."""
-    section = (cfg or {}).get("github") or {}
+    section = section or {}
     return PrClient(
         token_env=section.get("token_env", DEFAULT_TOKEN_ENV),
         base_url=section.get("base_url", DEFAULT_BASE_URL),

@@ -112,6 +112,8 @@ class History:
         self._conn: sqlite3.Connection | None = None
         if self.path.exists() and self.path.is_dir():
             raise HistoryError(self.path, "is a directory")
+        if self.path.exists() and self.path.stat().st_size == 0:  # SQLite would take it for a new database
+            raise HistoryCorrupt(self.path, "empty file, truncated")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)

@@ -34,7 +34,8 @@ mamba2_guard_regression                               {kernel, shape}  1 = faili
 mamba2_guard_case_status                              {kernel, shape, status}  one-hot verdict status
 mamba2_guard_drift                                    {component}  1 = drift that calls for action
 mamba2_guard_env_info                                 {torch, triton, helion, mamba_ssm, cuda_runtime,
-                                                       driver, python, kernels_source, fingerprint}
+                                                       driver, python}  (no hashes: a label per hash
+                                                       is a new series per commit; drift has them)
 mamba2_guard_result_timestamp_seconds                 when the result's run started
 mamba2_guard_run_duration_seconds                     {guard_job}  last run
 mamba2_guard_last_run_timestamp_seconds               {guard_job}
@@ -68,8 +69,7 @@ JOBS = ("nightly", "retune", "drift", "metrics", "oneshot")
 RUN_STATUSES = ("success", "regression", "error", "timeout", "killed", "missed", "skipped")
 EVENTS = ("drift", "retune", "pr")
 QUANTILES = (("0.1", 10), ("0.5", 50), ("0.9", 90))
-ENV_FIELDS = ("torch", "triton", "helion", "mamba_ssm", "cuda_runtime", "driver", "python", "kernels_source",
-              "fingerprint")
+ENV_FIELDS = ("torch", "triton", "helion", "mamba_ssm", "cuda_runtime", "driver", "python")
 DRIFT_COMPONENT_FOR_CLASS = {"new-gpu": "gpu", "kernel-source": "kernels", "invalid-config": "config"}
 DRIFT_COMPONENTS = ("gpu", "helion", "triton", "torch", "cuda_runtime", "driver", "mamba_ssm", "kernels", "config")
 
@@ -234,8 +234,6 @@ class GuardMetrics:
             "torch": fp.get("torch"), "triton": fp.get("triton"), "helion": fp.get("helion"),
             "mamba_ssm": fp.get("mamba_ssm"), "cuda_runtime": fp.get("cuda_runtime"),
             "driver": fp.get("driver_version"), "python": fp.get("python"),
-            "kernels_source": (fp.get("kernels_source_hash") or "")[:12],
-            "fingerprint": parsed.fingerprint_hash[:12] if fp else "",
         }
         self.env.labels(**gl).info({k: str(v) if v is not None else "" for k, v in env.items()})
         ts = _timestamp(parsed.started_at)

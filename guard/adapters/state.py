@@ -117,11 +117,9 @@ def move_aside(path: Path, corrupt_dir: Path, reason: str) -> Path:
 def read_json(path: Path, corrupt_dir: Path | None = None) -> tuple[Any, str | None]:
     """(data, problem). Missing file -> (None, None). Unparseable -> moved aside, (None, reason)."""
     try:
-        text = path.read_text()
+        return json.loads(path.read_bytes()), None  # bytes: undecodable ones are a JSON error too
     except FileNotFoundError:
         return None, None
-    try:
-        return json.loads(text), None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         reason = f"not valid JSON: {exc}"
         if corrupt_dir is not None:

@@ -11,12 +11,14 @@ import argparse
 import importlib
 from pathlib import Path
 
+from guard.core import flags
+
 
 def sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``mamba2-guard dev sweep`` ."""
     parser.add_argument("spec", type=Path, help="JSON list of jobs (see the module docstring)")
     parser.add_argument("--out", type=Path, required=True, help="results JSON, rewritten after each shape")
-    parser.add_argument("--rounds", type=int, default=30, help="timed samples per config (default 30)")
+    parser.add_argument("--rounds", type=flags.integer(1), default=30, help="timed samples per config (default 30)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: Triton's interpreter, no timing (default cuda)")
     parser.add_argument("--no-precision", action="store_true", help="skip the outputs' comparison")
@@ -26,11 +28,11 @@ def sass_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``mamba2-guard dev sass`` ."""
     parser.add_argument("entries", nargs="+", metavar="ENTRY", help="registry entry names")
     parser.add_argument("--shape", default="nemotron3-nano", help="suite shape (default nemotron3-nano)")
-    parser.add_argument("--seqlen", type=int, default=512,
+    parser.add_argument("--seqlen", type=flags.integer(1), default=512,
                         help="shorter sequence for the CPU capture (default 512); the configs are looked up "
                              "by key, so a shorter one finds the shape's own through the nearest-key rule")
     parser.add_argument("--gpu-slug", default="nvidia-h200", help="whose configs (default nvidia-h200)")
-    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: sm_90)")
+    parser.add_argument("--arch", type=flags.integer(1), default=90, help="compute capability x 10 (default 90: sm_90)")
     parser.add_argument("--out", type=Path, help="also write each kernel's Triton code, PTX and SASS here")
     parser.add_argument("--json", type=Path, help="write the reports as JSON")
 
@@ -41,12 +43,12 @@ def calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--suite", help="shape suite from kernels/suites.yaml")
     where.add_argument("--shapes", nargs="+", help="shape names (default: nemotron3-nano)")
     parser.add_argument("--kernels", nargs="+", help="registry entries (default: all with a Helion kernel)")
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--slowdown", type=float, default=0.05, help="fraction in (0, 1); 0 skips those runs")
+    parser.add_argument("--runs", type=flags.integer(1), default=20)
+    parser.add_argument("--rounds", type=flags.integer(1), default=30)
+    parser.add_argument("--slowdown", type=flags.fraction, default=0.05, help="fraction in (0, 1); 0 skips those runs")
     parser.add_argument("--aa-timing-only", action="store_true",
                         help="A/A runs re-time only; precision is the first bench's")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=flags.integer(0), default=0)
     parser.add_argument("--state-dir", type=Path, default=Path("/tmp/mamba2-guard-calibration"))
     parser.add_argument("--json", type=Path, required=True)
 
@@ -54,9 +56,9 @@ def calibrate_arguments(parser: argparse.ArgumentParser) -> None:
 def module_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``mamba2-guard dev module-bench`` ."""
     parser.add_argument("--shape", required=True, help="a shape of kernels/suites.yaml")
-    parser.add_argument("--d-model", type=int, required=True, help="the model width (the suite has none)")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--d-model", type=flags.integer(1), required=True, help="the model width (the suite has none)")
+    parser.add_argument("--rounds", type=flags.integer(1), default=30)
+    parser.add_argument("--seed", type=flags.integer(0), default=0)
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
 
 

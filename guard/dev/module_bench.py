@@ -145,8 +145,6 @@ def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int) ->
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.d_model <= 0:
-        parser.error(f"--d-model: expected a positive int, got {args.d_model}")
     shape = suites.load().shape(args.shape)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU: it times the module")

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from filelock import FileLock, Timeout
 
+from guard import EXIT_BUSY
 from guard.adapters import fingerprint
-from guard.adapters.files import atomic_write_text
+from guard.adapters.files import atomic_write_text, check_writable, clean_stale_temp_files
 from guard.adapters.history import History
 from guard.bench.run import Progress, bench_case, plain_progress
 from guard.core import drift as drift_mod
@@ -135,8 +136,11 @@ def write_reports(state_dir: Path, stamp: str, result: BenchResult, verdicts: li
     atomic_write_text(paths["report_md"], markdown)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with open(summary, "a") as handle:
-            handle.write(markdown + "\n")
+        try:
+            with open(summary, "a") as handle:
+                handle.write(markdown + "\n")
+        except OSError as exc:  # a full disk: name the file
+            raise OSError(exc.errno, exc.strerror, summary) from exc
     return {k: str(v) for k, v in paths.items()}
 
 
@@ -189,19 +193,27 @@ def daemon_cycle(state_dir: str | Path, reason: str | None = None, **options: An
         raise TypeError(f"daemon_cycle: unknown option(s) {unknown}; expected some of {sorted(known)}")
     if reason:
         plain_progress(f"cycle triggered by {reason}")
-    return run_cycle(Path(state_dir), CycleOptions(**options), job="retune" if reason else "nightly").exit_code
+    try:
+        return run_cycle(Path(state_dir), CycleOptions(**options), job="retune" if reason else "nightly").exit_code
+    except CycleBusy as exc:
+        plain_progress(f"skipped: {exc}")
+        return EXIT_BUSY
 
 
 def run_cycle(state_dir: Path, options: CycleOptions | None = None, progress: Progress = plain_progress,
               job: str = "nightly") -> CycleOutcome:
     options = options or CycleOptions()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(state_dir)
     lock = FileLock(str(state_dir / "nightly.lock"), timeout=0)
     try:
         lock.acquire()
     except Timeout as exc:
         raise CycleBusy(f"another cycle holds {lock.lock_file}") from exc
     try:
+        configs, baseline = recorded_paths("any", options.root)
+        for folder, recursive in ((state_dir, True), (configs.parent, False), (baseline.parent, False)):
+            for path in clean_stale_temp_files(folder, recursive=recursive):
+                progress(f"removed {path}, left by an interrupted write")
         return _cycle(state_dir, options, progress, job)
     finally:
         lock.release()
@@ -221,43 +233,47 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     suite, entries, shapes = selection(options, progress)
     progress(f"suite {suite}: {len(entries)} kernels x {len(shapes)} shapes "
              f"({sum(not e.has_helion for e in entries)} kernels not implemented yet)")
+    from guard import config as guard_config
     from guard.bench import shard
 
-    result = shard.bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
-                         state_dir=state_dir, suite=suite, seed=options.seed, rounds=options.rounds,
-                         progress=progress, cuda_graphs=options.cuda_graphs, workers=options.workers,
-                         bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
-    from guard import config as guard_config
-
+    # Before any GPU work: the config, the baseline and the history (the state dir is checked by run_cycle).
     cfg = guard_config.load(options.config, state_dir)
     policy = cfg.verdict_policy if options.policy == Policy() else options.policy
-    # After the bench: it also reports configs the installed helion rejected.
-    drift = detect_drift(fp, policy=cfg.drift_policy, root=options.root, slug=slug)
-    progress(drift.render_text())
     baseline_path = recorded_paths(slug, options.root)[1]
     baseline = baselines.load(baseline_path)
     with History(state_dir / "history.sqlite") as history:
-        # A sharded result re-runs a flagged case on the GPU that measured it (guard.bench.shard).
-        rerun = None
-        if options.confirm:
-            rerun = shard.rerun_on_measuring_gpu(
-                result, state_dir=state_dir, seed=options.seed, rounds=options.rounds,
-                cuda_graphs=options.cuda_graphs, fingerprint_digest=fp.digest(), progress=progress,
-                bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
-            rerun = rerun or rerun_on_device(options, fp.gpu_uuid)
-        result, verdicts = run_check(result, baseline, history, policy, rerun)
+        result = shard.bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
+                             state_dir=state_dir, suite=suite, seed=options.seed, rounds=options.rounds,
+                             progress=progress, cuda_graphs=options.cuda_graphs, workers=options.workers,
+                             bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
+        verdicts: list[Verdict] = []
+        try:
+            # After the bench: it also reports configs the installed helion rejected.
+            drift = detect_drift(fp, policy=cfg.drift_policy, root=options.root, slug=slug)
+            progress(drift.render_text())
+            # A sharded result re-runs a flagged case on the GPU that measured it (guard.bench.shard).
+            rerun = None
+            if options.confirm:
+                rerun = shard.rerun_on_measuring_gpu(
+                    result, state_dir=state_dir, seed=options.seed, rounds=options.rounds,
+                    cuda_graphs=options.cuda_graphs, fingerprint_digest=fp.digest(), progress=progress,
+                    bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
+                rerun = rerun or rerun_on_device(options, fp.gpu_uuid)
+            result, verdicts = run_check(result, baseline, history, policy, rerun)
+        finally:  # the measured result and a report, whatever failed after the bench
+            paths = write_reports(state_dir, stamp, result, verdicts, baseline, policy)
         code = exit_code(verdicts, missing_fails=options.strict)
+        if options.out_dir:
+            paths.update(copy_reports(paths, Path(options.out_dir)))
+        if options.update_baseline:
+            left_out = baselines.update(baseline_path, result)
+            paths["baseline"] = str(baseline_path)
+            if left_out:
+                progress(f"not written to the baseline: {', '.join(left_out)}")
+        steps = retune_and_propose(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress)
+        paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))
+        # Last: a run in the history is a cycle that finished.
         history.record(result, verdicts, _now(), job=job, status="pass" if code == 0 else "fail")
-    paths = write_reports(state_dir, stamp, result, verdicts, baseline, policy)
-    if options.out_dir:
-        paths.update(copy_reports(paths, Path(options.out_dir)))
-    if options.update_baseline:
-        left_out = baselines.update(baseline_path, result)
-        paths["baseline"] = str(baseline_path)
-        if left_out:
-            progress(f"not written to the baseline: {', '.join(left_out)}")
-    steps = retune_and_propose(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress)
-    paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))
     return CycleOutcome(code, result, verdicts, drift, paths, steps)
 
 

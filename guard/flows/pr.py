@@ -64,13 +64,18 @@ def _git(args: list[str], cwd: Path | None = None) -> str:
 
 
 def default_origin(state_dir: Path, base_branch: str, checkout: Path = PROJECT_ROOT) -> Path:
-    """``<state>/pr/origin.git``: a bare repository holding this checkout's HEAD as ``base_branch``."""
+    """``<state>/pr/origin.git``: a bare repository holding this checkout's HEAD as ``base_branch``.
+
+    Each step is checked, not just the first: a kill between ``git init`` and the push left a bare
+    repository without ``base_branch``, and every later PR failed ("Remote branch main not found").
+    """
+    import git
+
     bare = Path(state_dir).resolve() / "pr" / "origin.git"
-    if not (bare / "HEAD").exists():
-        bare.mkdir(parents=True, exist_ok=True)
-        _git(["init", "--quiet", "--bare", str(bare)])
+    repo = git.Repo.init(bare, bare=True, mkdir=True)  # a no-op on an existing repository
+    if f"refs/heads/{base_branch}" not in {ref.path for ref in repo.references}:
         _git(["push", "--quiet", str(bare), f"HEAD:refs/heads/{base_branch}"], cwd=checkout)
-        _git(["symbolic-ref", "HEAD", f"refs/heads/{base_branch}"], cwd=bare)
+    repo.git.symbolic_ref("HEAD", f"refs/heads/{base_branch}")
     return bare
 
 
@@ -166,7 +171,7 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
         return outcome
     from guard.adapters.github import client_from_config
 
-    client = (client_factory or (lambda c: client_from_config(c.raw)))(cfg)
+    client = (client_factory or (lambda c: client_from_config(c.github)))(cfg)
     labels = list(cfg.github.get("labels") or DEFAULT_LABELS)
     if result.status == "human-edit":
         pr = client.comment_human_edit(cfg.github_repo, result.branch, result.remote_sha,

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from guard.core import flags
 from guard.core import selection as fitting
 from kernels import config_store
 
@@ -230,13 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--suite", default="zoo-fit")
     m.add_argument("--shapes", nargs="+", help="shape names instead of the whole suite")
     m.add_argument("--out", type=Path, required=True)
-    m.add_argument("--rounds", type=int, default=10)
-    m.add_argument("--processes", type=int, default=8)
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--rounds", type=flags.integer(1), default=10)
+    m.add_argument("--processes", type=flags.integer(1), default=8)
+    m.add_argument("--seed", type=flags.integer(0), default=0)
     w = sub.add_parser("warm", help="compile the selected configs of whole calls at a suite's shapes (GPU)")
     w.add_argument("--suite", required=True)
     w.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd", "ssd_combined_fwd"])
-    w.add_argument("--processes", type=int, default=8)
+    w.add_argument("--processes", type=flags.integer(1), default=8)
     w.add_argument("--baseline", action="store_true", help="also compile mamba-ssm's candidates")
     f = sub.add_parser("fit", help="fit the selection rule to a measurement file and write it to the config file")
     f.add_argument("measurements", type=Path)

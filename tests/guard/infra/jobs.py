@@ -58,3 +58,10 @@ def probe_drift(state_dir: Path) -> dict:
     from tests.guard.infra import sample
 
     return {"fingerprint": sample.FINGERPRINT, "drift": sample.drift()}
+
+
+def busy_cycle(state_dir, **_):
+    """A daemon_cycle that found another cycle holding the state dir."""
+    from guard import EXIT_BUSY
+
+    return EXIT_BUSY

@@ -196,6 +196,27 @@ def test_corrupt_state_is_detected_and_reported(tmp_path, start_daemon):
     assert d.stop() == 0
 
 
+def test_undecodable_state_files_do_not_stop_the_daemon(tmp_path, start_daemon):
+    """Non-UTF-8 bytes are garbage like any other: daemon-state.json moved aside, latest.json skipped."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "daemon-state.json").write_bytes(b'{"version": 1, "jobs": {"\xff\xfe\x80": 1}}')
+    (state / "latest.json").write_bytes(b"\xff\xfe\x00garbage")
+    d = start_daemon(state, *FAR_CRON, "--nightly-target", CYCLE, "--no-catch-up")
+    d.wait_started()
+    assert "daemon-state.json was unreadable" in d.output()
+    assert [p.name.split(".")[0] for p in (state / "corrupt").iterdir()] == ["daemon-state"]
+    assert d.stop() == 0
+
+
+def test_a_nightly_overlapping_a_cli_nightly_is_skipped_not_an_error(tmp_path, start_daemon):
+    d = start_daemon(tmp_path / "state", *FAR_CRON, "--nightly-target", "tests.guard.infra.jobs:busy_cycle")
+    d.wait_started()
+    wait_for(lambda: d.count("nightly", "skipped") == 1, 30, what="the catch-up nightly, skipped")
+    assert d.count("nightly", "error") == 0
+    assert d.stop() == 0
+
+
 def test_daemon_serves_metrics(tmp_path, start_daemon):
     state = tmp_path / "state"
     port = free_port()

@@ -126,3 +126,22 @@ def test_nightly_pr_flow_and_no_token_leak(
     leaks = [t for t in texts if TOKEN in t]
     assert leaks == []
     assert "***" in str(e2.value)  # the token in the path was scrubbed, not just absent
+
+
+def test_pr_api_url_from_the_command_line_is_where_the_token_goes(
+    tmp_path, origin_url, make_source, fake_gh, monkeypatch
+):
+    """`pr --api-url` (a GitHub Enterprise) reaches the PR flow's client: the token never goes elsewhere."""
+    import argparse
+
+    from guard import cli
+    from guard.adapters import github
+    from guard.config import GuardConfig
+    from guard.flows.pr import run_pr
+
+    monkeypatch.setattr(github, "DEFAULT_BASE_URL", "http://127.0.0.1:9/not-this-one")
+    args = argparse.Namespace(repo=FULL, origin=origin_url, api_url=fake_gh.api)
+    cfg = cli._with_pr_overrides(GuardConfig(), args)
+    outcome = run_pr(tmp_path / "state", cfg, FP_NEW, "h200", root=make_source(new_configs(8), baseline_doc(FP_NEW)))
+    assert outcome.github["action"] == "created", outcome.messages
+    assert len(fake_gh.state.pulls) == 1

@@ -190,10 +190,12 @@ def test_module_matches_reference():
     with testing.execution_mode("ref"):
         y = module(x, z)
         y.square().sum().backward()
-    y_ref, _ = naive._forward(x.detach().reshape(-1, 32).double(), module.weight.detach().double(), None, 1e-5,
-                              z.detach().reshape(-1, 32).double(), 16, False)
-    torch.testing.assert_close(y.detach().double(), y_ref.view(2, 5, 32), atol=1e-5, rtol=1e-5)
-    assert x.grad is not None and z.grad is not None and module.weight.grad is not None
+    x64, z64, w64 = (t.detach().double().requires_grad_() for t in (x, z, module.weight))
+    y_ref, _ = naive._forward(x64.reshape(-1, 32), w64, None, 1e-5, z64.reshape(-1, 32), 16, False)
+    torch.testing.assert_close(y.detach().double(), y_ref.detach().view(2, 5, 32), atol=1e-5, rtol=1e-5)
+    y_ref.square().sum().backward()
+    for name, ours, ref in (("x", x.grad, x64.grad), ("z", z.grad, z64.grad), ("weight", module.weight.grad, w64.grad)):
+        torch.testing.assert_close(ours.double(), ref, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"d{n}: {m}")
 
 
 def test_rejects_layer_norm():

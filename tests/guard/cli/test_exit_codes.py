@@ -1,0 +1,129 @@
+"""The exit codes of the real console script: 0 ok; 1 a regression or precision failure only; 2 every usage
+or environment error, as one line naming the flag or the file, never a traceback (docs/failure-model.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.guard.infra import sample
+from tests.guard.infra.conftest import REPO, free_port
+
+SCRIPT = shutil.which("mamba2-guard", path=str(Path(sys.executable).parent)) or "mamba2-guard"
+NIGHTLY = ["nightly", "--shapes", "smoke", "--kernels", "chunk_cumsum", "--no-confirm"]
+
+
+def _run(argv, env=None, cwd=REPO):
+    environ = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([SCRIPT, *argv], capture_output=True, text=True, timeout=300, env=environ, cwd=cwd)
+
+
+def _snapshot(state: Path) -> Path:
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "latest.json").write_text(json.dumps(sample.snapshot()))
+    return state
+
+
+# (id, argv(tmp), env(tmp), expected exit code, what the one line must name)
+USAGE = [
+    ("rounds-0", lambda t: [*NIGHTLY, "--rounds", "0"], {}, "--rounds"),
+    ("rounds-negative", lambda t: [*NIGHTLY, "--rounds", "-5"], {}, "--rounds"),
+    ("rounds-not-a-number", lambda t: ["bench", "--rounds", "many"], {}, "--rounds"),
+    ("seed-negative", lambda t: ["bench", "--seed", "-1"], {}, "--seed"),
+    ("case-timeout-nan", lambda t: ["bench", "--case-timeout", "nan"], {}, "--case-timeout"),
+    ("nightly-interval-negative", lambda t: ["daemon", "--nightly-interval", "-1"], {}, "--nightly-interval"),
+    ("nightly-interval-0", lambda t: ["daemon", "--nightly-interval", "0"], {}, "--nightly-interval"),
+    ("drift-interval-negative", lambda t: ["daemon", "--drift-interval", "-60"], {}, "--drift-interval"),
+    ("nightly-timeout-negative", lambda t: ["daemon", "--nightly-timeout", "-1"], {}, "--nightly-timeout"),
+    ("metrics-port-too-big", lambda t: ["daemon", "--metrics-port", "70000"], {}, "--metrics-port"),
+    ("kill-grace-inf", lambda t: ["daemon", "--kill-grace", "inf"], {}, "--kill-grace"),
+    ("margin-over-1", lambda t: ["autotune", "--margin", "2"], {}, "--margin"),
+    ("autotune-workers-0", lambda t: ["autotune", "--workers", "0"], {}, "--workers"),
+    ("budget-negative", lambda t: ["autotune", "--budget-seconds", "-10"], {}, "--budget-seconds"),
+    ("dev-runs-0", lambda t: ["dev", "calibrate", "--json", "x", "--runs", "0"], {}, "--runs"),
+    ("state-env-under-a-file", lambda t: ["list"], {"MAMBA2_GUARD_STATE": "/etc/hostname/state"},
+     "MAMBA2_GUARD_STATE"),
+    ("pushgateway-env-not-a-url", lambda t: ["list"], {"MAMBA2_GUARD_PUSHGATEWAY": "localhost"},
+     "MAMBA2_GUARD_PUSHGATEWAY"),
+    ("tuner-env-not-a-target", lambda t: ["list"], {"MAMBA2_GUARD_TUNER": "nope"}, "MAMBA2_GUARD_TUNER"),
+    ("state-env-empty", lambda t: ["list"], {"MAMBA2_GUARD_STATE": " "}, "MAMBA2_GUARD_STATE"),
+]
+
+
+@pytest.mark.parametrize("argv,env,names", [c[1:] for c in USAGE], ids=[c[0] for c in USAGE])
+def test_usage_errors_exit_2_with_one_line_naming_the_flag(tmp_path, argv, env, names):
+    done = _run(argv(tmp_path), env)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and names in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def _corrupt_history(t: Path) -> list[str]:
+    (t / "state").mkdir()
+    (t / "state" / "history.sqlite").write_bytes(b"not a database" * 100)
+    return [*NIGHTLY, "--state-dir", str(t / "state")]
+
+
+def _empty_history(t: Path) -> list[str]:
+    (t / "state").mkdir()
+    (t / "state" / "history.sqlite").write_bytes(b"")
+    return [*NIGHTLY, "--state-dir", str(t / "state")]
+
+
+def _state_under_a_file(t: Path) -> list[str]:
+    (t / "file").write_text("x")
+    return [*NIGHTLY, "--state-dir", str(t / "file" / "state")]
+
+
+def _bad_config(t: Path) -> list[str]:
+    (t / "bad.yaml").write_text("autotune: {margin: [1\n")
+    return [*NIGHTLY, "--state-dir", str(t / "s"), "--config", str(t / "bad.yaml")]
+
+
+ENVIRONMENT = [
+    ("corrupt-history", _corrupt_history, {}, "history.sqlite"),
+    ("history-truncated-to-0-bytes", _empty_history, {}, "history.sqlite"),
+    ("state-dir-under-a-file", _state_under_a_file, {}, "file"),
+    ("read-only-state-dir", lambda t: [*NIGHTLY, "--state-dir", "/sys/mamba2-guard"], {}, "/sys/mamba2-guard"),
+    ("full-disk", lambda t: [*NIGHTLY, "--state-dir", str(t / "s")], {"GITHUB_STEP_SUMMARY": "/dev/full"},
+     "/dev/full"),
+    ("bad-config", _bad_config, {}, "bad.yaml"),
+    ("unreachable-pushgateway",
+     lambda t: ["metrics", "push", "--state-dir", str(_snapshot(t / "s")), "--gateway",
+                f"http://127.0.0.1:{free_port()}"], {}, "127.0.0.1"),
+]
+
+
+@pytest.mark.parametrize("argv,env,names", [c[1:] for c in ENVIRONMENT], ids=[c[0] for c in ENVIRONMENT])
+def test_environment_errors_exit_2_with_one_line_naming_the_file(tmp_path, argv, env, names):
+    done = _run(argv(tmp_path), env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = [line for line in done.stderr.strip().splitlines() if line.startswith("mamba2-guard")]
+    assert len(lines) == 1 and names in lines[0], done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    benched = "[1/" in done.stdout + done.stderr
+    if env.get("GITHUB_STEP_SUMMARY") == "/dev/full":  # fails after the bench: the result and report are kept
+        assert benched and list((tmp_path / "s" / "reports").glob("*-result.json"))
+        assert list((tmp_path / "s" / "reports").glob("*-report.md"))
+    else:
+        assert not benched, "checked only after the bench"
+
+
+def test_ok_and_precision_failure_exit_0_and_1(tmp_path):
+    from guard.core.results import BenchResult
+
+    assert _run(["list", "--suite", "smoke"]).returncode == 0
+    doc = sample.result()
+    doc["cases"][0]["precision"]["ok"] = False
+    doc["cases"][0]["precision"]["allclose"] = False
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(BenchResult.from_dict(doc).to_dict()))
+    done = _run(["check", "--result", str(path), "--baseline", str(tmp_path / "none.yaml"), "--state-dir",
+                 str(tmp_path / "s")])
+    assert done.returncode == 1, done.stdout + done.stderr

@@ -1,0 +1,57 @@
+"""The nightly cycle under failure: what is checked before the bench, what is kept after it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from guard import EXIT_BUSY
+from guard.adapters.history import History
+from guard.flows import nightly
+from guard.flows.nightly import CycleOptions, run_cycle
+
+OPTIONS = CycleOptions(shapes=("smoke",), kernels=("chunk_cumsum",), confirm=False, pr=False)
+
+
+def test_a_failure_after_the_bench_keeps_the_result_and_report_and_records_no_run(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(state / "latest.json"))
+
+    monkeypatch.setattr(nightly, "export_metrics", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        run_cycle(state, OPTIONS)
+    assert len(list((state / "reports").glob("*-result.json"))) == 1
+    assert len(list((state / "reports").glob("*-report.md"))) == 1
+    with History(state / "history.sqlite") as history:
+        assert history.runs() == []  # the cycle did not finish: no "pass" recorded
+
+
+def test_stale_temp_files_of_interrupted_writes_are_cleaned_at_start(tmp_path):
+    state = tmp_path / "state"
+    root = tmp_path / "root"
+    old, fresh = time.time() - 3600, time.time()
+    stale = [state / ".latest.json.abc123.tmp", state / "reports" / ".x-report.md.def.tmp",
+             root / "baselines" / ".cpu.yaml.ghi.tmp", root / "kernels" / "configs" / ".cpu.yaml.jkl.tmp"]
+    live = state / ".daemon-state.json.mno.tmp"  # a concurrent writer's: too young to be stale
+    for path in [*stale, live]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("torn")
+        os.utime(path, (old, old) if path in stale else (fresh, fresh))
+    messages: list[str] = []
+    run_cycle(state, CycleOptions(shapes=("smoke",), kernels=("chunk_cumsum",), confirm=False, pr=False,
+                                  root=str(root)), progress=messages.append)
+    assert not any(p.exists() for p in stale) and live.exists()
+    assert sum("left by an interrupted write" in m for m in messages) == len(stale)
+
+
+def test_a_daemon_cycle_finding_the_state_dir_busy_is_skipped(tmp_path):
+    from filelock import FileLock
+
+    state = tmp_path / "state"
+    state.mkdir()
+    with FileLock(str(state / "nightly.lock")):  # a CLI nightly holds it
+        assert nightly.daemon_cycle(state, shapes=("smoke",), kernels=("chunk_cumsum",)) == EXIT_BUSY
