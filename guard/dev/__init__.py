@@ -73,7 +73,8 @@ TOOLS = {
 
 def register(sub: argparse._SubParsersAction) -> None:
     """``mamba2-guard dev <tool> ...`` under the CLI's subcommands ``sub``."""
-    dev = sub.add_parser("dev", help="developer tools: sweep | sass | calibrate | module-bench")
+    text = "developer tools: sweep | sass | calibrate | module-bench"
+    dev = sub.add_parser("dev", help=text, description=text[0].upper() + text[1:] + ".")
     tools = dev.add_subparsers(dest="tool", required=True, metavar="TOOL")
     for name, (module, arguments, text) in TOOLS.items():
         p = tools.add_parser(name, help=text, description=text)
