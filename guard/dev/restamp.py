@@ -51,4 +51,5 @@ def run(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     stale = sorted(k for k, v in kernel_source_hashes().items() if cf.fingerprint["kernel_sources"].get(k) != v)
     print("files: " + (", ".join(files) if files is not None else "all") +
           (f"; still not stamped: {', '.join(stale)}" if stale else ""))
+    print("then regenerate the results page: python docs/results/build.py")
     return 0
