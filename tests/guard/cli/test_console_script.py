@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,10 @@ def test_check_finds_the_nightly_result_and_fits_80_columns(tmp_path):
     state = str(tmp_path / "state")
     nightly = guard("nightly", "--kernels", "chunk_cumsum", "--no-confirm", "--state-dir", state)
     assert nightly.returncode == 0, nightly.stderr
+    # one fingerprint id: the one the run prints is the one its report.md names
+    shown = re.search(r"fingerprint ([0-9a-f]{12}) on", nightly.stdout + nightly.stderr).group(1)
+    report_md = re.search(r"report_md: (\S+)", nightly.stdout).group(1)
+    assert f"fingerprint `{shown}`" in Path(report_md).read_text()
     check = guard("check", "--state-dir", state, columns=80)
     assert check.returncode == 0, check.stderr
     table = check.stdout.split("report:")[0]
