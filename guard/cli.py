@@ -1,6 +1,6 @@
 """The ``mamba2-guard`` command line. Thin: each command composes the pieces of ``guard``.
 
-Exit codes: 0 all good, 1 a regression or precision failure, 2 a usage or environment error.
+Exit codes (``EPILOG``): 0 all good, 1 a regression or precision failure, 2 a usage or environment error.
 """
 
 from __future__ import annotations
@@ -16,18 +16,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from guard import EnvironmentProblem, check_kernels_package
+from guard import EnvironmentProblem, __version__, check_kernels_package
 from guard.adapters.state import default_state_dir
 from guard.core import flags
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+DESCRIPTION = """Benchmark, check and re-tune the Helion Mamba-2 kernels against mamba-ssm on this machine,
+and propose new configs when the environment drifts."""
+EPILOG = """exit codes:
+  0  all good
+  1  a regression, a precision failure or a kernel error (drift: drift found)
+  2  a usage or environment error: a bad name or file, a missing dependency, a busy state directory
+
+Each command has --help; the README lists them."""
 log = logging.getLogger("guard")
 
 
 def _console():
     from rich.console import Console
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    # A terminal or $COLUMNS sets the width (rich reads both); a log without either gets wide tables.
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(highlight=False, width=160 if wide else None)
 
 
 def _use_cpu_interpret() -> bool:
@@ -37,23 +47,29 @@ def _use_cpu_interpret() -> bool:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from kernels import _mamba_ssm
+    """Installed versions and files only, nothing imported or compiled: fast. ``fingerprint`` has the rest."""
+    import importlib.util
+    from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
 
-    problems = []
-    try:
-        _mamba_ssm.module(_mamba_ssm.SSD_COMBINED)
-    except ImportError as exc:
-        problems.append(f"mamba-ssm: {exc}")
-    try:
-        import helion  # noqa: F401
-    except ImportError as exc:
-        problems.append(f"helion does not import: {exc}")
+    problems, versions = [], {}
+    for dist in ("torch", "triton", "helion", "mamba-ssm", "einops"):
+        try:
+            versions[dist] = version(dist)
+        except PackageNotFoundError:
+            problems.append(f"{dist} is not installed (scripts/install.sh installs it)")
+    if "mamba-ssm" in versions and not versions["mamba-ssm"].startswith("2.3."):
+        problems.append(f"mamba-ssm {versions['mamba-ssm']} is installed; the guard compares with 2.3.x")
+    spec = importlib.util.find_spec("mamba_ssm")
+    locations = list(spec.submodule_search_locations or ()) if spec else []
+    if "mamba-ssm" in versions and not any((Path(d) / "ops/triton/ssd_combined.py").is_file() for d in locations):
+        problems.append("mamba-ssm has no ops/triton/ssd_combined.py (a broken install)")
     for problem in problems:
         print(f"problem: {problem}", file=sys.stderr)
     if not args.quiet:
-        cmd_fingerprint(argparse.Namespace(json=False))
-    if not problems and not args.quiet:
-        print("mamba2-guard: environment ok")
+        print(f"mamba2-guard {__version__}: " + ", ".join(f"{d} {v}" for d, v in versions.items()))
+        if not problems:
+            print("mamba2-guard: environment ok (`mamba2-guard fingerprint` shows the whole environment)")
     return EXIT_USAGE if problems else EXIT_OK
 
 
@@ -116,6 +132,7 @@ def _progress():
 def _options(args: argparse.Namespace, **overrides):
     from guard.flows.nightly import CycleOptions
 
+    _selected(args)  # unknown names: exit 2 with the valid ones before anything runs
     return CycleOptions(suite=args.suite, shapes=args.shapes or (), kernels=args.kernels or (), seed=args.seed,
                         rounds=args.rounds, confirm=not getattr(args, "no_confirm", False),
                         strict=getattr(args, "strict", False),
@@ -148,15 +165,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          cuda_graphs=args.cuda_graphs, workers=args.workers, bench_fn=args.bench_fn,
                          case_timeout_s=args.case_timeout)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = Path(args.json) if args.json else state / "results" / f"bench-{stamp}.json"
+    out = Path(args.json) if args.json else state / RESULTS_DIR / f"{stamp}{RESULT_SUFFIX}"
     atomic_write_text(out, json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
-    print(f"result: {out}")
+    from guard.core import report
+
+    _console().print(report.bench_table(result))
+    print(f"result: {out} (`mamba2-guard check` judges it against the baseline)")
     if args.update_baseline:
         path = baselines.path_for(fingerprint.gpu_slug(fp))
         left_out = baselines.update(path, result)
         print(f"baseline: {path}" + (f" (left out: {', '.join(left_out)})" if left_out else ""))
     bad = [c for c in result.cases if c.error or (c.precision is not None and c.precision.ok is False)]
     return EXIT_FAIL if bad else EXIT_OK
+
+
+# Where bench and nightly save results and where check finds the latest: <state>/reports/<stamp>-result.json.
+RESULTS_DIR, RESULT_SUFFIX = "reports", "-result.json"
+
+
+def _existing(flag: str, path: str) -> Path:
+    if not Path(path).is_file():
+        raise ValueError(f"{flag}: no such file: {path}")
+    return Path(path)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -171,16 +201,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     from kernels.config_store import slugify
 
     state = Path(args.state_dir)
+    baseline_path = _existing("--baseline", args.baseline) if args.baseline else None
     if args.result:
-        result_path = Path(args.result)
+        result_path = _existing("--result", args.result)
     else:
-        saved = sorted((state / "results").glob("bench-*.json"))
+        saved = sorted((state / RESULTS_DIR).glob(f"*{RESULT_SUFFIX}"))
         if not saved:
-            raise ValueError(f"--result: no saved bench result under {state / 'results'}; run `mamba2-guard bench`")
+            raise ValueError(f"--result: no saved bench result under {state / RESULTS_DIR}; run `mamba2-guard bench` "
+                             "or `mamba2-guard nightly`")
         result_path = saved[-1]
-    result = BenchResult.from_dict(json.loads(result_path.read_text()))
+    try:
+        result = BenchResult.from_dict(json.loads(result_path.read_text()))
+    except ValueError as exc:
+        raise ValueError(f"--result: {result_path} is not a bench result: {exc}") from None
     gpu = result.fingerprint.get("gpu_name")
-    baseline_path = Path(args.baseline) if args.baseline else baselines.path_for(slugify(gpu) if gpu else "cpu")
+    baseline_path = baseline_path or baselines.path_for(slugify(gpu) if gpu else "cpu")
     baseline = baselines.load(baseline_path)
     policy = Policy()
     with History(state / "history.sqlite") as history:
@@ -271,12 +306,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     from kernels import config_store, registry, suites
 
     cfg = _guard_config(args)
-    tuner = args.tuner or os.environ.get(TUNER_ENV) or DEFAULT_TUNER
-    real = tuner == DEFAULT_TUNER
-    if real and not torch.cuda.is_available():
-        raise EnvironmentProblem("autotune needs a CUDA GPU and none is visible; run it on a GPU runner "
-                                 "(`mamba2-guard drift` says whether a re-tune is due)")
-    loaded = suites.load()
+    loaded = suites.load()  # names first: a typo is answered with the valid names, on any machine
     fp = fingerprint.collect()
     slug = args.gpu_slug or fingerprint.gpu_slug(fp)
     if args.seen:
@@ -286,10 +316,15 @@ def cmd_autotune(args: argparse.Namespace) -> int:
             return 0
         args.kernels = args.kernels or list(dict.fromkeys(registry.SSD_CALL_STAGES))
     entries = registry.select(args.kernels or None)
+    shapes = [loaded.shape(s).name for s in args.shapes] if args.shapes else [s.name for s in loaded.suite(args.suite)]
+    tuner = args.tuner or os.environ.get(TUNER_ENV) or DEFAULT_TUNER
+    real = tuner == DEFAULT_TUNER
+    if real and not torch.cuda.is_available():
+        raise EnvironmentProblem("autotune needs a CUDA GPU and none is visible; run it on a GPU runner "
+                                 "(`mamba2-guard drift` says whether a re-tune is due)")
     missing = [e.name for e in entries if not e.has_helion]
     if missing:
         print(f"not implemented in Helion yet (skipped): {', '.join(missing)}", file=sys.stderr)
-    shapes = [loaded.shape(s).name for s in args.shapes] if args.shapes else [s.name for s in loaded.suite(args.suite)]
     out = Path(args.out) if args.out else config_store.path_for(slug)
     fields = config_options(cfg)
     if args.margin is not None:
@@ -354,12 +389,31 @@ def cmd_pr(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=1, sort_keys=True, default=str))
         return EXIT_OK
+    if args.dry_run and not outcome.diff:
+        print("\n".join(outcome.messages))
+        return EXIT_OK
     print(f"title: {outcome.title}\nbranch: {outcome.branch} -> {outcome.base_branch} of {outcome.origin}\n")
     print(outcome.body)
     print("--- diff ---")
     print(outcome.diff or "(no differences)")
     for message in outcome.messages:
         print(message)
+    return EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """``config check [PATH]``: 0 when the file is valid (or absent, for the default path), 2 naming the key."""
+    from guard import config as guard_config
+
+    path = Path(args.path) if args.path else Path(args.state_dir) / guard_config.FILE_NAME
+    if args.path is None and not path.exists():
+        print(f"{path}: no such file; the embedded defaults apply")
+        return EXIT_OK
+    try:
+        guard_config.load(path)
+    except guard_config.GuardConfigError as exc:
+        raise EnvironmentProblem(" ".join(str(exc).split())) from None
+    print(f"{path}: ok")
     return EXIT_OK
 
 
@@ -375,7 +429,16 @@ def _workers_arg(value: str):
 def cmd_daemon(args: argparse.Namespace) -> int:
     from guard import daemon
 
+    if args.nightly_target == daemon.NIGHTLY_TARGET:  # a test target takes its own options
+        unknown = sorted({key for key, _ in args.option} - set(NIGHTLY_OPTIONS))
+        if unknown:
+            raise ValueError(f"-o: unknown option(s) {', '.join(unknown)}; valid: {', '.join(NIGHTLY_OPTIONS)}")
     return daemon.cmd_daemon(args)
+
+
+# The nightly's settings that `daemon -o KEY=VALUE` passes on (guard.flows.nightly.CycleOptions).
+NIGHTLY_OPTIONS = ("suite", "shapes", "kernels", "seed", "rounds", "confirm", "strict", "update_baseline", "out_dir",
+                   "force_retune", "cuda_graphs", "config", "pr", "workers", "case_timeout_s")
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -398,7 +461,8 @@ def _daemon_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hard timeout of one cycle (default: %(default)s)")
     parser.add_argument("--nightly-target", default=NIGHTLY_TARGET, help=argparse.SUPPRESS)
     parser.add_argument("--option", "-o", action="append", type=_option, default=[], metavar="KEY=VALUE",
-                        help="passed to daemon_cycle as a keyword (YAML value), e.g. -o suite=default")
+                        help="a nightly setting (YAML value), repeatable, e.g. -o suite=default -o rounds=50; "
+                             f"keys: {', '.join(NIGHTLY_OPTIONS)}")
     parser.add_argument("--drift-interval", type=flags.seconds(), default=900, metavar="S", help="default: %(default)s")
     parser.add_argument("--drift-timeout", type=flags.seconds(), default=300, metavar="S", help="default: %(default)s")
     parser.add_argument("--drift-target", default=DRIFT_TARGET, help=argparse.SUPPRESS)
@@ -460,30 +524,39 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mamba2-guard", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="mamba2-guard", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        """A subcommand whose help line is also its description (``COMMAND --help`` opens with it)."""
+        return commands.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
     def selection(p: argparse.ArgumentParser, suite: str) -> None:
-        p.add_argument("--suite", default=suite, help=f"shape suite from kernels/suites.yaml (default {suite})")
+        p.add_argument("--suite", default=suite, metavar="NAME",
+                       help=f"shape suite from kernels/suites.yaml (default: the suite '{suite}')")
         p.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of a suite")
         p.add_argument("--kernels", nargs="+", metavar="KERNEL", help="kernel names (default: all)")
 
-    p = sub.add_parser("doctor", help="check the installation")
+    p = command("doctor", "check the installation quickly: versions and files, nothing compiled")
     p.add_argument("--quiet", action="store_true", help="print only problems")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("fingerprint", help="print the environment fingerprint")
+    p = command("fingerprint", "print the environment fingerprint")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_fingerprint)
 
-    p = sub.add_parser("list", help="list kernels and shapes of a suite")
+    p = command("list", "list kernels and shapes of a suite")
     selection(p, "default")
     p.set_defaults(func=cmd_list)
 
     def run_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--seed", type=flags.integer(0), default=0, help="input seed (recorded in the result)")
-        p.add_argument("--rounds", type=flags.integer(1), default=30, help="timed samples per implementation")
+        p.add_argument("--seed", type=flags.integer(0), default=0,
+                       help="input seed, recorded in the result (default: %(default)s)")
+        p.add_argument("--rounds", type=flags.integer(1), default=30,
+                       help="timed samples per implementation (default: %(default)s)")
         p.add_argument("--cuda-graphs", action="store_true",
                        help="time every entry as CUDA-graph replays (L2 still flushed before each): device work "
                             "without host overhead; whole calls and the layer are always timed so")
@@ -494,21 +567,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --workers: kill a worker that finishes no case for S seconds (default 1800)")
         p.add_argument("--bench-fn", help=argparse.SUPPRESS)  # module:function or file.py:function (tests)
 
-    p = sub.add_parser("bench", help="precision and interleaved timing of kernels x shapes")
+    p = command("bench", "precision and interleaved timing of kernels x shapes")
     selection(p, "default")
     run_options(p)
     p.add_argument("--json", metavar="PATH", help="where to write the result (default: the state dir)")
     p.add_argument("--update-baseline", action="store_true", help="write baselines/<gpu-slug>.yaml")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("check", help="verdicts for a bench result against baseline and history")
+    p = command("check", "verdicts for a bench result against baseline and history")
     p.add_argument("--result", metavar="PATH", help="a bench result JSON (default: the latest in the state dir)")
     p.add_argument("--baseline", metavar="PATH", help="default: baselines/<gpu-slug>.yaml")
     p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
     p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the check")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("nightly", help="one nightly cycle")
+    p = command("nightly", "one nightly cycle: bench, check, drift, re-tune and PR where due, reports")
     selection(p, "default")
     run_options(p)
     p.add_argument("--no-confirm", action="store_true", help="do not re-run flagged cases")
@@ -519,11 +592,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
     p.set_defaults(func=cmd_nightly)
 
-    p = sub.add_parser("daemon", help="scheduled nightly, drift watch and /metrics (APScheduler)")
+    p = command("daemon", "scheduled nightly, drift watch and /metrics (APScheduler)")
     _daemon_arguments(p)
     p.set_defaults(func=cmd_daemon)
 
-    p = sub.add_parser("metrics", help="export the last cycle's metrics: textfile | push | show")
+    p = command("metrics", "export the last cycle's metrics: textfile | push | show")
     _metrics_arguments(p)
     p.set_defaults(func=cmd_metrics)
 
@@ -532,13 +605,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
         p.add_argument("--gpu-slug", metavar="SLUG", help="config/baseline file name (default: this GPU's)")
 
-    p = sub.add_parser("drift", help="what changed since the configs and baseline were recorded (exit 1: drift)")
+    p = command("drift", "what changed since the configs and baseline were recorded (exit 1: drift)")
     guard_options(p)
     p.add_argument("--root", metavar="DIR", help="checkout holding kernels/configs and baselines (default: this one)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_drift)
 
-    p = sub.add_parser("autotune", help="tune, validate and store Helion configs (child processes, resumable)")
+    p = command("autotune", "tune, validate and store Helion configs (child processes, resumable)")
     selection(p, "default")
     guard_options(p)
     p.add_argument("--effort", choices=("quick", "full"), help="Helion's autotune effort (default: quick)")
@@ -565,7 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tuner", help=argparse.SUPPRESS)  # module:function or file.py:function (tests)
     p.set_defaults(func=cmd_autotune)
 
-    p = sub.add_parser("pr", help="open or update the config PR for this GPU")
+    p = command("pr", "open or update the config PR for this GPU")
     guard_options(p)
     p.add_argument("--root", metavar="DIR", help="checkout holding the files to propose (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the body and the diff; push nothing")
@@ -575,9 +648,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-url", metavar="URL", help="GitHub REST base URL, for Enterprise (overrides github.base_url)")
     p.set_defaults(func=cmd_pr)
 
+    p = command("config", "the guard's settings file (guard.yaml)")
+    p.add_argument("action", choices=("check",), help="check: validate the file (exit 2 names the bad key)")
+    p.add_argument("path", nargs="?", metavar="PATH", help="the file (default: <state-dir>/guard.yaml)")
+    p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+    p.set_defaults(func=cmd_config)
+
     from guard import dev
 
-    dev.register(sub)
+    dev.register(commands)
     return parser
 
 

@@ -19,6 +19,9 @@ IS_MAMBA2_GUARD = True
 _PUBLIC = {
     "mamba_chunk_scan_combined": "kernels.ssd.combined:mamba_chunk_scan_combined",
     "mamba_split_conv1d_scan_combined": "kernels.layer_fn:mamba_split_conv1d_scan_combined",
+    "causal_conv1d_fn": "kernels.conv.causal_conv1d:causal_conv1d_fn",
+    "rmsnorm_fn": "kernels.norm.rmsnorm:rmsnorm_fn",
+    "RMSNormGated": "kernels.norm.rmsnorm:RMSNormGated",
     "patch_mamba_ssm": "kernels.layer:patch_mamba_ssm",
     "unpatch_mamba_ssm": "kernels.layer:unpatch_mamba_ssm",
     "registry": "kernels.registry",

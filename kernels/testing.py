@@ -43,9 +43,12 @@ def enable_cpu_interpret() -> None:
 
 
 def patch_mm_out_dtype() -> None:
-    # Helion's ref mode calls torch.mm/bmm(..., out_dtype=...), a CUDA-only overload.
+    """Helion's ref mode calls torch.mm/bmm(..., out_dtype=...), a CUDA-only overload: on CPU tensors compute in
+    fp32 and cast. Idempotent; ``kernels._runtime`` applies it when it first runs a kernel on CPU in ref mode."""
     for name in ("mm", "bmm"):
         original = getattr(torch, name)
+        if getattr(original, "_cpu_out_dtype", False):
+            continue
 
         @functools.wraps(original)  # inductor registers extern kernels by __name__
         def patched(a, b, *args, out_dtype=None, _original=original, **kwargs):
@@ -53,6 +56,7 @@ def patch_mm_out_dtype() -> None:
                 return _original(a, b, *args, **({"out_dtype": out_dtype} if out_dtype else {}), **kwargs)
             return _original(a.float(), b.float(), *args, **kwargs).to(out_dtype)
 
+        patched._cpu_out_dtype = True  # type: ignore[attr-defined]
         setattr(torch, name, patched)
 
 

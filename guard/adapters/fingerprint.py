@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from guard import PROJECT_ROOT
-from guard.core.fingerprint import fingerprint_hash
+from guard.core.fingerprint import TIMING_METHOD, fingerprint_hash
 
 KERNELS_DIR = PROJECT_ROOT / "kernels"
 
@@ -66,6 +66,9 @@ class Fingerprint:
     python: str
     kernels_source_hash: str
     kernel_sources: dict[str, str] = field(default_factory=dict)
+    # The bench's timing method is part of the environment: a new method resets the history like a new
+    # driver, and the hash the CLI shows is the one a result and its report.md carry.
+    timing_method: str = TIMING_METHOD
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -143,6 +146,19 @@ def collect(gpu_index: int | None = None) -> Fingerprint:
         kernels_source_hash=combined_hash(sources),
         kernel_sources=sources,
     )
+
+
+def restamped(recorded: dict[str, Any], files: list[str] | None, root: Path = KERNELS_DIR) -> dict[str, Any]:
+    """``recorded`` (a config file's or baseline's fingerprint) with the current hashes of ``files`` (paths
+    under kernels/; None: every source file, vanished ones dropped) and the combined hash recomputed."""
+    current = kernel_source_hashes(root)
+    sources = dict(current) if files is None else dict(recorded.get("kernel_sources") or {})
+    for name in files or ():
+        if name in current:
+            sources[name] = current[name]
+        else:
+            sources.pop(name, None)
+    return {**recorded, "kernel_sources": dict(sorted(sources.items())), "kernels_source_hash": combined_hash(sources)}
 
 
 def gpu_slug(fp: Fingerprint) -> str:

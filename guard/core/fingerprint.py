@@ -11,6 +11,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+# The bench's timing method (guard.bench.timing): results and baselines record it; it is in the fingerprint so
+# that a result taken by another method starts a new history window. v2: warm-up by time, the head start,
+# whole calls as graphs.
+TIMING_METHOD = "v2"
+
 # Keys that name a machine or a moment rather than an environment: two hosts with the same GPU model
 # and software must produce the same fingerprint hash (and so the same branch).
 VOLATILE_FINGERPRINT_KEYS = frozenset(

@@ -357,23 +357,46 @@ def rich_table(result: BenchResult, verdicts: Sequence[Verdict], baseline: Basel
     """A terminal table, failures first."""
     all_rows = rows(result, verdicts, baseline)
     n_fail = sum(1 for r in all_rows if r.verdict.status in FAILING)
-    table = Table(title=title or f"mamba2-guard check: {n_fail} failing of {len(all_rows)}", show_lines=False)
-    for name, justify in (("kernel", "left"), ("shape", "left"), ("phase", "left"), ("status", "left"),
-                          ("share", "right"), ("base ms", "right"), ("cur ms", "right"),
-                          ("speedup", "right"), ("Δ", "right"), ("p", "right"), ("diff_max", "right"),
-                          ("roofline", "right"), ("detail", "left")):
+    table = Table(title=title or f"mamba2-guard check: {n_fail} failing of {len(all_rows)}", show_lines=False,
+                  caption="ms: baseline→current; Δ (p): change and p-value; share and roofline: report.md")
+    # Seven columns, the case's three names in one, so that it fits 80 columns (report.md has every column).
+    for name, justify in (("case", "left"), ("status", "left"), ("ms", "right"), ("speedup", "right"),
+                          ("Δ (p)", "right"), ("diff max", "right"), ("detail", "left")):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in all_rows:
         v, case = r.verdict, r.case
         sb, sc = r.speedup
         prec = case.precision if case else None
+        ms = f"{_ms(r.baseline_ms)}→{_ms(r.current_ms)}" if r.baseline_ms is not None else _ms(r.current_ms)
+        change = _pct(v.effect) + (f" ({_f(v.p_value, '.2g')})" if v.p_value is not None else "")
         table.add_row(
-            v.kernel, v.shape, v.phase, Text(_status_label(v), style=_STYLE[v.status]),
-            _share(r.layer_share), _ms(r.baseline_ms), _ms(r.current_ms),
-            f"{_f(sb, '.2f')}→{_f(sc, '.2f')}" if sb is not None else _f(sc, ".2f"),
-            _pct(v.effect), _f(v.p_value, ".2g"),
-            _f(prec.max_abs_diff_vs_mamba_ssm if prec else None, ".2e"),
-            _f(case.roofline_fraction * 100 if case and case.roofline_fraction is not None else None, ".0f") + "%",
+            f"{v.kernel} {v.shape} {v.phase}", Text(_status_label(v), style=_STYLE[v.status]), ms,
+            f"{_f(sb, '.2f')}→{_f(sc, '.2f')}" if sb is not None else _f(sc, ".2f"), change,
+            _f(prec.max_abs_diff_vs_mamba_ssm if prec else None, ".1e"),
             v.detail if v.status != "ok" else "",
         )
+    return table
+
+
+def bench_table(result: BenchResult) -> Table:
+    """``bench``'s closing summary: each case's medians, its speedup against mamba-ssm and its precision."""
+    meaningful = all(c.timings_meaningful for c in result.cases)
+    title = "mamba2-guard bench" + ("" if meaningful else " (CPU interpret mode: timings mean nothing)")
+    table = Table(title=title)
+    for name, justify in (("kernel", "left"), ("shape", "left"), ("ours ms", "right"), ("mamba-ssm ms", "right"),
+                          ("speedup", "right"), ("precision", "left")):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for case in result.cases:
+        prec = case.precision
+        if case.error:
+            precision = Text("error", style=_STYLE["error"])
+        elif case.missing:
+            precision = Text("not implemented", style=_STYLE["missing-kernel"])
+        elif prec is None or prec.ok is None:
+            precision = Text("—")
+        else:
+            err = f" (rel err {_f(prec.max_rel_err_vs_fp64, '.1e')})"
+            precision = Text(("ok" if prec.ok else "FAIL") + err, style=_STYLE["ok" if prec.ok else "precision-fail"])
+        table.add_row(case.kernel, case.shape, _ms(case.helion_median_ms), _ms(case.mamba_ssm_median_ms),
+                      _f(case.speedup, ".2f") + ("x" if case.speedup is not None else ""), precision)
     return table

@@ -1,4 +1,4 @@
-"""Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench.
+"""Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench, restamp.
 
 Each tool's code is ``guard.dev.<module>.run(args, parser)``; its arguments are declared here, so that the
 CLI's one parser knows them without importing the tools (``sass`` changes the Triton environment at import,
@@ -62,6 +62,16 @@ def module_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
 
 
+def restamp_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev restamp`` ."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--kernels", nargs="+", metavar="KERNEL", help="the kernels whose configs were re-validated")
+    which.add_argument("--all", action="store_true", help="every source file (after re-validating every kernel)")
+    parser.add_argument("--gpu-slug", required=True, help="whose config file and baseline, e.g. nvidia-h200")
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
+                        help="checkout holding kernels/configs and baselines (default: this one)")
+
+
 # name -> (module, argument declarations, one-line help)
 TOOLS = {
     "sweep": ("guard.dev.sweep", sweep_arguments, "hand-picked configs against the stored ones, timed on the GPU"),
@@ -70,12 +80,15 @@ TOOLS = {
                   "measure the regression rule on a GPU: A/A false alarms, detection of an injected slowdown"),
     "module-bench": ("guard.dev.module_bench", module_bench_arguments,
                      "the full mamba-ssm Mamba2 module, GEMMs included, on mamba-ssm's kernels and on ours"),
+    "restamp": ("guard.dev.restamp", restamp_arguments,
+                "record the current sources of re-validated kernels in a GPU's config file and baseline"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """``mamba2-guard dev <tool> ...`` under the CLI's subcommands ``sub``."""
-    dev = sub.add_parser("dev", help="developer tools: sweep | sass | calibrate | module-bench")
+    text = "developer tools: sweep | sass | calibrate | module-bench | restamp"
+    dev = sub.add_parser("dev", help=text, description=text[0].upper() + text[1:] + ".")
     tools = dev.add_subparsers(dest="tool", required=True, metavar="TOOL")
     for name, (module, arguments, text) in TOOLS.items():
         p = tools.add_parser(name, help=text, description=text)

@@ -76,6 +76,7 @@ def _now() -> datetime.datetime:
 def selection(options: CycleOptions, progress: Progress) -> tuple[str, list[registry.KernelEntry], list]:
     loaded = suites.load()
     suite = options.suite
+    loaded.suite(suite)  # an unknown name is a usage error here too, not silently the smoke suite
     if not torch.cuda.is_available() and not options.shapes and suite != "smoke":
         progress(f"no GPU: the smoke suite in CPU interpret mode replaces suite {suite!r}")
         suite = "smoke"

@@ -79,6 +79,14 @@ def default_origin(state_dir: Path, base_branch: str, checkout: Path = PROJECT_R
     return bare
 
 
+def _git_show(spec: str, cwd: Path) -> str | None:
+    """A file at a revision (``REV:PATH``), None when it is not there."""
+    try:
+        return _git(["show", spec], cwd=cwd)
+    except RuntimeError:
+        return None
+
+
 def _read_doc(text: str | None) -> dict[str, Any] | None:
     if not text:
         return None
@@ -95,41 +103,32 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
            root: Path = PROJECT_ROOT, dry_run: bool = False, drift: drift_mod.DriftReport | None = None,
            reproduce_command: str | None = None, progress: Progress = lambda m: None,
            client_factory: Callable[[GuardConfig], Any] | None = None) -> PrFlowOutcome:
-    from guard.adapters.gitops import ConfigRepo, FetchFailed, managed_paths
+    from guard.adapters.gitops import ConfigRepo, managed_paths
 
     root = Path(root)
     messages: list[str] = []
     base_branch = cfg.git.get("base_branch") or DEFAULT_BASE_BRANCH
     origin = cfg.git.get("origin")
-    if not origin:
-        origin = str(default_origin(Path(state_dir), base_branch))
-        messages.append(f"PR target: the bare repository {origin} (no git.origin in {cfg.describe()})")
     paths = managed_paths(gpu_slug)
     new_texts = {p: (root / p).read_text() if (root / p).is_file() else None for p in paths}
-
-    repo = ConfigRepo(Path(state_dir) / "pr" / "repo", origin, base_branch,
-                      bot_name=cfg.bot.get("name") or "mamba2-guard[bot]",
-                      bot_email=cfg.bot.get("email") or "mamba2-guard[bot]@users.noreply.github.com",
-                      token_env=cfg.git.get("token_env") or cfg.token_env)
-    old_texts: dict[str, str | None]
-    try:
+    clone = Path(state_dir) / "pr" / "repo"
+    if dry_run:
+        # A dry run changes nothing: no state directory, no bare repository, no fetch. It compares with the
+        # PR target as last fetched, else with this checkout's HEAD.
+        fetched = (clone / "clone" / ".git").exists() and bool(origin)
+        old_texts = {p: _git_show(f"refs/remotes/origin/{base_branch}:{p}", clone / "clone") if fetched
+                     else _git_show(f"HEAD:{p}", root) for p in paths}
+        messages.append(f"compared with {f'the last fetch of {origin}' if fetched else f'HEAD of {root}'}")
+        origin = origin or str(Path(state_dir).resolve() / "pr" / "origin.git")
+    else:
+        if not origin:
+            origin = str(default_origin(Path(state_dir), base_branch))
+            messages.append(f"PR target: the bare repository {origin} (no git.origin in {cfg.describe()})")
+        repo = ConfigRepo(clone, origin, base_branch, bot_name=cfg.bot.get("name") or "mamba2-guard[bot]",
+                          bot_email=cfg.bot.get("email") or "mamba2-guard[bot]@users.noreply.github.com",
+                          token_env=cfg.git.get("token_env") or cfg.token_env)
         repo.sync()
-        old_texts = {}
-        for p in paths:
-            try:
-                old_texts[p] = _git(["show", f"refs/remotes/origin/{base_branch}:{p}"], cwd=repo.clone_dir)
-            except RuntimeError:
-                old_texts[p] = None
-    except FetchFailed as exc:
-        if not dry_run:
-            raise
-        messages.append(f"cannot fetch the PR target ({exc}); comparing with this checkout's HEAD instead")
-        old_texts = {}
-        for p in paths:
-            try:
-                old_texts[p] = _git(["show", f"HEAD:{p}"], cwd=PROJECT_ROOT)
-            except RuntimeError:
-                old_texts[p] = None
+        old_texts = {p: _git_show(f"refs/remotes/origin/{base_branch}:{p}", repo.clone_dir) for p in paths}
     configs_path, baseline_path = paths
     old_configs, new_configs = _read_doc(old_texts[configs_path]), _read_doc(new_texts[configs_path])
     old_baseline, new_baseline = _read_doc(old_texts[baseline_path]), _read_doc(new_texts[baseline_path])
@@ -151,11 +150,12 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
                             fingerprint_hash=text.fingerprint_hash, diff=diff,
                             config_diff=diff_config_files(old_configs, new_configs).render_text(),
                             dry_run=dry_run, origin=origin, base_branch=base_branch, messages=messages)
-    if dry_run:
-        messages.append("dry run: nothing committed or pushed")
-        return outcome
     if not any(new_texts.values()):
         messages.append(f"nothing to propose: neither {' nor '.join(paths)} exists under {root}")
+        return outcome
+    if dry_run:
+        messages.append("dry run: nothing committed or pushed" if diff else
+                        f"nothing to propose: {' and '.join(paths)} do not differ from the base branch")
         return outcome
     result = repo.update(root, gpu_slug, text.fingerprint_hash, trigger=drift.summary(), branch=text.branch)
     outcome.git = result.to_dict()
