@@ -124,6 +124,5 @@ def test_ok_and_precision_failure_exit_0_and_1(tmp_path):
     doc["cases"][0]["precision"]["allclose"] = False
     path = tmp_path / "result.json"
     path.write_text(json.dumps(BenchResult.from_dict(doc).to_dict()))
-    done = _run(["check", "--result", str(path), "--baseline", str(tmp_path / "none.yaml"), "--state-dir",
-                 str(tmp_path / "s")])
+    done = _run(["check", "--result", str(path), "--state-dir", str(tmp_path / "s")])
     assert done.returncode == 1, done.stdout + done.stderr
