@@ -3,7 +3,7 @@ recompute) runs as ``_chunk_state_fwd`` then ``_state_passing_fwd``.
 
 out[:, c] is the state entering chunk c (initial_states or 0 for c = 0), final_states the state leaving the
 last; carry = exp(dA_cumsum[c, -1]) * carry + chunk_state(c), chunk_state(c) = x_c^T (B_c * decay * dt) as
-in ``kernels.ssd.chunk_state`` (B scaled and rounded to x's dtype, fp32 accumulation, fp32 carry).
+in ``kernels.ssd.parity.chunk_state`` (B scaled and rounded to x's dtype, fp32 accumulation, fp32 carry).
 
 One program per (batch, head, headdim block, dstate block) walks the chunks in order, carrying its block of
 the state in registers, so the per-chunk fp32 states (b, c, h, p, n) that mamba-ssm writes between its two
