@@ -578,7 +578,7 @@ ENTRIES: tuple[KernelEntry, ...] = (
            ("ddA", "ddt_out", "dt_raw", "A", "dt_bias", "dt_softplus", "dt_limit"), ("ddt", "dA", "ddt_bias"),
            f"{_SSD}:chunk_cumsum_bwd", f"{_STATE}:_chunk_cumsum_bwd",
            _model(lambda z: 2 * z["dt_raw"] + 2 * z["dt"]), _flops(lambda b, L, h, p, G, n, Q, c: 10 * b * L * h),
-           helion="kernels.ssd.chunk_state_bwd:chunk_cumsum_bwd"),
+           helion="kernels.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd"),
     # The same kernel building ddA from the three terms' partials (our backward's form), against those PyTorch
     # ops as our backward ran them before, then mamba-ssm's kernel.
     _entry("chunk_cumsum_bwd_terms", "ssd", "bwd_13_15", "_chunk_cumsum_bwd_kernel + the ddA terms' PyTorch ops",
@@ -587,7 +587,7 @@ ENTRIES: tuple[KernelEntry, ...] = (
             "dt_softplus", "dt_limit"), ("ddt", "dA", "ddt_bias"),
            f"{_SSD}:chunk_cumsum_bwd_of_partial_terms", "kernels._mamba_ssm:chunk_cumsum_bwd_of_terms",
            _model(lambda z: 2 * z["dt_raw"] + 12 * z["dt"]), _flops(lambda b, L, h, p, G, n, Q, c: 24 * b * L * h),
-           helion="kernels.ssd.chunk_state_bwd:chunk_cumsum_bwd_of_terms"),
+           helion="kernels.ssd.chunk_cumsum_bwd:chunk_cumsum_bwd_of_terms"),
     # ---- gated RMSNorm (M = batch x seqlen rows of d_ssm, groups of norm_group_size)
     _entry("gated_rmsnorm_fwd", "norm", "norm_fwd", "_layer_norm_fwd_1pass_kernel", inputs_norm,
            ("x", "weight", "bias", "eps", "z", "none", "group_size", "norm_before_gate", "true"),

@@ -1,5 +1,5 @@
 """The Helion SSD backward kernels (kernels/ssd/{chunk_scan_bwd,chunk_state_passing_bwd,
-chunk_scan_chunk_state_bwd,chunk_state_bwd,bmm_chunk_bwd}.py) against the fp64 references of
+chunk_scan_chunk_state_bwd,chunk_state_bwd,bmm_chunk_bwd,chunk_cumsum_bwd}.py) against the fp64 references of
 kernels/ssd/naive.py, and the full autograd of ``kernels.mamba_chunk_scan_combined`` (the parity kernels:
 parity/).
 
@@ -24,6 +24,7 @@ from kernels import registry, suites
 from kernels._runtime import pinned_config
 from kernels.ssd import (
     bmm_chunk_bwd,
+    chunk_cumsum_bwd,
     chunk_scan_bwd,
     chunk_scan_chunk_state_bwd,
     chunk_state_bwd,
@@ -45,7 +46,8 @@ from .checks import (
     small_block_configs,
 )
 
-MODULES = (chunk_scan_bwd, chunk_state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd, bmm_chunk_bwd)
+MODULES = (chunk_scan_bwd, chunk_state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd, bmm_chunk_bwd,
+           chunk_cumsum_bwd)
 KERNELS = entries_of(MODULES)
 ODD = {
     "smoke": {},
@@ -138,7 +140,7 @@ def test_unfinished_ddA_terms_are_the_partials_of_the_finished_ones():
     configs = {chunk_state_bwd.chunk_state_bwd_db_kernel: {**SMALL["chunk_state_bwd_db"], "block_sizes": [16, 16, 16]},
                chunk_scan_bwd.chunk_scan_bwd_dC_kernel: {**SMALL["chunk_scan_bwd_dC"], "block_sizes": [16, 16, 16]},
                chunk_scan_bwd.chunk_scan_bwd_dcb_kernel: {**SMALL["chunk_scan_bwd_dcb"], "block_sizes": [16, 32, 16]},
-               chunk_state_bwd.chunk_cumsum_bwd_kernel: SMALL["chunk_cumsum_bwd"]}
+               chunk_cumsum_bwd.chunk_cumsum_bwd_kernel: SMALL["chunk_cumsum_bwd"]}
     with execution_mode("triton"), contextlib.ExitStack() as stack:
         for kernel, config in configs.items():
             stack.enter_context(pinned_config(kernel, config))
@@ -150,9 +152,9 @@ def test_unfinished_ddA_terms_are_the_partials_of_the_finished_ones():
         assert min(next_steps.shape[-1], prev_parts.shape[-1], intra_steps.shape[-1]) > 1
         chunk = cum["ddA"][..., -1].contiguous()
         rest = (cum["ddt_out"], cum["dt_raw"], cum["A"], cum["dt_bias"], True, (0.0, float("inf")))
-        from_terms = chunk_state_bwd.chunk_cumsum_bwd_of_terms(intra_steps, next_steps, prev_parts, chunk, *rest)
+        from_terms = chunk_cumsum_bwd.chunk_cumsum_bwd_of_terms(intra_steps, next_steps, prev_parts, chunk, *rest)
         (_, ddA_next), (_, ddA_prev), (_, ddA_intra) = runs[False]
-        from_sum = chunk_state_bwd.chunk_cumsum_bwd(naive.combine_ddA_terms(ddA_intra, ddA_next, ddA_prev, chunk),
+        from_sum = chunk_cumsum_bwd.chunk_cumsum_bwd(naive.combine_ddA_terms(ddA_intra, ddA_next, ddA_prev, chunk),
                                                     *rest)
     for finished, unfinished in zip(runs[False], runs[True], strict=True):
         torch.testing.assertclose(unfinished[0], finished[0], atol=0, rtol=0)
@@ -190,7 +192,7 @@ def test_chunk_state_passing_bwd_options(mode, case):
 def test_chunk_cumsum_bwd_options(bias, softplus, limit):
     inp = registry.get("chunk_cumsum_bwd").inputs(SMOKE.replace(seqlen=80, batch=2), 5)
     dt_raw = inp["dt_raw"] + (0.0 if softplus else 3.8)  # without softplus: dt values around (-0.5, 0.5)
-    ours = _both(chunk_state_bwd.chunk_cumsum_bwd, naive.chunk_cumsum_bwd,
+    ours = _both(chunk_cumsum_bwd.chunk_cumsum_bwd, naive.chunk_cumsum_bwd,
                  (inp["ddA"], inp["ddt_out"], dt_raw, inp["A"], inp["dt_bias"] if bias else None, softplus, limit),
                  atol=1e-5, rtol=1e-5)
     assert (ours[2] is None) == (not bias)
