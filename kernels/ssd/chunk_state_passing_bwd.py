@@ -10,10 +10,9 @@ end. ``states`` are the states entering each chunk (fp32, as the backward recomp
 
 One program per (batch, head, headdim block, dstate block) walks the chunks in reverse, u_c on tensor cores
 as the dstates kernel computes it (dout scaled and rounded to its dtype, fp32 accumulation), so u (b, c, h,
-p, n) in fp32, which mamba-ssm writes and reads back between its two kernels, never reaches memory (268 MB
-each way at nemotron3-nano). Each chunk is one tile, so the walk is the kernel's only loop (as in
-``kernels.ssd.chunk_state_passing``; 0.301 ms against 0.308 for the first version, which looped over the
-chunk inside the walk). It moves 703 MB at nemotron3-nano, 55 % of the copy bandwidth on the H200.
+p, n) in fp32, which mamba-ssm writes and reads back between its two kernels, never reaches memory. Each
+chunk is one tile, so the walk is the kernel's only loop (as in ``kernels.ssd.chunk_state_passing``; a little
+faster than the first version, which looped over the chunk inside the walk).
 ddA_chunk_cumsum comes as one partial per (headdim block, dstate block), summed on the host (no atomics).
 seq_idx: positions outside the sequence of the position before their chunk add nothing to u_c, and the host
 turns exp(dA[c]) into 0 where the carry crosses a sequence boundary. C, dout and seq_idx come as (b, c, Q,
