@@ -21,6 +21,14 @@ Runs = dict[str, tuple[registry.KernelEntry, Callable[..., Any]]]
 SMOKE = suites.load().shape("smoke")  # b1 L96 h4 p16 g2 n16 Q32 fp32
 # Interpreter shape: p32 n16 Q32 h4 g2 (2 heads per group), ragged last chunk.
 TILED = SMOKE.replace(headdim=32, seqlen=80, batch=2)
+# Odd shapes for ref mode, as replacements of SMOKE's fields.
+ODD = {
+    "smoke": {},
+    "ragged": {"seqlen": 80},  # not a multiple of chunk_size
+    "g1": {"ngroups": 1, "seqlen": 70},
+    "g_eq_h": {"ngroups": 4},
+    "p32": {"headdim": 32, "batch": 2, "seqlen": 50},
+}
 
 
 def entries_of(modules: tuple[ModuleType, ...]) -> tuple[str, ...]:

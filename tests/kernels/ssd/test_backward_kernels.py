@@ -34,6 +34,7 @@ from kernels.ssd import (
 from kernels.testing import execution_mode
 
 from .checks import (
+    ODD,
     SMOKE,
     TILED,
     assert_gpu_matches_mamba_ssm,
@@ -49,13 +50,6 @@ from .checks import (
 MODULES = (chunk_scan_bwd, chunk_state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd, bmm_chunk_bwd,
            chunk_cumsum_bwd)
 KERNELS = entries_of(MODULES)
-ODD = {
-    "smoke": {},
-    "ragged": {"seqlen": 80},  # not a multiple of chunk_size
-    "g1": {"ngroups": 1, "seqlen": 70},
-    "g_eq_h": {"ngroups": 4},
-    "p32": {"headdim": 32, "batch": 2, "seqlen": 50},
-}
 SMALL: dict = {  # block sizes (in register_block_size order) below every dimension they tile, one head/program
     "chunk_scan_bwd_dz": {"block_sizes": [16, 16]},
     "chunk_scan_bwd_dC": {"block_sizes": [16, 8, 16], "heads_per_program": 1},

@@ -17,6 +17,7 @@ from kernels._runtime import pinned_config
 from kernels.ssd import _keys, bmm_chunk, chunk_cumsum, chunk_scan, chunk_state_passing, naive
 from kernels.testing import execution_mode
 
+from . import checks
 from .checks import (
     SMOKE,
     assert_gpu_matches_mamba_ssm,
@@ -30,14 +31,7 @@ from .checks import (
 
 MODULES = (chunk_cumsum, bmm_chunk, chunk_scan, chunk_state_passing)
 KERNELS = entries_of(MODULES)
-ODD = {
-    "smoke": {},
-    "ragged": {"seqlen": 80},  # not a multiple of chunk_size
-    "g1": {"ngroups": 1, "seqlen": 70},
-    "g_eq_h": {"ngroups": 4},
-    "p32": {"headdim": 32, "batch": 2, "seqlen": 50},
-    "n32": {"dstate": 32},
-}
+ODD = {**checks.ODD, "n32": {"dstate": 32}}
 # Small blocks for the interpreter: every one below the dimension it tiles at TILED (p32 n16 Q32 h4).
 SMALL_BLOCKS = {
     "chunk_cumsum": [2],  # heads

@@ -25,6 +25,7 @@ from kernels.ssd.parity import chunk_scan_bwd_dstates, chunk_state, state_passin
 from kernels.testing import execution_mode
 
 from ..checks import (
+    ODD,
     SMOKE,
     assert_gpu_matches_mamba_ssm,
     assert_interpreter_matches_mamba_ssm,
@@ -40,13 +41,6 @@ from ..checks import (
 MODULES = tuple(importlib.import_module(entry.helion.split(":")[0]) for entry in registry.ENTRIES
                 if entry.helion and entry.helion.startswith("kernels.ssd.parity."))
 KERNELS = entries_of(MODULES)
-ODD = {
-    "smoke": {},
-    "ragged": {"seqlen": 80},  # not a multiple of chunk_size
-    "g1": {"ngroups": 1, "seqlen": 70},
-    "g_eq_h": {"ngroups": 4},
-    "p32": {"headdim": 32, "batch": 2, "seqlen": 50},
-}
 # Block sizes (in register_block_size order) below every dimension they tile at TILED.
 SMALL = {
     "chunk_state": {"block_sizes": [16, 16, 16]},  # headdim, dstate, chunk
