@@ -151,7 +151,7 @@ def test_unfinished_ddA_terms_are_the_partials_of_the_finished_ones():
         from_sum = chunk_cumsum_bwd.chunk_cumsum_bwd(naive.combine_ddA_terms(ddA_intra, ddA_next, ddA_prev, chunk),
                                                     *rest)
     for finished, unfinished in zip(runs[False], runs[True], strict=True):
-        torch.testing.assertclose(unfinished[0], finished[0], atol=0, rtol=0)
+        torch.testing.assert_close(unfinished[0], finished[0], atol=0, rtol=0)
     close(naive.finish_ddA_terms(intra_steps, next_steps, prev_parts), (ddA_intra, ddA_next, ddA_prev),
            atol=1e-6, rtol=1e-6, label="finished terms")
     close(from_terms, from_sum, atol=1e-5, rtol=1e-5, label="chunk_cumsum_bwd of the terms")
@@ -311,7 +311,7 @@ def test_autograd_matches_fp64_reference(case, L, g):
         got, expected = ours[name].grad, ref[name].grad
         assert got is not None and got.dtype == args[name].dtype, name
         scale = expected.abs().max().item() + 1.0
-        torch.testing.assertclose(got.double(), expected, atol=1e-5 * scale, rtol=1e-4, msg=name)
+        torch.testing.assert_close(got.double(), expected, atol=1e-5 * scale, rtol=1e-4, msg=name)
 
 
 def test_gradcheck_tiny():
