@@ -14,7 +14,7 @@ time, carrying x and g = dout * act'(pre) of the last three steps in registers. 
 read once and each sigmoid computed once; dx[t-3] is complete (it needs g up to t) and stored three steps
 late, and the walk goes three steps past the span for it. A time tile instead needs the shifted g's, which
 a register tile cannot give: the earlier tiled kernel recomputed the pre-activation at every shift (four
-sigmoids per element) and ran at 13 % of copy bandwidth on the H200. dweight and dbias accumulate in
+sigmoids per element) and ran at a small fraction of copy bandwidth. dweight and dbias accumulate in
 registers and leave as one fp32 partial per (batch, span), summed on the host: deterministic, no atomics.
 Span and channel block are tuned; channels last (Mamba2's layout) wants long channel blocks.
 """
@@ -44,8 +44,8 @@ def _channels_last(x: torch.Tensor) -> bool:
 def _key(x, weight, bias, seq_idx, silu) -> ShapeKey:
     # Every argument that changes the generated code is in the key, so one key never mixes variants; the
     # layout decides which tile dimension must be long for coalesced access. Channels and tokens set the
-    # grid the blocks trade against (the backward's tuned blocks ran mamba2-default's 4352 channels at 0.53x
-    # causal-conv1d's speed, nemotron3-nano's 6144 at 1.11x, H200); both are scaled fields (nearest lookup).
+    # grid the blocks trade against (the backward's blocks tuned at one channel count ran far slower than
+    # causal-conv1d at another); both are scaled fields (nearest lookup).
     return ShapeKey.of(dtype=str(x.dtype).removeprefix("torch."), width=int(weight.shape[1]),
                        bias=int(bias is not None), silu=int(bool(silu)), seq_idx=int(seq_idx is not None),
                        channels_last=int(_channels_last(x)), channels=int(x.shape[1]),
@@ -245,8 +245,8 @@ def causal_conv1d_bwd(x, weight, bias, dout, seq_idx=None, activation=None, dx=N
     (batch, dim, seqlen) tensor with stride 1 over dim, such as a slice of the layer's input gradient).
 
     The kernel walks time with channels as the vector, so x and dout are read channels last: Mamba2's
-    layout as it is, other layouts through a transposed copy (walking contiguous memory took 9.3 ms at
-    nemotron3-nano on the H200, against 0.26 ms channels last)."""
+    layout as it is, other layouts through a transposed copy (walking contiguous memory, with time as the
+    vector's stride, was many times slower than the copy and a channels-last walk)."""
     x, weight, bias, seq_idx, silu = _prepare(x, weight, bias, seq_idx, activation)
     if dout.shape != x.shape:
         raise ValueError(f"dout: expected shape {tuple(x.shape)}, got {tuple(dout.shape)}")

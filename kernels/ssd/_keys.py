@@ -72,7 +72,7 @@ def heads_per_program(hpg: int) -> EnumFragment:
     """The choices for how many heads of a group one program handles: the divisors of ``hpg`` that split a
     group in at most ``MAX_HEAD_SPLITS`` parts, largest first, so that the default config (Helion's is the
     first choice) splits no group. Every split adds a full-size fp32 partial for the host to sum, a cost
-    the tuner, which times the kernel alone, does not see: at nemotron3-nano (hpg 8) one head per program
-    made dCB's partials 0.54 GB to write and read back, 8x the output, and the tuner chose it. mamba-ssm's
+    the tuner, which times the kernel alone, does not see: with 8 heads per group, one head per program
+    makes dCB's partials 8x the output to write and read back, and the tuner chose it. mamba-ssm's
     SM-count rule splits in at most 2 parts at the suite shapes."""
     return EnumFragment(tuple(d for d in range(hpg, 0, -1) if hpg % d == 0 and hpg // d <= MAX_HEAD_SPLITS))

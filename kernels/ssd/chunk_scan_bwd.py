@@ -1,10 +1,12 @@
 """Helion backward kernels of the chunk_scan stage: drop-ins for mamba-ssm's ``_chunk_scan_bwd_dz``,
-``_chunk_scan_bwd_dstates``, ``_chunk_scan_bwd_dC``, ``_chunk_scan_bwd_dcb`` and
-``_chunk_scan_bwd_ddAcs_stable`` (same arguments, outputs and dtypes as kernels/ssd/naive.py). dCB's
-``CB=`` form also gives the intra-chunk ddA from the same products; the SSD backward uses that form.
+``_chunk_scan_bwd_dC`` and ``_chunk_scan_bwd_dcb`` (same arguments, outputs and dtypes as kernels/ssd/naive.py).
+dCB's ``CB=`` form also gives the intra-chunk ddA from the same products (mamba-ssm: a separate
+``_chunk_scan_bwd_ddAcs_stable`` pass); the SSD backward uses that form. mamba-ssm's dstates kernel runs
+fused into ``kernels.ssd.chunk_state_passing_bwd``; the unfused dstates and stable ddA kernels are in
+``kernels.ssd.parity``.
 
 Deterministic: no atomics. Where mamba-ssm accumulates across programs with atomic adds (dD, dC and
-dCB over head splits), each program writes a partial sum and the host adds them, as for ddA's row blocks.
+dCB over head splits), each program writes a partial sum and the host adds them.
 Tunables: block sizes (mamba-ssm's autotune lists), warps, stages, indexing, and for dC / dCB the number
 of heads one program handles (``heads_per_program``: a divisor of nheads // ngroups, default all of them,
 no split; mamba-ssm derives it from the SM count).
@@ -23,12 +25,6 @@ from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
 from kernels.ssd._keys import dtype_name, exclusive_cumsum, heads_per_program, seq_prev, sum_partials, tokens
-
-
-def _pow2_chunk(name: str, chunk_size: int) -> None:
-    if chunk_size & (chunk_size - 1):
-        raise NotImplementedError(f"{name}: chunk_size {chunk_size} is not a power of two")
-
 
 # ---------------------------------------------------------------------------------------------------
 # dz: backward of the silu(z) gate
@@ -125,72 +121,6 @@ def chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=True, D=None, dz=No
     if recompute_output:
         vals = (*vals, outz)
     return vals
-
-
-# ---------------------------------------------------------------------------------------------------
-# dstates: gradient of the states entering each chunk
-
-
-def _dstates_key(C, dA_cumsum, dout, seq_idx, prev_seq, dstates) -> ShapeKey:
-    batch, seqlen, nheads, headdim = dout.shape
-    return ShapeKey.of(dtype=dtype_name(dout.dtype), out=dtype_name(dstates.dtype), headdim=headdim,
-                       dstate=C.shape[3], chunk_size=dA_cumsum.shape[3], hpg=nheads // C.shape[2],
-                       seq=int(seq_idx is not None), tokens=tokens(batch, seqlen))
-
-
-@tuned_kernel(name="chunk_scan_bwd_dstates", shape_key=_dstates_key, seeds=_seeds.matmul_mnk())
-def chunk_scan_bwd_dstates_kernel(
-    C: torch.Tensor,
-    dA_cumsum: torch.Tensor,
-    dout: torch.Tensor,
-    seq_idx: torch.Tensor | None,
-    prev_seq: torch.Tensor | None,
-    dstates: torch.Tensor,
-) -> None:
-    batch, seqlen, nheads, headdim = dout.shape
-    _, _, nchunks, chunk_size = dA_cumsum.shape
-    ngroups = C.shape[2]
-    dstate = C.shape[3]
-    chunk_size = hl.specialize(chunk_size)
-    ratio = nheads // ngroups
-    block_m = hl.register_block_size(headdim)
-    block_n = hl.register_block_size(dstate)
-    block_k = hl.register_block_size(chunk_size)
-    for tile_b, tile_c, tile_h, tile_m, tile_n in hl.tile(
-        [batch, nchunks, nheads, headdim, dstate], block_size=[1, 1, 1, block_m, block_n]
-    ):
-        b = tile_b.begin
-        c = tile_c.begin
-        h = tile_h.begin
-        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-        for tile_k in hl.tile(chunk_size, block_size=block_k):
-            pos = c * chunk_size + tile_k.index
-            valid = pos < seqlen
-            scale = torch.exp(dA_cumsum[b, h, c, tile_k].to(torch.float32))
-            if seq_idx is not None:
-                s = hl.load(seq_idx, [b, pos], extra_mask=valid)
-                scale = torch.where(s == prev_seq[b, c], scale, 0.0)
-            do_k = hl.load(dout, [b, pos, h, tile_m], extra_mask=valid[:, None]).to(torch.float32)
-            do_k = (do_k * scale[:, None]).to(dout.dtype)
-            C_k = hl.load(C, [b, pos, h // ratio, tile_n], extra_mask=valid[:, None]).to(dout.dtype)
-            acc = hl.dot(do_k.T, C_k, acc=acc)
-        dstates[b, c, h, tile_m, tile_n] = acc.to(dstates.dtype)
-
-
-def chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=None, dtype=None):
-    """Same arguments and result as mamba-ssm's ``_chunk_scan_bwd_dstates``: (b, c, h, p, n) in
-    ``dtype`` (default C.dtype)."""
-    batch, seqlen, nheads, headdim = dout.shape
-    _, _, nchunks, chunk_size = dA_cumsum.shape
-    assert C.shape[:2] == (batch, seqlen) and nheads % C.shape[2] == 0
-    prev = None
-    if seq_idx is not None:
-        assert seq_idx.shape == (batch, seqlen)
-        prev = seq_prev(seq_idx, chunk_size)
-    dstates = torch.empty((batch, nchunks, nheads, headdim, C.shape[3]), device=C.device,
-                          dtype=C.dtype if dtype is None else dtype)
-    chunk_scan_bwd_dstates_kernel(C, dA_cumsum, dout, seq_idx, prev, dstates)
-    return dstates
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -348,7 +278,7 @@ def chunk_scan_bwd_dcb_kernel(
         valid_n = pos_n < seqlen
         acc_cb = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         # A block wholly above the diagonal is zero: skip its products, as mamba-ssm does (without the skip,
-        # 0.64x mamba-ssm at chunk 256 on the H200).
+        # well below mamba-ssm's speed at chunk 256).
         if tile_n.begin < tile_m.end:
             if cb is not None:
                 cb_mn = cb[b, c, g, tile_m, tile_n].to(torch.float32)  # 0 across sequences already
@@ -398,81 +328,3 @@ def chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1,
         return sum_partials(dcb_part, 2), ddA_steps
     dcb, ddA = dcb_sums(dcb_part, ddA_steps)
     return dcb if CB is None else (dcb, ddA)
-
-
-# ---------------------------------------------------------------------------------------------------
-# ddA through the intra-chunk decay
-
-
-def _ddacs_key(x, dt, dA_cumsum, dout, cb) -> ShapeKey:
-    batch, seqlen, nheads, headdim = x.shape
-    return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, chunk_size=dA_cumsum.shape[3],
-                       hpg=nheads // cb.shape[2], tokens=tokens(batch, seqlen))
-
-
-@tuned_kernel(name="chunk_scan_bwd_ddAcs_stable", shape_key=_ddacs_key, partial_sums={0: 3},
-              seeds=_seeds.tiles_ddacs())
-def chunk_scan_bwd_ddAcs_stable_kernel(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    dA_cumsum: torch.Tensor,
-    dout: torch.Tensor,
-    cb: torch.Tensor,
-) -> torch.Tensor:
-    batch, seqlen, nheads, headdim = x.shape
-    _, _, nchunks, chunk_size = dA_cumsum.shape
-    ngroups = cb.size(2)
-    chunk_size = hl.specialize(chunk_size)
-    ratio = nheads // ngroups
-    block_m = hl.register_block_size(chunk_size)
-    block_n = hl.register_block_size(chunk_size)
-    block_k = hl.register_block_size(headdim)
-    # One program per block of rows l, as mamba-ssm: with one program per chunk and a whole-chunk column
-    # tile (256 wide at chunk 256) it ran 4x slower than mamba-ssm there. Each row block's column sums are
-    # a partial, summed on the host.
-    ddA = torch.empty([batch, nheads, nchunks, (chunk_size + block_m - 1) // block_m, chunk_size],
-                      dtype=torch.float32, device=x.device)
-    for tile_b, tile_c, tile_h, tile_m in hl.tile([batch, nchunks, nheads, chunk_size],
-                                                  block_size=[1, 1, 1, block_m]):
-        b = tile_b.begin
-        c = tile_c.begin
-        h = tile_h.begin
-        pos_m = c * chunk_size + tile_m.index
-        valid_m = pos_m < seqlen
-        dA_m = dA_cumsum[b, h, c, tile_m].to(torch.float32)
-        rowsum = hl.zeros([tile_m], dtype=torch.float32)  # sum of M[l, s'] over the columns done so far
-        last = (tile_m.id + 1) * block_m  # columns s >= last have no row l > s in this block
-        for tile_n in hl.tile(0, last, block_size=block_n):  # columns s, in order
-            pos_n = c * chunk_size + tile_n.index
-            valid_n = pos_n < seqlen
-            m = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-            for tile_k in hl.tile(headdim, block_size=block_k):
-                do_k = hl.load(dout, [b, pos_m, h, tile_k], extra_mask=valid_m[:, None]).to(x.dtype)
-                x_k = hl.load(x, [b, pos_n, h, tile_k], extra_mask=valid_n[:, None])
-                m = hl.dot(do_k, x_k.T, acc=m)
-            seg = dA_m[:, None] - dA_cumsum[b, h, c, tile_n].to(torch.float32)[None, :]
-            m = m * cb[b, c, h // ratio, tile_m, tile_n].to(torch.float32)
-            m = m * fastmath.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_n].to(torch.float32)[None, :]
-            below = tile_m.index[:, None] > tile_n.index[None, :]
-            m = torch.where(below, m, 0.0)
-            # row prefix sums: cs[l, s] = sum_{s' <= s} M[l, s'] goes to ddA[s + 1] for rows l >= s + 1
-            cs = torch.where(below, rowsum[:, None] + torch.cumsum(m, dim=1), 0.0)
-            rowsum = rowsum + torch.sum(m, dim=1)
-            hl.store(ddA, [b, h, c, tile_m.id, tile_n.index + 1], torch.sum(cs, dim=0),
-                     extra_mask=tile_n.index + 1 < chunk_size)
-            hl.store(ddA, [b, h, c, tile_m.id, tile_n.index], hl.zeros([tile_n], dtype=torch.float32),
-                     extra_mask=tile_n.index == 0)
-        for tile_z in hl.tile(last, chunk_size, block_size=block_n):
-            ddA[b, h, c, tile_m.id, tile_z] = hl.zeros([tile_z], dtype=torch.float32)
-    return ddA
-
-
-def chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb):
-    """Same arguments and result as mamba-ssm's ``_chunk_scan_bwd_ddAcs_stable``: ddA (b, h, c, Q) fp32,
-    the sum of the per-row-block partials."""
-    batch, seqlen, nheads, headdim = x.shape
-    _, _, nchunks, chunk_size = dt.shape
-    assert cb.shape == (batch, nchunks, cb.shape[2], chunk_size, chunk_size) and nheads % cb.shape[2] == 0
-    _pow2_chunk("chunk_scan_bwd_ddAcs_stable", chunk_size)
-    part = chunk_scan_bwd_ddAcs_stable_kernel(x, dt, dA_cumsum, dout, cb)
-    return sum_partials(part, 3)

@@ -3,14 +3,13 @@ recompute) runs as ``_chunk_state_fwd`` then ``_state_passing_fwd``.
 
 out[:, c] is the state entering chunk c (initial_states or 0 for c = 0), final_states the state leaving the
 last; carry = exp(dA_cumsum[c, -1]) * carry + chunk_state(c), chunk_state(c) = x_c^T (B_c * decay * dt) as
-in ``kernels.ssd.chunk_state`` (B scaled and rounded to x's dtype, fp32 accumulation, fp32 carry).
+in ``kernels.ssd.parity.chunk_state`` (B scaled and rounded to x's dtype, fp32 accumulation, fp32 carry).
 
 One program per (batch, head, headdim block, dstate block) walks the chunks in order, carrying its block of
 the state in registers, so the per-chunk fp32 states (b, c, h, p, n) that mamba-ssm writes between its two
-kernels and reads back never reach memory (268 MB each way at nemotron3-nano). Each chunk is one tile, so
-the walk is the kernel's only loop, which Triton can pipeline (the next chunks' loads under the current
-product): on the H200 at nemotron3-nano 0.123 ms (0.155 with fp32 out) against 0.146 (0.244) for a first
-version that looped over the chunk in blocks inside the walk. x, B and seq_idx come as (b, c, Q, ...)
+kernels and reads back never reach memory. Each chunk is one tile, so the walk is the kernel's only loop,
+which Triton can pipeline (the next chunks' loads under the current product): faster than a first version
+that looped over the chunk in blocks inside the walk, most with fp32 out. x, B and seq_idx come as (b, c, Q, ...)
 views (a padded copy when the chunk size does not divide seqlen).
 With seq_idx, positions outside the sequence of their chunk's last position add nothing, and the host turns
 the chunk's decay into exp(-inf) = 0 where the carry crosses a sequence boundary, as the two kernels do.

@@ -4,16 +4,15 @@
 Going backward over chunks with g = dfinal_states (or 0): dstates[c] = g; ddA_chunk_cumsum[c] =
 exp(dA[c]) sum_{p,n} states[c] g (0 for c = 0 without initial states); then g = exp(dA[c]) g + u_c, where
 u_c = sum_l exp(dA_cumsum[l]) dout[l]^T C[l] over chunk c is the gradient of the state entering chunk c
-from that chunk's outputs (``kernels.ssd.chunk_scan_bwd``'s dstates kernel); dinitial_states = g at the
+from that chunk's outputs (``kernels.ssd.parity.chunk_scan_bwd_dstates``); dinitial_states = g at the
 end. ``states`` are the states entering each chunk (fp32, as the backward recomputes them); with
 ``states_dtype`` given they are also returned converted, as mamba-ssm's state passing backward does.
 
 One program per (batch, head, headdim block, dstate block) walks the chunks in reverse, u_c on tensor cores
 as the dstates kernel computes it (dout scaled and rounded to its dtype, fp32 accumulation), so u (b, c, h,
-p, n) in fp32, which mamba-ssm writes and reads back between its two kernels, never reaches memory (268 MB
-each way at nemotron3-nano). Each chunk is one tile, so the walk is the kernel's only loop (as in
-``kernels.ssd.chunk_state_passing``; 0.301 ms against 0.308 for the first version, which looped over the
-chunk inside the walk). It moves 703 MB at nemotron3-nano, 55 % of the copy bandwidth on the H200.
+p, n) in fp32, which mamba-ssm writes and reads back between its two kernels, never reaches memory. Each
+chunk is one tile, so the walk is the kernel's only loop (as in ``kernels.ssd.chunk_state_passing``; a little
+faster than the first version, which looped over the chunk inside the walk).
 ddA_chunk_cumsum comes as one partial per (headdim block, dstate block), summed on the host (no atomics).
 seq_idx: positions outside the sequence of the position before their chunk add nothing to u_c, and the host
 turns exp(dA[c]) into 0 where the carry crosses a sequence boundary. C, dout and seq_idx come as (b, c, Q,
@@ -31,8 +30,7 @@ import torch
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
-from kernels.ssd._keys import by_chunk, carry_decay_log, dtype_name, seq_prev, tokens
-from kernels.ssd.state_passing_bwd import finish_outputs
+from kernels.ssd._keys import by_chunk, carry_decay_log, dtype_name, seq_prev, sum_partials, tokens
 
 
 def _shape_key(C, dA_cumsum, dout, states, dA_chunk, dfinal_states, seq_idx, prev_seq, dstates, dinitial_states,
@@ -125,3 +123,16 @@ def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_
                                           None if seq_idx is None else by_chunk(seq_idx, chunk_size), prev, dstates,
                                           dinit, states_converted)
     return finish_outputs(part, dstates, dinit, states, states_converted, states_dtype)
+
+
+def finish_outputs(ddA_part, dstates, dinitial_states, states, states_converted, states_dtype):
+    """The state passing backward's results as mamba-ssm returns them, from a kernel's outputs: ddA_chunk_cumsum
+    summed over its per-block partials (last dimension), 0 at chunk 0 without initial states, and the states
+    (converted where they were) when ``states_dtype`` is given."""
+    ddA = sum_partials(ddA_part, -1)
+    if dinitial_states is None:
+        ddA[..., 0] = 0.0
+    vals = (dstates, ddA, dinitial_states)
+    if states_dtype is None:
+        return vals
+    return (*vals, states if states_converted is None else states_converted)

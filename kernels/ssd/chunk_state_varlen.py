@@ -13,7 +13,7 @@ As in mamba-ssm 2.3.2.post1, initial_states are not an argument: they reach sequ
 chunk_states, i.e. only when sequence 0 does not end in chunk 0.
 
 One program per (sequence, head, headdim block, dstate block), looping over the sequence's last chunk in blocks:
-x^T (p, k) @ (B * decay * dt) (k, n) in x's dtype, fp32 accumulation, as ``kernels.ssd.chunk_state``.
+x^T (p, k) @ (B * decay * dt) (k, n) in x's dtype, fp32 accumulation, as ``kernels.ssd.parity.chunk_state``.
 The host turns cu_seqlens into per-sequence start, end and last position (int32, no host sync).
 Tunables: the headdim, dstate and chunk block sizes (mamba-ssm's 9-config GEMM list), warps, stages, loop order,
 indexing.

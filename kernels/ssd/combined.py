@@ -34,6 +34,7 @@ from kernels.ssd._keys import dtype_name
 from kernels.ssd.bmm_chunk import bmm_chunk_fwd
 from kernels.ssd.bmm_chunk_bwd import bmm_chunk_bwd
 from kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
+from kernels.ssd.chunk_cumsum_bwd import chunk_cumsum_bwd_of_terms
 from kernels.ssd.chunk_scan import chunk_scan_fwd
 from kernels.ssd.chunk_scan_bwd import (
     chunk_scan_bwd_dC,
@@ -41,7 +42,7 @@ from kernels.ssd.chunk_scan_bwd import (
     chunk_scan_bwd_dz,
 )
 from kernels.ssd.chunk_scan_chunk_state_bwd import chunk_scan_chunk_state_bwd_dx
-from kernels.ssd.chunk_state_bwd import chunk_cumsum_bwd_of_terms, chunk_state_bwd_db
+from kernels.ssd.chunk_state_bwd import chunk_state_bwd_db
 from kernels.ssd.chunk_state_passing import chunk_state_passing_fwd
 from kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd
 from kernels.ssd.chunk_state_varlen import chunk_state_varlen

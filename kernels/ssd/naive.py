@@ -625,7 +625,7 @@ def finish_ddA_terms(intra_steps, next_steps, prev_parts):
 
 def chunk_cumsum_bwd_of_partial_terms(intra_steps, next_steps, prev_parts, chunk_grad, ddt_out, dt, A, dt_bias=None,
                                       dt_softplus=False, dt_limit=(0.0, float("inf"))):
-    """Reference of ``kernels.ssd.chunk_state_bwd.chunk_cumsum_bwd_of_terms`` (same arguments)."""
+    """Reference of ``kernels.ssd.chunk_cumsum_bwd.chunk_cumsum_bwd_of_terms`` (same arguments)."""
     return chunk_cumsum_bwd_of_terms(*finish_ddA_terms(intra_steps, next_steps, prev_parts), chunk_grad, ddt_out,
                                      dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
 

@@ -240,19 +240,25 @@ def test_seed_configs_complete_each_seed_and_drop_those_this_kernel_rejects():
 
 def test_every_ssd_and_conv_seed_fits_its_kernel_at_a_suite_shape():
     """The seeds name block sizes by position: a kernel that registers its blocks in another order, or
-    another number of them, must fail here rather than seed the tuner with nonsense."""
+    another number of them, must fail here rather than seed the tuner with nonsense. Every SSD and conv
+    kernel the registry runs is seeded."""
     from kernels import registry, suites
 
     shape = suites.load().shape("smoke")
-    for name in ("chunk_state", "chunk_scan", "chunk_scan_bwd_dC", "chunk_state_bwd_db", "chunk_scan_bwd_dcb",
-                 "chunk_scan_bwd_dz", "state_passing_bwd", "causal_conv1d_bwd"):
-        entry = registry.get(name)
+    checked = set()
+    for entry in registry.ENTRIES:
+        if entry.family not in ("ssd", "conv") or entry.phase.startswith(registry.COMPOSITE_PHASES):
+            continue
         with capture_launches() as launches, execution_mode("ref"):
             entry.run_helion(entry.inputs(shape, 0, torch.device("cpu")))
-        kernel, args = launches[0]
-        assert kernel.seeds, name
-        spec = kernel.helion_kernel(None).bind(args).config_spec
-        assert all(len(seed["block_sizes"]) == len(spec.default_config()["block_sizes"]) for seed in kernel.seeds)
+        for kernel, args in launches:
+            if kernel.name in checked:
+                continue
+            checked.add(kernel.name)
+            assert kernel.seeds, kernel.name
+            spec = kernel.helion_kernel(None).bind(args).config_spec
+            blocks = len(spec.default_config()["block_sizes"])
+            assert all(len(seed["block_sizes"]) == blocks for seed in kernel.seeds), kernel.name
 
 
 def test_config_that_normalizes_but_fails_codegen_is_invalid_and_runs_on_the_default(store):

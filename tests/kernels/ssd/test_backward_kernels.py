@@ -1,6 +1,7 @@
-"""The Helion SSD backward kernels (kernels/ssd/{chunk_scan_bwd,state_passing_bwd,chunk_state_passing_bwd,
-chunk_scan_chunk_state_bwd,chunk_state_bwd,bmm_chunk_bwd}.py) against the fp64 references of
-kernels/ssd/naive.py, and the full autograd of ``kernels.mamba_chunk_scan_combined``.
+"""The Helion SSD backward kernels (kernels/ssd/{chunk_scan_bwd,chunk_state_passing_bwd,
+chunk_scan_chunk_state_bwd,chunk_state_bwd,bmm_chunk_bwd,chunk_cumsum_bwd}.py) against the fp64 references of
+kernels/ssd/naive.py, and the full autograd of ``kernels.mamba_chunk_scan_combined`` (the parity kernels:
+parity/).
 
 CPU: Helion ref mode at the smoke shape and odd shapes, plus the optional arguments (D per head / per
 head dim / none, z outputs, dt_bias + softplus, dt_limit, initial and final states, seq_idx); Triton's
@@ -19,43 +20,40 @@ import pytest
 import torch
 
 import kernels
-from kernels import config_store, registry, suites
-from kernels._runtime import TunedKernel, capture_launches, pinned_config, scaled_atol
+from kernels import registry, suites
+from kernels._runtime import pinned_config
 from kernels.ssd import (
     bmm_chunk_bwd,
+    chunk_cumsum_bwd,
     chunk_scan_bwd,
     chunk_scan_chunk_state_bwd,
     chunk_state_bwd,
     chunk_state_passing_bwd,
     naive,
-    state_passing_bwd,
 )
 from kernels.testing import execution_mode
 
-KERNELS = ("chunk_scan_bwd_dz", "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_state_passing_bwd",
-           "chunk_scan_chunk_state_bwd_dx",
-           "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb_ddA",
-           "bmm_chunk_bwd", "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd", "chunk_cumsum_bwd_terms")
-MODULES = (chunk_scan_bwd, state_passing_bwd, chunk_state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd,
-           bmm_chunk_bwd)
-SMOKE = suites.load().shape("smoke")  # b1 L96 h4 p16 g2 n16 Q32 fp32
-ODD = {
-    "smoke": {},
-    "ragged": {"seqlen": 80},  # not a multiple of chunk_size
-    "g1": {"ngroups": 1, "seqlen": 70},
-    "g_eq_h": {"ngroups": 4},
-    "p32": {"headdim": 32, "batch": 2, "seqlen": 50},
-}
-# Interpreter shape: p32 n16 Q32 h4 g2 (2 heads per group), ragged last chunk.
-TILED = SMOKE.replace(headdim=32, seqlen=80, batch=2)
+from .checks import (
+    ODD,
+    SMOKE,
+    TILED,
+    assert_gpu_matches_mamba_ssm,
+    assert_interpreter_matches_reference,
+    assert_ref_mode_matches_reference,
+    close,
+    entries_of,
+    f64,
+    seq_idx_rows,
+    small_block_configs,
+)
+
+MODULES = (chunk_scan_bwd, chunk_state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd, bmm_chunk_bwd,
+           chunk_cumsum_bwd)
+KERNELS = entries_of(MODULES)
 SMALL: dict = {  # block sizes (in register_block_size order) below every dimension they tile, one head/program
     "chunk_scan_bwd_dz": {"block_sizes": [16, 16]},
-    "chunk_scan_bwd_dstates": {"block_sizes": [16, 8, 16]},
     "chunk_scan_bwd_dC": {"block_sizes": [16, 8, 16], "heads_per_program": 1},
     "chunk_scan_bwd_dcb": {"block_sizes": [16, 16, 16], "heads_per_program": 1},
-    "chunk_scan_bwd_ddAcs_stable": {"block_sizes": [16, 8, 16]},
-    "state_passing_bwd": {"block_sizes": [64]},
-    "state_passing_bwd_scan": {"block_sizes": [64]},  # with scan=True, pinned in _runs
     "chunk_state_passing_bwd": {"block_sizes": [16, 8]},  # headdim, dstate (the chunk is one tile)
     "chunk_scan_chunk_state_bwd_dx": {"block_sizes": [16, 16, 16, 8]},
     "chunk_state_bwd_db": {"block_sizes": [16, 8, 16], "heads_per_program": 1},
@@ -66,40 +64,13 @@ SMALL["chunk_scan_bwd_dcb_ddA"] = SMALL["chunk_scan_bwd_dcb"]  # the same kernel
 SMALL["chunk_cumsum_bwd_terms"] = SMALL["chunk_cumsum_bwd"]
 
 
-def _f64(value):
-    return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
-
-
-def _close(ours, ref, atol=1e-4, rtol=1e-4, label=""):
-    if isinstance(ref, dict):
-        assert set(ref) <= set(ours), (sorted(ours), sorted(ref))
-        pairs = [(name, ours[name], ref[name]) for name in ref]
-    else:
-        assert len(ours) == len(ref)
-        pairs = [(f"{label}[{i}]", a, b) for i, (a, b) in enumerate(zip(ours, ref, strict=True))]
-    for name, got, expected in pairs:
-        if expected is None:
-            assert got is None, name
-            continue
-        assert got.shape == expected.shape, (name, got.shape, expected.shape)
-        torch.testing.assert_close(got.double(), expected.double(), atol=atol, rtol=rtol, msg=name)
-
-
-def _seq_idx(batch: int, seqlen: int) -> torch.Tensor:
-    row = torch.zeros(seqlen, dtype=torch.int32)
-    row[20:] = 1
-    row[64:] = 2  # a boundary on a chunk border
-    rows = [row, (torch.arange(seqlen) >= 50).to(torch.int32)]
-    return torch.stack(rows[:batch]).contiguous()
-
-
 def _both(fn, ref_fn, args, atol=1e-4, rtol=1e-4, **kwargs):
     """Run ``fn`` in ref mode and ``ref_fn`` in fp64 on the same arguments; compare every output."""
     with execution_mode("ref"):
         ours = fn(*args, **kwargs)
-    ref = ref_fn(*(_f64(a) for a in args), **{k: _f64(v) for k, v in kwargs.items()})
+    ref = ref_fn(*(f64(a) for a in args), **{k: f64(v) for k, v in kwargs.items()})
     ours, ref = (ours, ref) if isinstance(ref, tuple) else ((ours,), (ref,))
-    _close(ours, ref, atol, rtol, fn.__name__)
+    close(ours, ref, atol, rtol, fn.__name__)
     return ours
 
 
@@ -110,14 +81,7 @@ def _both(fn, ref_fn, args, atol=1e-4, rtol=1e-4, **kwargs):
 @pytest.mark.parametrize("odd", list(ODD), ids=list(ODD))
 @pytest.mark.parametrize("name", KERNELS)
 def test_ref_mode_matches_fp64_reference(name, odd):
-    entry = registry.get(name)
-    inputs = entry.inputs(SMOKE.replace(**ODD[odd]), 0)
-    with execution_mode("ref"):
-        ours = entry.run_helion(inputs)
-    ref = entry.run_reference(inputs)
-    _close(ours, ref)
-    for key, value in entry.run_reference(inputs, dtype=None).items():
-        assert ours[key].dtype == value.dtype, (key, ours[key].dtype, value.dtype)
+    assert_ref_mode_matches_reference(name, SMOKE.replace(**ODD[odd]))
 
 
 @pytest.mark.parametrize("D_kind", ["none", "h", "hp"])
@@ -136,18 +100,16 @@ def test_dx_options(D_kind, seq):
     shape = SMOKE.replace(seqlen=90, batch=2)
     inp = registry.get("chunk_scan_chunk_state_bwd_dx").inputs(shape, 2)
     D = {"none": None, "h": inp["D"], "hp": torch.randn(shape.nheads, shape.headdim)}[D_kind]
-    seq_idx = _seq_idx(shape.batch, shape.seqlen) if seq else None
+    seq_idx = seq_idx_rows(shape.batch, shape.seqlen) if seq else None
     args = (inp["x"], inp["dt"], inp["dA_cumsum"], inp["B"], inp["cb"], inp["dout"], inp["dstates"])
     _both(chunk_scan_chunk_state_bwd.chunk_scan_chunk_state_bwd_dx, naive.chunk_scan_chunk_state_bwd_dx, args,
           D=D, seq_idx=seq_idx)
 
 
-def test_seq_idx_dstates_db_dC_dcb():
+def test_seq_idx_db_dC_dcb():
     shape = SMOKE.replace(seqlen=90, batch=2, ngroups=1)
     inp = registry.get("chunk_state_bwd_db").inputs(shape, 3)
-    seq_idx = _seq_idx(shape.batch, shape.seqlen)
-    _both(chunk_scan_bwd.chunk_scan_bwd_dstates, naive.chunk_scan_bwd_dstates,
-          (inp["C"], inp["dA_cumsum"], inp["dout"]), seq_idx=seq_idx, dtype=torch.float32)
+    seq_idx = seq_idx_rows(shape.batch, shape.seqlen)
     for B in (None, inp["B"]):
         _both(chunk_state_bwd.chunk_state_bwd_db, naive.chunk_state_bwd_db,
               (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dstates"]), seq_idx=seq_idx, B=B, ngroups=1)
@@ -172,7 +134,7 @@ def test_unfinished_ddA_terms_are_the_partials_of_the_finished_ones():
     configs = {chunk_state_bwd.chunk_state_bwd_db_kernel: {**SMALL["chunk_state_bwd_db"], "block_sizes": [16, 16, 16]},
                chunk_scan_bwd.chunk_scan_bwd_dC_kernel: {**SMALL["chunk_scan_bwd_dC"], "block_sizes": [16, 16, 16]},
                chunk_scan_bwd.chunk_scan_bwd_dcb_kernel: {**SMALL["chunk_scan_bwd_dcb"], "block_sizes": [16, 32, 16]},
-               chunk_state_bwd.chunk_cumsum_bwd_kernel: SMALL["chunk_cumsum_bwd"]}
+               chunk_cumsum_bwd.chunk_cumsum_bwd_kernel: SMALL["chunk_cumsum_bwd"]}
     with execution_mode("triton"), contextlib.ExitStack() as stack:
         for kernel, config in configs.items():
             stack.enter_context(pinned_config(kernel, config))
@@ -184,39 +146,15 @@ def test_unfinished_ddA_terms_are_the_partials_of_the_finished_ones():
         assert min(next_steps.shape[-1], prev_parts.shape[-1], intra_steps.shape[-1]) > 1
         chunk = cum["ddA"][..., -1].contiguous()
         rest = (cum["ddt_out"], cum["dt_raw"], cum["A"], cum["dt_bias"], True, (0.0, float("inf")))
-        from_terms = chunk_state_bwd.chunk_cumsum_bwd_of_terms(intra_steps, next_steps, prev_parts, chunk, *rest)
+        from_terms = chunk_cumsum_bwd.chunk_cumsum_bwd_of_terms(intra_steps, next_steps, prev_parts, chunk, *rest)
         (_, ddA_next), (_, ddA_prev), (_, ddA_intra) = runs[False]
-        from_sum = chunk_state_bwd.chunk_cumsum_bwd(naive.combine_ddA_terms(ddA_intra, ddA_next, ddA_prev, chunk),
+        from_sum = chunk_cumsum_bwd.chunk_cumsum_bwd(naive.combine_ddA_terms(ddA_intra, ddA_next, ddA_prev, chunk),
                                                     *rest)
     for finished, unfinished in zip(runs[False], runs[True], strict=True):
         torch.testing.assert_close(unfinished[0], finished[0], atol=0, rtol=0)
-    _close(naive.finish_ddA_terms(intra_steps, next_steps, prev_parts), (ddA_intra, ddA_next, ddA_prev),
+    close(naive.finish_ddA_terms(intra_steps, next_steps, prev_parts), (ddA_intra, ddA_next, ddA_prev),
            atol=1e-6, rtol=1e-6, label="finished terms")
-    _close(from_terms, from_sum, atol=1e-5, rtol=1e-5, label="chunk_cumsum_bwd of the terms")
-
-
-@pytest.mark.parametrize("variant", ["loop", "scan"])
-@pytest.mark.parametrize("case", ["plain", "init_final_convert", "seq_idx"])
-def test_state_passing_bwd_options(variant, case):
-    g = torch.Generator().manual_seed(4)
-    batch, nchunks, nheads, dim = 2, 5, 3, 48
-    states = torch.randn(batch, nchunks, nheads, dim, generator=g)
-    dA = -torch.rand(batch, nheads, nchunks, generator=g) * 3
-    dout = torch.randn(batch, nchunks, nheads, dim, generator=g)
-    ref_kwargs = {}
-    if case == "init_final_convert":
-        ref_kwargs = {"dfinal_states": torch.randn(batch, nheads, dim, generator=g), "has_initial_states": True,
-                      "dstates_dtype": torch.float16, "states_dtype": torch.float16}
-    elif case == "seq_idx":
-        ref_kwargs = {"seq_idx": _seq_idx(batch, 150), "chunk_size": 32, "states_dtype": torch.float32}
-    with execution_mode("ref"), pinned_config(state_passing_bwd.state_passing_bwd_kernel, {"scan": variant == "scan"}):
-        ours = state_passing_bwd.state_passing_bwd(states, dA, dout, **ref_kwargs)
-    ref = naive.state_passing_bwd(states.double(), dA.double(), dout.double(),
-                                  **{k: _f64(v) for k, v in ref_kwargs.items()})
-    tol = 2e-3 if case == "init_final_convert" else 1e-5
-    _close(ours, ref, tol, tol, "state_passing_bwd")
-    if case == "init_final_convert":
-        assert ours[0].dtype == ours[2].dtype == ours[3].dtype == torch.float16
+    close(from_terms, from_sum, atol=1e-5, rtol=1e-5, label="chunk_cumsum_bwd of the terms")
 
 
 @pytest.mark.parametrize("mode", ["ref", "triton"])
@@ -228,7 +166,7 @@ def test_chunk_state_passing_bwd_options(mode, case):
     shape = SMOKE.replace(seqlen=90, batch=2, headdim=32)
     inp = registry.get("chunk_state_passing_bwd").inputs(shape, 7)
     g = torch.Generator().manual_seed(8)
-    kwargs = {"seq_idx": _seq_idx(shape.batch, shape.seqlen), "states_dtype": torch.float32}
+    kwargs = {"seq_idx": seq_idx_rows(shape.batch, shape.seqlen), "states_dtype": torch.float32}
     if case == "init_final_convert":
         kwargs = {"dfinal_states": torch.randn(shape.batch, shape.nheads, shape.headdim, shape.dstate, generator=g),
                   "has_initial_states": True, "dstates_dtype": torch.float16, "states_dtype": torch.float16}
@@ -236,9 +174,9 @@ def test_chunk_state_passing_bwd_options(mode, case):
     config = {"block_sizes": SMALL["chunk_state_passing_bwd"]["block_sizes"], "num_warps": 4}
     with execution_mode(mode), pinned_config(chunk_state_passing_bwd.chunk_state_passing_bwd_kernel, config):
         ours = chunk_state_passing_bwd.chunk_state_passing_bwd(*args, **kwargs)
-    ref = naive.chunk_state_passing_bwd(*(_f64(a) for a in args), **{k: _f64(v) for k, v in kwargs.items()})
+    ref = naive.chunk_state_passing_bwd(*(f64(a) for a in args), **{k: f64(v) for k, v in kwargs.items()})
     tol = 2e-3 if case == "init_final_convert" else 1e-4
-    _close(ours, ref, tol, tol, "chunk_state_passing_bwd")
+    close(ours, ref, tol, tol, "chunk_state_passing_bwd")
     assert ours[2] is None if case == "seq_idx" else ours[0].dtype == ours[2].dtype == ours[3].dtype == torch.float16
 
 
@@ -248,7 +186,7 @@ def test_chunk_state_passing_bwd_options(mode, case):
 def test_chunk_cumsum_bwd_options(bias, softplus, limit):
     inp = registry.get("chunk_cumsum_bwd").inputs(SMOKE.replace(seqlen=80, batch=2), 5)
     dt_raw = inp["dt_raw"] + (0.0 if softplus else 3.8)  # without softplus: dt values around (-0.5, 0.5)
-    ours = _both(chunk_state_bwd.chunk_cumsum_bwd, naive.chunk_cumsum_bwd,
+    ours = _both(chunk_cumsum_bwd.chunk_cumsum_bwd, naive.chunk_cumsum_bwd,
                  (inp["ddA"], inp["ddt_out"], dt_raw, inp["A"], inp["dt_bias"] if bias else None, softplus, limit),
                  atol=1e-5, rtol=1e-5)
     assert (ours[2] is None) == (not bias)
@@ -262,7 +200,7 @@ def test_dcb_fused_ddA_every_tiling(blocks, seq):
     ref mode runs whole-chunk tiles (and a dot's blocks are 16 or more, hence chunks of 64)."""
     shape = SMOKE.replace(seqlen=150, batch=2, chunk_size=64)
     inp = registry.get("chunk_scan_bwd_dcb_ddA").inputs(shape, 6)
-    seq_idx = _seq_idx(shape.batch, shape.seqlen) if seq else None
+    seq_idx = seq_idx_rows(shape.batch, shape.seqlen) if seq else None
     cb = inp["cb"]
     if seq:  # as the forward's CB is: zero across sequences
         cb = naive.bmm_chunk_fwd(inp["C"], inp["B"], shape.chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
@@ -270,11 +208,11 @@ def test_dcb_fused_ddA_every_tiling(blocks, seq):
     config = {"block_sizes": [*blocks, 16], "heads_per_program": 1, "num_warps": 4}
     with execution_mode("triton"), pinned_config(chunk_scan_bwd.chunk_scan_bwd_dcb_kernel, config):
         ours = chunk_scan_bwd.chunk_scan_bwd_dcb(*args, seq_idx=seq_idx, CB=cb, ngroups=shape.ngroups)
-    ref = naive.chunk_scan_bwd_dcb(*(_f64(a) for a in args), seq_idx=_f64(seq_idx), CB=_f64(cb),
+    ref = naive.chunk_scan_bwd_dcb(*(f64(a) for a in args), seq_idx=f64(seq_idx), CB=f64(cb),
                                    ngroups=shape.ngroups)
-    _close(ours, ref, label="dcb, ddA")
-    stable = naive.chunk_scan_bwd_ddAcs_stable(*(_f64(a) for a in args), _f64(cb))
-    _close(ours[1:], (stable,), label="ddA against the stable kernel's reference")
+    close(ours, ref, label="dcb, ddA")
+    stable = naive.chunk_scan_bwd_ddAcs_stable(*(f64(a) for a in args), f64(cb))
+    close(ours[1:], (stable,), label="ddA against the stable kernel's reference")
 
 
 def test_dcb_tuner_check_compares_finished_outputs():
@@ -304,56 +242,18 @@ def test_dcb_tuner_check_compares_finished_outputs():
 # Triton interpreter: small blocks and head splits from a temporary config file
 
 
-def _reset_dispatch():
-    for module in MODULES:
-        for value in vars(module).values():
-            if isinstance(value, TunedKernel):
-                value._dispatch.clear()
-
-
-def _runs(name):
-    """The entry and the function to run: ``state_passing_bwd_scan`` is state_passing_bwd on its small-block
-    config with the associative scan chosen."""
-    entry = registry.get("state_passing_bwd" if name == "state_passing_bwd_scan" else name)
-    fn = entry.helion_fn()
-    if name == "state_passing_bwd_scan":
-        def fn(*a):
-            scan_config = {**SMALL["state_passing_bwd"], "scan": True, "num_warps": 4}
-            with pinned_config(state_passing_bwd.state_passing_bwd_kernel, scan_config):
-                return state_passing_bwd.state_passing_bwd(*a)
-    return entry, fn
-
-
 @pytest.fixture(scope="module")
-def small_block_configs(tmp_path_factory):
-    """A cpu.yaml holding SMALL for every launch at TILED, and lookups pointed at it."""
-    tmp = tmp_path_factory.mktemp("configs")
-    cf = config_store.ConfigFile(tuned={"note": "test: small blocks"})
-    for name in SMALL:
-        entry, fn = _runs(name)
-        with execution_mode("ref"), capture_launches() as launches:
-            entry._call(fn, entry.inputs(TILED, 0))
-        for tk, kargs in launches:
-            cf.put(tk.name, tk.shape_key(*kargs), {**SMALL[tk.name], "num_warps": 4})
-    config_store.save(tmp / "cpu.yaml", cf)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(config_store, "CONFIG_DIR", tmp)
-    mp.setenv("MAMBA2_GUARD_GPU_SLUG", "cpu")
-    _reset_dispatch()
-    yield cf
-    mp.undo()
-    _reset_dispatch()
+def small_blocks(tmp_path_factory):
+    """Every launch at TILED on SMALL, from a temporary config file."""
+    runs = {name: (registry.get(name), registry.get(name).helion_fn()) for name in SMALL}
+    with small_block_configs(tmp_path_factory.mktemp("configs"), runs, SMALL, MODULES) as cf:
+        yield cf
 
 
 @pytest.mark.parametrize("name", list(SMALL))
-def test_interpreter_small_blocks(name, small_block_configs):
-    entry, fn = _runs(name)
-    inputs = entry.inputs(TILED, 0)
-    before = config_store.FALLBACKS.copy()
-    with execution_mode("triton"):
-        ours = entry._call(fn, inputs)
-    assert before == config_store.FALLBACKS, "a launch missed its small-block config"
-    _close(ours, entry.run_reference(inputs))
+def test_interpreter_small_blocks(name, small_blocks):
+    entry = registry.get(name)
+    assert_interpreter_matches_reference(entry, entry.helion_fn())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -396,7 +296,7 @@ def test_autograd_matches_fp64_reference(case, L, g):
     tensors, kwargs = GRAD_OPTIONS[case]
     args = _problem(2, L, 4, 16, g, 16, seed=7, options=tensors)
     if kwargs.get("seq_idx") == "seq":
-        kwargs = {**kwargs, "seq_idx": _seq_idx(2, L)}
+        kwargs = {**kwargs, "seq_idx": seq_idx_rows(2, L)}
     ours = {k: v.clone().requires_grad_() for k, v in args.items()}
     ref = {k: v.double().requires_grad_() for k, v in args.items()}
     with execution_mode("ref"):
@@ -457,17 +357,7 @@ def test_patch_mamba_ssm_swaps_and_restores():
 @pytest.mark.parametrize("shape_name", suites.load().suites["default"])
 @pytest.mark.parametrize("name", KERNELS)
 def test_gpu_matches_mamba_ssm(name, shape_name):
-    entry = registry.get(name)
-    shape = suites.load().shape(shape_name)
-    inputs = entry.inputs(shape, 0, "cuda")
-    ours = entry.run_helion(inputs)
-    theirs = entry.run_baseline(inputs)
-    for key, ref in theirs.items():
-        assert ours[key].dtype == ref.dtype, key
-        atol, rtol = entry.tolerance(key)
-        err = (ours[key].float() - ref.float()).abs()
-        bound = scaled_atol(ref, atol) + rtol * ref.float().abs()  # the bench's criterion
-        assert bool((err <= bound).all()), (key, err.max().item())
+    assert_gpu_matches_mamba_ssm(name, shape_name)
 
 
 @pytest.mark.gpu

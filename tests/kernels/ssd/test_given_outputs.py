@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels import registry, suites
-from kernels.ssd import bmm_chunk_bwd, chunk_scan_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd
+from kernels.ssd import bmm_chunk_bwd, chunk_cumsum_bwd, chunk_scan_bwd, chunk_scan_chunk_state_bwd
 from kernels.ssd.combined import ssd_backward
 from kernels.testing import column_slice, execution_mode
 
@@ -46,7 +46,7 @@ def _db(out=None, groups=True):
 
 def _ddt(ddt=None):
     inp = _inputs("chunk_cumsum_bwd")
-    return chunk_state_bwd.chunk_cumsum_bwd(inp["ddA"], inp["ddt_out"], inp["dt_raw"], inp["A"], inp["dt_bias"],
+    return chunk_cumsum_bwd.chunk_cumsum_bwd(inp["ddA"], inp["ddt_out"], inp["dt_raw"], inp["A"], inp["dt_bias"],
                                             dt_softplus=True, ddt=ddt)[0]
 
 

@@ -1,4 +1,5 @@
-"""Helion ``chunk_state_fwd``: drop-in for mamba-ssm's ``_chunk_state_fwd``.
+"""Helion ``chunk_state_fwd``: drop-in for mamba-ssm's ``_chunk_state_fwd``, for parity timing only
+(``kernels.ssd.parity``); the SSD forward runs it fused into ``kernels.ssd.chunk_state_passing``.
 
 states[b,c,h,p,n] = sum_l x[l,p] * B[l,n] * exp(min(dA_cs[Q-1] - dA_cs[l], 0)) * dt[l] over the chunk's
 positions l (with seq_idx: only those in the sequence of the chunk's last position). Returns

@@ -1,4 +1,5 @@
-"""Helion ``state_passing_fwd``: drop-in for mamba-ssm's ``_state_passing_fwd``.
+"""Helion ``state_passing_fwd``: drop-in for mamba-ssm's ``_state_passing_fwd``, for parity timing only
+(``kernels.ssd.parity``); the SSD forward runs it fused into ``kernels.ssd.chunk_state_passing``.
 
 out[:, c] = state entering chunk c (initial_states or 0 for c = 0); carry = exp(dA_chunk_cumsum[c]) * carry +
 states[:, c]; with seq_idx the carry is dropped (scale 0) where a chunk's last position is in another
@@ -10,8 +11,8 @@ the autotuner keeps whichever is faster for each GPU and shape:
   * ``False`` (default): a sequential loop over chunks, as mamba-ssm;
   * ``True``: all chunks in one tile and ``hl.associative_scan`` of the linear recurrence
     (a1, b1), (a2, b2) -> (a1 a2, a2 b1 + b2) across them.
-Measured on the H200 at nemotron3-nano, both tuned (baselines/runs/h200-forward-measurements.json): loop
-0.101 ms (4.0 TB/s, at the copy roofline, = mamba-ssm), scan 0.111 ms.
+Measured both tuned (baselines/runs/h200-forward-measurements.json): the loop runs at the copy roofline,
+as mamba-ssm, the scan a little slower.
 Other tunables: the dim block (mamba-ssm's BLOCK_SIZE 64..2048), warps, stages, loop unroll.
 With seq_idx, the host turns dA_chunk_cumsum into -inf where the carry is dropped (exp(-inf) = 0).
 Shape key: ``dim`` (headdim * dstate), ``nheads``, ``dtype`` (out's), ``init`` (0/1), ``tokens`` =

@@ -1,4 +1,5 @@
-"""Helion ``state_passing_bwd``: drop-in for mamba-ssm's ``_state_passing_bwd``.
+"""Helion ``state_passing_bwd``: drop-in for mamba-ssm's ``_state_passing_bwd``, for parity timing only
+(``kernels.ssd.parity``); the SSD backward runs it fused into ``kernels.ssd.chunk_state_passing_bwd``.
 
 Going backward over chunks: dstates[c] = g_c with g_{nchunks-1} = dfinal_states (or 0) and
 g_{c-1} = exp(dA_chunk_cumsum[c]) g_c + dout[c]; ddA_chunk_cumsum[c] = exp(dA[c]) sum_dim states[c] g_c
@@ -28,7 +29,8 @@ from helion.autotuner import EnumFragment
 from kernels._runtime import tuned_kernel
 from kernels.config_store import ShapeKey
 from kernels.ssd import _seeds
-from kernels.ssd._keys import carry_decay_log, dtype_name, sum_partials, tokens
+from kernels.ssd._keys import carry_decay_log, dtype_name, tokens
+from kernels.ssd.chunk_state_passing_bwd import finish_outputs
 
 
 def _shape_key(states, dA_chunk_cumsum, dout, dfinal_states, dstates, dinitial_states, states_converted,
@@ -125,15 +127,3 @@ def state_passing_bwd(states, dA_chunk_cumsum, dout, dfinal_states=None, seq_idx
                                     int(chunk_size or 256))
     return finish_outputs(part, dstates, dinit, states, states_converted, states_dtype)
 
-
-def finish_outputs(ddA_part, dstates, dinitial_states, states, states_converted, states_dtype):
-    """The state passing backward's results as mamba-ssm returns them, from a kernel's outputs: ddA_chunk_cumsum
-    summed over its per-block partials (last dimension), 0 at chunk 0 without initial states, and the states
-    (converted where they were) when ``states_dtype`` is given."""
-    ddA = sum_partials(ddA_part, -1)
-    if dinitial_states is None:
-        ddA[..., 0] = 0.0
-    vals = (dstates, ddA, dinitial_states)
-    if states_dtype is None:
-        return vals
-    return (*vals, states if states_converted is None else states_converted)
