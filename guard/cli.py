@@ -309,6 +309,19 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     loaded = suites.load()  # names first: a typo is answered with the valid names, on any machine
     fp = fingerprint.collect()
     slug = args.gpu_slug or fingerprint.gpu_slug(fp)
+    if args.fit_selection:
+        from guard.flows import selection as rule
+
+        path = Path(args.out) if args.out else config_store.path_for(slug)
+        try:
+            fits = rule.fit_into(path, Path(args.fit_selection))
+        except ValueError as exc:
+            raise EnvironmentProblem(str(exc)) from exc
+        for fit in fits:
+            print(f"{fit.kernel}: weights {fit.weights} from {fit.fitted_on} grid keys, leave-one-out regret "
+                  f"{fit.regret:.3f} (default weights: {fit.default_regret:.3f})")
+        print(f"wrote {path}")
+        return 0
     if args.seen:
         args.shapes = [s.name for s in suites.seen_on(loaded, slug)]
         if not args.shapes:
@@ -631,6 +644,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PATH", help="config file (default: kernels/configs/<gpu-slug>.yaml)")
     p.add_argument("--fresh", action="store_true", help="ignore the journal of an earlier run of the same plan")
     p.add_argument("--no-rebaseline", action="store_true", help="do not bench and write the baseline afterwards")
+    p.add_argument("--fit-selection", metavar="MEASUREMENTS",
+                   help="fit the config-selection rule to `dev measure-selection`'s file and write it, with the "
+                        "grid's best configs, into the config file (no GPU; docs/config-selection.md)")
     p.add_argument("--seen", action="store_true",
                    help="tune the shapes training jobs called without a tuned config (the seen-keys file's 'seen' "
                         "suite; kernels: the whole SSD call's)")

@@ -1,6 +1,6 @@
-"""Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench, restamp.
+"""Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench, restamp, measure-selection, warm.
 
-Each tool's code is ``guard.dev.<module>.run(args, parser)``; its arguments are declared here, so that the
+Each tool's code is a ``function(args, parser)`` in a ``guard.dev`` module; its arguments are declared here, so that the
 CLI's one parser knows them without importing the tools (``sass`` changes the Triton environment at import,
 the others import torch).
 """
@@ -72,25 +72,56 @@ def restamp_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkout holding kernels/configs and baselines (default: this one)")
 
 
-# name -> (module, argument declarations, one-line help)
+def _shape_arguments(parser: argparse.ArgumentParser, suite: str) -> None:
+    parser.add_argument("--suite", default=suite, help=f"shape suite from kernels/suites.yaml (default {suite})")
+    parser.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of the suite")
+    parser.add_argument("--processes", type=flags.integer(1), default=8,
+                        help="parallel compile processes (default 8)")
+
+
+def measure_selection_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev measure-selection`` ."""
+    _shape_arguments(parser, "zoo-fit")
+    parser.add_argument("--out", type=Path, required=True, help="measurements, JSON lines appended per kernel")
+    parser.add_argument("--rounds", type=flags.integer(1), default=10, help="timed samples per config (default 10)")
+    parser.add_argument("--seed", type=flags.integer(0), default=0)
+    parser.add_argument("--gpu-slug", default="nvidia-h200", help="whose configs (default nvidia-h200)")
+
+
+def warm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev warm`` ."""
+    _shape_arguments(parser, "default")
+    parser.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd", "ssd_combined_fwd"],
+                        help="registry entries to run once (default: the whole SSD call)")
+    parser.add_argument("--baseline", action="store_true", help="also compile mamba-ssm's candidates")
+
+
+# name -> ("module:function", argument declarations, one-line help)
 TOOLS = {
-    "sweep": ("guard.dev.sweep", sweep_arguments, "hand-picked configs against the stored ones, timed on the GPU"),
-    "sass": ("guard.dev.sass", sass_arguments, "SASS of an entry's kernels, compiled offline with the stored configs"),
-    "calibrate": ("guard.dev.calibrate", calibrate_arguments,
+    "sweep": ("guard.dev.sweep:run", sweep_arguments, "hand-picked configs against the stored ones, timed on the GPU"),
+    "sass": ("guard.dev.sass:run", sass_arguments,
+             "SASS of an entry's kernels, compiled offline with the stored configs"),
+    "calibrate": ("guard.dev.calibrate:run", calibrate_arguments,
                   "measure the regression rule on a GPU: A/A false alarms, detection of an injected slowdown"),
-    "module-bench": ("guard.dev.module_bench", module_bench_arguments,
+    "module-bench": ("guard.dev.module_bench:run", module_bench_arguments,
                      "the full mamba-ssm Mamba2 module, GEMMs included, on mamba-ssm's kernels and on ours"),
-    "restamp": ("guard.dev.restamp", restamp_arguments,
+    "restamp": ("guard.dev.restamp:run", restamp_arguments,
                 "record the current sources of re-validated kernels in a GPU's config file and baseline"),
+    "measure-selection": ("guard.dev.selection_tools:measure", measure_selection_arguments,
+                          "time every stored config at each grid shape's keys, for the selection rule's fit"),
+    "warm": ("guard.dev.selection_tools:warm", warm_arguments,
+             "precompile the configs the runtime selects at a suite's shapes (a job's cold start)"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """``mamba2-guard dev <tool> ...`` under the CLI's subcommands ``sub``."""
-    text = "developer tools: sweep | sass | calibrate | module-bench | restamp"
+    text = "developer tools: " + " | ".join(TOOLS)
     dev = sub.add_parser("dev", help=text, description=text[0].upper() + text[1:] + ".")
     tools = dev.add_subparsers(dest="tool", required=True, metavar="TOOL")
-    for name, (module, arguments, text) in TOOLS.items():
+    for name, (target, arguments, text) in TOOLS.items():
         p = tools.add_parser(name, help=text, description=text)
         arguments(p)
-        p.set_defaults(func=lambda args, module=module, p=p: importlib.import_module(module).run(args, p))
+        module, function = target.split(":")
+        p.set_defaults(func=lambda args, module=module, function=function, p=p: getattr(
+            importlib.import_module(module), function)(args, p))

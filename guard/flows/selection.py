@@ -7,26 +7,23 @@ kernel at any key (adapted to the call, as the runtime adapts it). Compiles domi
 parallel child processes, each launching the configs once so that Triton's on-disk cache holds them, and the
 timing process then only loads them.
 
-``fit`` turns a measurement file into the config file's entries: the best config at each grid key and each
+``fit_into`` turns a measurement file into the config file's entries: the best config at each grid key and each
 kernel's fitted weights. Both are reviewed in the config PR like tuned configs.
 """
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
 import functools
 import json
 import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from guard.core import flags
 from guard.core import selection as fitting
 from kernels import config_store
 
@@ -204,6 +201,25 @@ def key_distance(a: str, b: str, weights: Any) -> float:
     return config_store.ShapeKey.parse(a).distance(config_store.ShapeKey.parse(b), config_store.Weights(**weights))
 
 
+def fit_into(path: Path, measurements: Path) -> list[fitting.Fit]:
+    """Fit the rule to a measurement file and write it, with the grid winners, into the config file ``path``
+    (atomically). Raises ValueError naming the file that cannot be used."""
+    try:
+        new, fits = apply_fit(config_store.load(path), read_records(measurements))
+    except config_store.ConfigFileError as exc:
+        raise ValueError(str(exc)) from exc
+    config_store.save(path, new)
+    return fits
+
+
+def warm(shapes: Sequence[str], entries: Sequence[str], processes: int, baseline: bool) -> dict[str, Any]:
+    """Compile the configs the runtime selects for ``entries`` at ``shapes`` (and mamba-ssm's with ``baseline``)
+    in parallel processes, into Triton's on-disk cache: a job's first call then only loads them. Returns
+    each shape's seconds (or the error's text)."""
+    jobs = [(name, 0, tuple(entries), baseline) for name in shapes]
+    return dict(zip(shapes, in_parallel(_warm_worker, jobs, processes), strict=True))
+
+
 def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_store.ConfigFile, list[fitting.Fit]]:
     """``cf`` with, per kernel measured: the best config at each grid key (unless a tuned one is stored there)
     and the fitted weights. Returns the new file and the fits."""
@@ -222,53 +238,3 @@ def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_
         for key, source in result.best.items():
             kernels.setdefault(kernel, {}).setdefault(key, configs[key][source])
     return config_store.ConfigFile(cf.fingerprint, cf.tuned, kernels, selection), fits
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m guard.flows.selection", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("measure", help="time every stored config at each grid shape's keys (GPU)")
-    m.add_argument("--suite", default="zoo-fit")
-    m.add_argument("--shapes", nargs="+", help="shape names instead of the whole suite")
-    m.add_argument("--out", type=Path, required=True)
-    m.add_argument("--rounds", type=flags.integer(1), default=10)
-    m.add_argument("--processes", type=flags.integer(1), default=8)
-    m.add_argument("--seed", type=flags.integer(0), default=0)
-    w = sub.add_parser("warm", help="compile the selected configs of whole calls at a suite's shapes (GPU)")
-    w.add_argument("--suite", required=True)
-    w.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd", "ssd_combined_fwd"])
-    w.add_argument("--processes", type=flags.integer(1), default=8)
-    w.add_argument("--baseline", action="store_true", help="also compile mamba-ssm's candidates")
-    f = sub.add_parser("fit", help="fit the selection rule to a measurement file and write it to the config file")
-    f.add_argument("measurements", type=Path)
-    for p in (m, w, f):
-        p.add_argument("--gpu-slug", default="nvidia-h200")
-    args = parser.parse_args(argv)
-    from kernels import suites
-
-    if args.command == "fit":
-        path = config_store.path_for(args.gpu_slug)
-        try:
-            new, fits = apply_fit(config_store.load(path), read_records(args.measurements))
-        except (ValueError, config_store.ConfigFileError) as exc:
-            print(f"mamba2-guard: {exc}", file=sys.stderr)
-            return 2
-        config_store.save(path, new)
-        for result in fits:
-            print(f"{result.kernel}: {result.weights} on {result.fitted_on} keys, leave-one-out regret "
-                  f"{result.regret:.3f} (default weights {result.default_regret:.3f})")
-        return 0
-    names = [s.name for s in suites.load().suite(args.suite)]
-    if getattr(args, "shapes", None):
-        names = [suites.load().shape(name).name for name in args.shapes]
-    if args.command == "measure":
-        measure(names, slug=args.gpu_slug, seed=args.seed, rounds=args.rounds, processes=args.processes, out=args.out)
-    else:
-        jobs = [(name, 0, tuple(args.entries), args.baseline) for name in names]
-        seconds = in_parallel(_warm_worker, jobs, args.processes)
-        print(json.dumps(dict(zip(names, seconds, strict=True))))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,30 @@
+"""``mamba2-guard dev measure-selection`` and ``mamba2-guard dev warm``: the GPU halves of the config selection
+(``guard.flows.selection``): time how stored configs transfer across a grid of shapes, and precompile the
+configs the runtime selects for a suite's shapes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from guard.flows import selection
+from kernels import suites
+
+
+def _shape_names(args: argparse.Namespace) -> list[str]:
+    loaded = suites.load()
+    if args.shapes:
+        return [loaded.shape(name).name for name in args.shapes]
+    return [shape.name for shape in loaded.suite(args.suite)]
+
+
+def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    selection.measure(_shape_names(args), slug=args.gpu_slug, seed=args.seed, rounds=args.rounds,
+                      processes=args.processes, out=args.out)
+    print(f"measurements in {args.out}; fit them with: mamba2-guard autotune --fit-selection {args.out}")
+    return 0
+
+
+def warm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    print(json.dumps(selection.warm(_shape_names(args), args.entries, args.processes, args.baseline)))
+    return 0

@@ -1,0 +1,43 @@
+"""``mamba2-guard autotune --fit-selection``: the rule and the grid's winners written into the config file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from kernels import config_store
+from kernels.config_store import ConfigFile
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _fit(tmp_path, measurements: Path, out: Path):
+    return subprocess.run([sys.executable, "-m", "guard", "autotune", "--fit-selection", str(measurements), "--out",
+                           str(out), "--gpu-slug", "gpu-a", "--state-dir", str(tmp_path / "state")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_the_fit_writes_weights_and_grid_winners(tmp_path):
+    tuned, grid = "dstate=128,tokens=16384", "dstate=64,tokens=8192"
+    out = tmp_path / "gpu-a.yaml"
+    config_store.save(out, ConfigFile(kernels={"chunk_scan": {tuned: {"num_warps": 4}}}))
+    measurements = tmp_path / "m.jsonl"
+    measurements.write_text(json.dumps({"shape": "s", "kernel": "chunk_scan", "key": grid, "ms": {tuned: 0.5},
+                                        "errors": {}, "configs": {tuned: {"num_warps": 4}}}) + "\n")
+    done = _fit(tmp_path, measurements, out)
+    assert done.returncode == 0, done.stderr
+    cf = config_store.load(out)
+    assert cf.kernels["chunk_scan"] == {tuned: {"num_warps": 4}, grid: {"num_warps": 4}}
+    assert cf.selection["chunk_scan"]["fitted_on"] == 1 and "chunk_scan: weights" in done.stdout
+
+
+def test_a_broken_measurement_file_exits_2_naming_it(tmp_path):
+    out = tmp_path / "gpu-a.yaml"
+    config_store.save(out, ConfigFile())
+    measurements = tmp_path / "m.jsonl"
+    measurements.write_text("{oops\n")
+    done = _fit(tmp_path, measurements, out)
+    assert done.returncode == 2 and "m.jsonl: line 1: not a JSON measurement record" in done.stderr
+    assert "Traceback" not in done.stderr and config_store.load(out) == ConfigFile()
