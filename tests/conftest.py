@@ -45,3 +45,33 @@ def smoke_shape():
     from kernels import suites
 
     return suites.load().shape("smoke")
+
+
+# A public call as kernels/seen.py records it, and entries of a seen-keys file in a temp state dir.
+SEEN_CALL = {"batch": 1, "seqlen": 96, "nheads": 4, "headdim": 16, "ngroups": 2, "dstate": 16, "chunk_size": 32,
+             "dtype": "float32", "call": {"z": True, "docs": 2, "D": "h", "initial_states": False}}
+
+
+@pytest.fixture
+def seen_file(tmp_path, monkeypatch):
+    """The seen-keys file, in a temp dir, with configs read from a temp config dir."""
+    from kernels import config_store
+
+    file = tmp_path / "seen.json"
+    monkeypatch.setenv("MAMBA2_GUARD_SEEN", str(file))
+    monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path / "configs")
+    config_store._cache.clear()
+    return file
+
+
+@pytest.fixture
+def write_seen(seen_file):
+    """Write entries ``(gpu, kernel, key)`` or ``(gpu, kernel, key, call)`` into the seen-keys file."""
+    import json
+
+    def write(*entries: tuple) -> None:
+        seen_file.write_text(json.dumps({f"{gpu}|{kernel}|{key}": {
+            "gpu": gpu, "kernel": kernel, "key": key, "reason": "related", "call": call[0] if call else SEEN_CALL}
+            for gpu, kernel, key, *call in entries}))
+
+    return write

@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
-import pytest
-
 from kernels import config_store, suites
 from kernels.config_store import ConfigFile
 
-CALL = {"batch": 1, "seqlen": 96, "nheads": 4, "headdim": 16, "ngroups": 2, "dstate": 16, "chunk_size": 32,
-        "dtype": "float32", "call": {"z": True, "docs": 2, "D": "h", "initial_states": False}}
 
-
-def _entry(gpu, kernel, key, call=CALL):
-    return {f"{gpu}|{kernel}|{key}": {"gpu": gpu, "kernel": kernel, "key": key, "reason": "related", "call": call}}
-
-
-@pytest.fixture
-def seen_file(tmp_path, monkeypatch):
-    file = tmp_path / "seen.json"
-    monkeypatch.setenv("MAMBA2_GUARD_SEEN", str(file))
-    monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path / "configs")
-    config_store._cache.clear()
-    return file
-
-
-def test_each_call_is_one_shape_with_the_keys_it_fell_back_at(seen_file):
-    seen_file.write_text(json.dumps({**_entry("gpu-a", "chunk_scan", "t=1"), **_entry("gpu-a", "bmm_chunk", "t=2"),
-                                     **_entry("gpu-b", "chunk_scan", "t=1"),
-                                     **_entry("gpu-a", "x", "t=3", call=None)}))  # no call shape: left out
+def test_each_call_is_one_shape_with_the_keys_it_fell_back_at(seen_file, write_seen):
+    write_seen(("gpu-a", "chunk_scan", "t=1"), ("gpu-a", "bmm_chunk", "t=2"), ("gpu-b", "chunk_scan", "t=1"),
+               ("gpu-a", "x", "t=3", None))  # no call shape: left out
     loaded = suites.load()
     names = loaded.suites[suites.SEEN_SUITE]
     assert len(names) == 2 and all(n.startswith(("seen-gpu-a-", "seen-gpu-b-")) for n in names)
@@ -39,8 +18,8 @@ def test_each_call_is_one_shape_with_the_keys_it_fell_back_at(seen_file):
     assert suites.seen_on(loaded, "gpu-c") == []
 
 
-def test_a_call_leaves_the_re_tune_once_all_its_keys_are_tuned(seen_file, tmp_path):
-    seen_file.write_text(json.dumps({**_entry("gpu-a", "chunk_scan", "t=1"), **_entry("gpu-a", "bmm_chunk", "t=2")}))
+def test_a_call_leaves_the_re_tune_once_all_its_keys_are_tuned(seen_file, write_seen, tmp_path):
+    write_seen(("gpu-a", "chunk_scan", "t=1"), ("gpu-a", "bmm_chunk", "t=2"))
     config_store.save(config_store.path_for("gpu-a", tmp_path / "configs"),
                       ConfigFile(kernels={"chunk_scan": {"t=1": {"num_warps": 4}}}))
     assert len(suites.seen_on(suites.load(), "gpu-a")) == 1  # bmm_chunk's key is still untuned
@@ -50,7 +29,7 @@ def test_a_call_leaves_the_re_tune_once_all_its_keys_are_tuned(seen_file, tmp_pa
     assert suites.seen_on(loaded, "gpu-a") == [] and loaded.suites[suites.SEEN_SUITE]  # still a shape
 
 
-def test_an_unreadable_seen_file_leaves_the_suite_out(seen_file, caplog):
+def test_an_unreadable_seen_file_leaves_the_suite_out(seen_file, write_seen, caplog):
     seen_file.write_text("[1, 2")
     with caplog.at_level("WARNING"):
         assert suites.SEEN_SUITE not in suites.load().suites
