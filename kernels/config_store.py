@@ -315,15 +315,6 @@ def stored_candidates(kernel: str, key: ShapeKey, slug: str, config_dir: Path | 
     return candidates(cf, kernel, key) if cf is not None else []
 
 
-def lookup(kernel: str, key: ShapeKey, slug: str, config_dir: Path | None = None) -> Lookup:
-    """The first stored candidate for ``key``, counted as a fallback unless exact; the default when none."""
-    ranked = stored_candidates(kernel, key, slug, config_dir)
-    result = ranked[0] if ranked else Lookup(None, "default", None)
-    if result.source != "exact":
-        note_fallback(kernel, str(key), slug, result.source, result.key)
-    return result
-
-
 def note_fallback(kernel: str, key: str, slug: str, source: str, used: str | None) -> None:
     """Count every fallback; log it once per (kernel, key, slug)."""
     with _lock:

@@ -120,20 +120,22 @@ def test_candidates_are_every_stored_key_nearest_first(stored, query):
     assert config_store.find(cf, "other", query) == config_store.Lookup(None, "default", None)
 
 
-def test_lookup_counts_and_logs_fallbacks(tmp_path, caplog):
+def test_stored_candidates_and_fallbacks_counted_always_logged_once(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(config_store, "_warned", set())
     key = ShapeKey.of(dtype="bfloat16", headdim=64, tokens=16384)
-    config_store.save(config_store.path_for("test-gpu", tmp_path),
-                      ConfigFile(kernels={"k": {str(key.__class__.of(dtype="bfloat16", headdim=64, tokens=8192)): {
-                          "num_warps": 4}}}))
+    other = ShapeKey.of(dtype="bfloat16", headdim=64, tokens=8192)
+    config_store.save(config_store.path_for("test-gpu", tmp_path), ConfigFile(kernels={"k": {str(other): {
+        "num_warps": 4}}}))
+    ranked = config_store.stored_candidates("k", key, "test-gpu", tmp_path)
+    assert [(found.source, found.config) for found in ranked] == [("nearest", {"num_warps": 4})]
+    assert config_store.stored_candidates("other", key, "test-gpu", tmp_path) == []
+    assert config_store.stored_candidates("k", key, "no-such-gpu", tmp_path) == []
     before = config_store.FALLBACKS[("k", "nearest")]
     with caplog.at_level("WARNING"):
-        found = config_store.lookup("k", key, "test-gpu", tmp_path)
-        config_store.lookup("k", key, "test-gpu", tmp_path)
-    assert found.source == "nearest" and found.config == {"num_warps": 4}
+        for _ in range(2):
+            config_store.note_fallback("k", str(key), "test-gpu", "nearest", ranked[0].key)
     assert config_store.FALLBACKS[("k", "nearest")] == before + 2
     assert sum("no tuned config" in r.message for r in caplog.records) == 1  # logged once, counted always
-    assert config_store.lookup("other", key, "test-gpu", tmp_path).source == "default"
-    assert config_store.lookup("k", key, "no-such-gpu", tmp_path).source == "default"
 
 
 def test_channels_are_a_size_field_so_another_channel_count_finds_the_nearest_config():
