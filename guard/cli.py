@@ -146,10 +146,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Bench the selection; write the result JSON; optionally the baseline. Exit 1 on a precision failure
     or error (speed is judged by ``check``)."""
     from guard.adapters import fingerprint
-    from guard.adapters.files import atomic_write_text
     from guard.bench import shard
     from guard.flows import baselines
     from guard.flows.nightly import selection
+    from kernels.config_store import atomic_write
 
     progress = _progress()
     options = _options(args)
@@ -166,7 +166,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          case_timeout_s=args.case_timeout)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.json) if args.json else state / RESULTS_DIR / f"{stamp}{RESULT_SUFFIX}"
-    atomic_write_text(out, json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
+    atomic_write(out, json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
     from guard.core import report
 
     _console().print(report.bench_table(result))

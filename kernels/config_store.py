@@ -28,6 +28,7 @@ A fallback (2 or 3) is logged once per kernel and key, and counted in ``FALLBACK
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -244,28 +245,41 @@ def dumps(cf: ConfigFile) -> str:
     return "\n".join(lines) + "\n"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write through a temp file in the same folder, fsync, then rename: a kill leaves old or new."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> None:
+    """Replace ``path`` with ``data`` so that a kill at any moment leaves the old file or the new one.
+
+    A temp file in the same folder is written, fsynced (and given ``mode``, if any), renamed over
+    ``path``; the folder is fsynced after the rename. Text is written as UTF-8.
+    """
+    path = Path(path)
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    payload = data.encode() if isinstance(data, str) else bytes(data)
+    handle = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".tmp", delete=False)  # noqa: SIM115
+    tmp_name = handle.name
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with handle:
+            handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
+        os.replace(tmp_name, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        if isinstance(exc, OSError) and exc.filename is None:  # a full disk: name the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    folder_fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(folder_fd)
     finally:
-        os.close(dir_fd)
+        os.close(folder_fd)
 
 
 def save(path: Path, cf: ConfigFile) -> None:
-    atomic_write_text(path, dumps(cf))
+    atomic_write(path, dumps(cf))
 
 
 def candidates(cf: ConfigFile, kernel: str, key: ShapeKey) -> list[Lookup]:

@@ -95,7 +95,7 @@ def record(kernel: str, key: str, gpu: str, reason: str, used: str | None) -> No
 def _merge(file: Path, kernel: str, key: str, gpu: str, reason: str, used: str | None) -> None:
     from filelock import FileLock
 
-    from kernels.config_store import atomic_write_text
+    from kernels.config_store import atomic_write
 
     now = time.time()
     file.parent.mkdir(parents=True, exist_ok=True)
@@ -115,4 +115,4 @@ def _merge(file: Path, kernel: str, key: str, gpu: str, reason: str, used: str |
         if len(entries) > MAX_ENTRIES:
             kept = sorted(entries.items(), key=lambda item: item[1].get("last_seen", 0))[-MAX_ENTRIES:]
             entries = dict(kept)
-        atomic_write_text(file, json.dumps(entries, indent=1, sort_keys=True) + "\n")
+        atomic_write(file, json.dumps(entries, indent=1, sort_keys=True) + "\n")

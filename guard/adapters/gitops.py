@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 
 import git
 
-from guard.adapters.files import atomic_write
 from guard.core.prbody import BRANCH_PREFIX, branch_name
+from kernels.config_store import atomic_write
 
 log = logging.getLogger("guard.gitops")
 

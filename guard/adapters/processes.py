@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guard.adapters.files import atomic_write
+from kernels.config_store import atomic_write
 
 log = logging.getLogger("guard.daemon")
 

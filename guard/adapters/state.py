@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guard.adapters.files import atomic_write_text
 from kernels import seen
+from kernels.config_store import atomic_write
 
 log = logging.getLogger("guard.state")
 
@@ -101,7 +101,7 @@ class StateDir:
 
 
 def write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def move_aside(path: Path, corrupt_dir: Path, reason: str) -> Path:
@@ -225,7 +225,7 @@ class InstanceLock:
             raise AlreadyRunning(
                 f"another mamba2-guard daemon ({holder}) holds {self.state.lock}; one daemon per state dir"
             ) from None
-        atomic_write_text(self.state.pidfile, f"{os.getpid()}\n")
+        atomic_write(self.state.pidfile, f"{os.getpid()}\n")
         return self
 
     def release(self) -> None:

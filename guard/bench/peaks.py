@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from guard.adapters.files import atomic_write_text
 from guard.bench import timing
+from kernels.config_store import atomic_write
 
 
 def measure(device: str = "cuda") -> dict[str, Any]:
@@ -23,7 +23,7 @@ def cached(state_dir: Path, fingerprint_digest: str, device: str = "cuda") -> di
     if path.exists():
         return json.loads(path.read_text())
     peaks = measure(device)
-    atomic_write_text(path, json.dumps(peaks, indent=2, sort_keys=True) + "\n")
+    atomic_write(path, json.dumps(peaks, indent=2, sort_keys=True) + "\n")
     return peaks
 
 

@@ -31,11 +31,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from guard.adapters.files import atomic_write_text, tail
+from guard.adapters.files import tail
 from guard.adapters.processes import kill_group, signal_name, spawn
 from guard.bench.worker import BENCH_ENV, DEFAULT_BENCH
 from guard.core.results import BenchResult, CaseResult, SchemaError
 from guard.core.tuneplan import Job, assign, plan_jobs
+from kernels.config_store import atomic_write
 
 Progress = Callable[[str], None]
 DEFAULT_CASE_TIMEOUT_S = 1800.0  # no finished case for this long: the worker is hung (compile + 30 rounds ~ 1 min)
@@ -139,7 +140,7 @@ class _Worker:
         from guard import PROJECT_ROOT
 
         self.result_path.unlink(missing_ok=True)
-        atomic_write_text(self.spec_path, json.dumps(self.spec, indent=1, sort_keys=True, default=str) + "\n")
+        atomic_write(self.spec_path, json.dumps(self.spec, indent=1, sort_keys=True, default=str) + "\n")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=self.device, PYTHONUNBUFFERED="1")
         self.started = self.last_change = time.monotonic()
         with open(self.log_path, "ab") as log:

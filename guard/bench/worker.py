@@ -51,9 +51,9 @@ def _case_dict(case: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from guard.adapters.files import atomic_write_text
     from guard.adapters.processes import watch_parent
     from kernels._targets import load_target
+    from kernels.config_store import atomic_write
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     def write() -> None:
         state["wall_s"] = round(time.monotonic() - started, 3)
         state["cpu_s"] = _cpu_seconds()
-        atomic_write_text(result_path, json.dumps(state, sort_keys=True, default=str, allow_nan=False) + "\n")
+        atomic_write(result_path, json.dumps(state, sort_keys=True, default=str, allow_nan=False) + "\n")
 
     def note(**fields: Any) -> None:
         state.update(fields)

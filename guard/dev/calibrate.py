@@ -31,13 +31,13 @@ import time
 import torch
 
 from guard.adapters import fingerprint
-from guard.adapters.files import atomic_write_text
 from guard.bench.run import run_bench
 from guard.bench.timing import sleep_cycles_per_ms
 from guard.core.results import baseline_from_result, baseline_skip_reason, load_baseline
 from guard.core.verdicts import Policy
 from guard.flows.check import run_check
 from kernels import registry, suites
+from kernels.config_store import atomic_write
 
 
 def slowed(entry: registry.KernelEntry, shape: str, cycles: int) -> registry.KernelEntry:
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     def save(**parts):
         out.update(parts, seconds=round(time.monotonic() - t0, 1))
-        atomic_write_text(args.json, json.dumps(out, indent=1, default=str))
+        atomic_write(args.json, json.dumps(out, indent=1, default=str))
 
     first = run_bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=digest,
                       state_dir=args.state_dir, suite=None, seed=args.seed, rounds=args.rounds)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from guard.adapters.files import atomic_write_text
 from guard.adapters.fingerprint import KERNELS_DIR, kernel_source_hashes, restamped
 from guard.flows import baselines
 from kernels import config_store, registry
+from kernels.config_store import atomic_write
 
 
 def kernel_files(names: list[str]) -> list[str]:
@@ -46,7 +46,7 @@ def run(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     doc = baselines.read_document(baseline)
     if doc and doc.get("fingerprint"):
         doc["fingerprint"] = restamped(doc["fingerprint"], files)
-        atomic_write_text(baseline, yaml.safe_dump(doc, sort_keys=True, default_flow_style=False, width=120))
+        atomic_write(baseline, yaml.safe_dump(doc, sort_keys=True, default_flow_style=False, width=120))
         print(f"stamped {baseline}")
     stale = sorted(k for k, v in kernel_source_hashes().items() if cf.fingerprint["kernel_sources"].get(k) != v)
     print("files: " + (", ".join(files) if files is not None else "all") +

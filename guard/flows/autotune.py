@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from guard import PROJECT_ROOT
-from guard.adapters.files import atomic_write_text
 from guard.adapters.files import tail as tail_of
 from guard.adapters.processes import kill_group, signal_name, spawn
 from guard.core import tuneplan
 from guard.core.tuneplan import Criteria, Job
 from kernels import config_store
+from kernels.config_store import atomic_write
 
 DEFAULT_TUNER = "guard.flows.autotune_worker:helion_tuner"
 TUNER_ENV = "MAMBA2_GUARD_TUNER"
@@ -185,7 +185,7 @@ class Run:
         (self.dir / "jobs").mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         if not (self.dir / "plan.json").exists():
-            atomic_write_text(self.dir / "plan.json", json.dumps(self.plan, indent=1, sort_keys=True) + "\n")
+            atomic_write(self.dir / "plan.json", json.dumps(self.plan, indent=1, sort_keys=True) + "\n")
         base_path = self.dir / "base.yaml"
         if not base_path.exists():
             out = Path(opts.out)
@@ -326,7 +326,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
             "result": str(result_path), "log": str(log_path), "gpu_slug": opts.gpu_slug, "device": process.device,
             "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
             "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}
-    atomic_write_text(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
+    atomic_write(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
     entry: dict[str, Any] = {"job": job.id, "kernel": job.kernel, "shape": job.shape, "index": job.index,
                              "worker": worker, "device": process.device, "log": str(log_path)}
     t0 = time.monotonic()
@@ -433,7 +433,7 @@ def run_autotune(opts: AutotuneOptions, progress: Progress, on_job: Callable[[di
                  "rerun the same command to resume")
     outcome = AutotuneOutcome(run.dir, Path(opts.out), run.jobs, entries, summary, bool(changed), bool(entries),
                               skipped)
-    atomic_write_text(run.dir / "summary.json", json.dumps(outcome.to_dict(), indent=1, sort_keys=True) + "\n")
+    atomic_write(run.dir / "summary.json", json.dumps(outcome.to_dict(), indent=1, sort_keys=True) + "\n")
     return outcome
 
 

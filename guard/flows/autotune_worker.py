@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from guard.adapters.files import atomic_write_text
 from guard.adapters.processes import watch_parent
+from kernels.config_store import atomic_write
 
 
 def load_tuner(ref: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -80,7 +80,7 @@ def run_one(spec: dict[str, Any], job_number: int, started: float) -> None:
     result["seconds"] = round(time.monotonic() - t0, 3)
     result["process"] = {"pid": os.getpid(), "job_number": job_number,
                          "age_seconds": round(t0 - started, 3)}  # 0 for the first job: it paid the imports
-    atomic_write_text(Path(spec["result"]), json.dumps(result, sort_keys=True, default=str, allow_nan=False) + "\n")
+    atomic_write(Path(spec["result"]), json.dumps(result, sort_keys=True, default=str, allow_nan=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

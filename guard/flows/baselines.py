@@ -9,7 +9,6 @@ from typing import Any
 import yaml
 
 from guard import PROJECT_ROOT
-from guard.adapters.files import atomic_write_text
 from guard.core.fingerprint import fingerprint_hash
 from guard.core.results import (
     Baseline,
@@ -18,6 +17,7 @@ from guard.core.results import (
     baseline_from_result,
     load_baseline,
 )
+from kernels.config_store import atomic_write
 
 BASELINE_DIR = PROJECT_ROOT / "baselines"
 
@@ -70,6 +70,6 @@ def update(path: Path, result: BenchResult) -> list[str]:
     merged = dict(new)
     merged["results"] = {k: dict(sorted(v.items())) for k, v in sorted(results.items())}
     load_baseline(merged)  # never write a file that would not load
-    atomic_write_text(path, yaml.safe_dump(merged, sort_keys=True, default_flow_style=False, width=120))
+    atomic_write(path, yaml.safe_dump(merged, sort_keys=True, default_flow_style=False, width=120))
     return [f"{c.kernel}/{c.shape}" for c in result.cases
             if c.kernel not in new["results"] or c.shape not in new["results"][c.kernel]]

@@ -21,7 +21,7 @@ from filelock import FileLock, Timeout
 
 from guard import EXIT_BUSY
 from guard.adapters import fingerprint
-from guard.adapters.files import atomic_write_text, check_writable, clean_stale_temp_files
+from guard.adapters.files import check_writable, clean_stale_temp_files
 from guard.adapters.history import History
 from guard.bench.run import Progress, bench_case, plain_progress
 from guard.core import drift as drift_mod
@@ -31,6 +31,7 @@ from guard.core.verdicts import Policy, Verdict, exit_code
 from guard.flows import baselines
 from guard.flows.check import run_check
 from kernels import config_store, registry, suites
+from kernels.config_store import atomic_write
 
 
 class CycleBusy(RuntimeError):
@@ -130,11 +131,11 @@ def write_reports(state_dir: Path, stamp: str, result: BenchResult, verdicts: li
     reports = state_dir / "reports"
     paths = {"result": reports / f"{stamp}-result.json", "report_json": reports / f"{stamp}-report.json",
              "report_md": reports / f"{stamp}-report.md"}
-    atomic_write_text(paths["result"], json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
-    atomic_write_text(paths["report_json"], json.dumps(report.render_json(result, verdicts, baseline, policy),
+    atomic_write(paths["result"], json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
+    atomic_write(paths["report_json"], json.dumps(report.render_json(result, verdicts, baseline, policy),
                                                        indent=1, allow_nan=False) + "\n")
     markdown = report.render_markdown(result, verdicts, baseline)
-    atomic_write_text(paths["report_md"], markdown)
+    atomic_write(paths["report_md"], markdown)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         try:
@@ -150,7 +151,7 @@ def copy_reports(paths: dict[str, str], out_dir: Path) -> dict[str, str]:
     copies = {}
     for key, name in (("report_md", "report.md"), ("report_json", "report.json"), ("result", "result.json")):
         target = out_dir / name
-        atomic_write_text(target, Path(paths[key]).read_text())
+        atomic_write(target, Path(paths[key]).read_text())
         copies[f"out_{key}"] = str(target)
     return copies
 
@@ -342,7 +343,7 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
         steps["pr"] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
         return steps
     body_path = state_dir / "reports" / f"{stamp}-pr.md"
-    atomic_write_text(body_path, f"# {pr.title}\n\n{pr.body}\n\n```diff\n{pr.diff}```\n")
+    atomic_write(body_path, f"# {pr.title}\n\n{pr.body}\n\n```diff\n{pr.diff}```\n")
     paths["pr_body"] = str(body_path)
     if dry:
         progress("PR step dry: nothing new was produced in this cycle to propose; body and diff in " + str(body_path))
