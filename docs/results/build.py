@@ -39,22 +39,23 @@ def run_files(runs_dir: Path, slug: str) -> dict[str, str]:
     return found
 
 
-def tuned_shapes(root: Path) -> list[str]:
+def suite_shapes(root: Path, suite: str) -> list[str]:
+    """The shape names of a suite of ``kernels/suites.yaml`` (``default``: tuned; ``zoo-heldout``: held out)."""
     suites = root / "kernels" / "suites.yaml"
     if not suites.is_file():
         return []
     data = yaml.safe_load(suites.read_text()) or {}
-    return list((data.get("suites") or {}).get("default") or [])
+    return list((data.get("suites") or {}).get(suite) or [])
 
 
 def pages(root: Path) -> dict[Path, str]:
     out: dict[Path, str] = {}
-    shapes = tuned_shapes(root)
+    tuned, heldout = suite_shapes(root, "default"), suite_shapes(root, "zoo-heldout")
     for baseline in sorted((root / "baselines").glob("*.yaml")):
         slug = baseline.stem
         data = yaml.safe_load(baseline.read_text()) or {}
         out[root / "docs" / "results" / f"{slug}.md"] = render(
-            data, slug, runs=run_files(root / "baselines" / "runs", slug), tuned_shapes=shapes,
+            data, slug, runs=run_files(root / "baselines" / "runs", slug), tuned_shapes=tuned, heldout_shapes=heldout,
             source=f"baselines/{baseline.name}")
     return out
 

@@ -32,8 +32,8 @@ def is_composite(phase: str | None) -> bool:
     return bool(phase) and str(phase).startswith(COMPOSITE_PREFIXES)
 
 
-def is_heldout(case: Mapping[str, Any]) -> bool:
-    if case.get("heldout") is True:
+def is_heldout(case: Mapping[str, Any], shape: str = "", heldout_shapes: Iterable[str] = ()) -> bool:
+    if case.get("heldout") is True or shape in heldout_shapes:
         return True
     suite = str(case.get("suite") or "").lower()
     return any(word in suite for word in HELDOUT_SUITE_WORDS)
@@ -115,16 +115,17 @@ def _rank(order: list[str]):
 
 
 def groups(results: Mapping[str, Mapping[str, Mapping[str, Any]]],
-           order: Iterable[str] = ()) -> list[tuple[str, str, bool, list]]:
+           order: Iterable[str] = (), heldout_shapes: Iterable[str] = ()) -> list[tuple[str, str, bool, list]]:
     """[(kind, name, heldout, [(kernel, shape, case)])]: by suite when every case names one, else by shape;
-    held-out groups first, then in ``order`` (names not in it after, by name)."""
+    held-out groups (``heldout_shapes`` among them) first, then in ``order`` (others after, by name)."""
+    heldout_shapes = set(heldout_shapes)
     rank = _rank(list(order))
     cases = [(kernel, shape, case) for kernel, by_shape in results.items() for shape, case in by_shape.items()]
     by_suite = bool(cases) and all(case.get("suite") for _, _, case in cases)
     found: dict[tuple[str, bool], list] = {}
     for kernel, shape, case in cases:
         name = str(case["suite"]) if by_suite else shape
-        found.setdefault((name, is_heldout(case)), []).append((kernel, shape, case))
+        found.setdefault((name, is_heldout(case, shape, heldout_shapes)), []).append((kernel, shape, case))
     kind = "suite" if by_suite else "shape"
     return [(kind, name, heldout, found[(name, heldout)])
             for name, heldout in sorted(found, key=lambda k: (not k[1], rank(k[0])))]
@@ -153,9 +154,10 @@ def _headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], order: lis
 
 
 def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | None = None,
-           tuned_shapes: Iterable[str] = (), source: str | None = None) -> str:
+           tuned_shapes: Iterable[str] = (), heldout_shapes: Iterable[str] = (), source: str | None = None) -> str:
     """The page. ``runs`` maps a case's ``recorded_at`` to the run file it came from; ``tuned_shapes`` are
-    the shapes the stored configs were tuned at; ``source`` is the baseline's path as the page cites it."""
+    the shapes the stored configs were tuned at, ``heldout_shapes`` those never tuned or fitted on (the
+    claim); ``source`` is the baseline's path as the page cites it."""
     runs = dict(runs or {})
     tuned = list(dict.fromkeys(tuned_shapes))
     source = source or f"baselines/{slug}.yaml"
@@ -178,7 +180,7 @@ def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | 
             "measured peak the case reaches (bytes or FLOPs, whichever bounds it); precision = allclose "
             "against mamba-ssm and fp64 and finite; timing = `eager` (CUDA events around each call) or "
             "`cuda-graph` (graph replays); run = the raw bench result the row was taken from.", ""]
-    all_groups = groups(results, tuned)
+    all_groups = groups(results, tuned, heldout_shapes)
     heldout = [g for g in all_groups if g[2]]
     out += ["## Which shapes are the claim", ""]
     if tuned:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -72,6 +73,20 @@ class CycleOutcome:
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
+
+
+# The zoo's whole calls, benched by every GPU nightly of the default suite: the shapes users run, tuned or not.
+ZOO_SUITES = ("zoo-heldout", "zoo-fit")
+ZOO_ENTRIES = ("ssd_combined_fwd", "ssd_combined_fwd_bwd")
+
+
+def zoo_selection(options: CycleOptions, on_gpu: bool) -> tuple[list[registry.KernelEntry], list]:
+    """The zoo's whole calls x shapes a nightly benches besides its suite: on a GPU, for the default suite
+    chosen by name (not for explicit shapes or kernels); none otherwise."""
+    if not on_gpu or options.suite != "default" or options.shapes or options.kernels:
+        return [], []
+    loaded = suites.load()
+    return registry.select(list(ZOO_ENTRIES)), [shape for name in ZOO_SUITES for shape in loaded.suite(name)]
 
 
 def selection(options: CycleOptions, progress: Progress) -> tuple[str, list[registry.KernelEntry], list]:
@@ -244,10 +259,16 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     baseline_path = recorded_paths(slug, options.root)[1]
     baseline = baselines.load(baseline_path)
     with History(state_dir / "history.sqlite") as history:
-        result = shard.bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
-                             state_dir=state_dir, suite=suite, seed=options.seed, rounds=options.rounds,
-                             progress=progress, cuda_graphs=options.cuda_graphs, workers=options.workers,
-                             bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
+        bench = functools.partial(
+            shard.bench, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), state_dir=state_dir, suite=suite,
+            seed=options.seed, rounds=options.rounds, progress=progress, cuda_graphs=options.cuda_graphs,
+            workers=options.workers, bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
+        result = bench(entries, shapes)
+        zoo_entries, zoo_shapes = zoo_selection(options, torch.cuda.is_available())
+        if zoo_shapes:
+            progress(f"the model zoo: {len(zoo_entries)} whole calls x {len(zoo_shapes)} shapes")
+            zoo = bench(zoo_entries, zoo_shapes)
+            result = dataclasses.replace(result, cases=result.cases + zoo.cases)
         verdicts: list[Verdict] = []
         try:
             # After the bench: it also reports configs the installed helion rejected.

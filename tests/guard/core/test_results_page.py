@@ -126,3 +126,14 @@ def test_build_writes_then_check_passes_and_catches_an_edit(tmp_path):
     stale = _build(root, "--check")
     assert stale.returncode == 1
     assert "docs/results/test-gpu.md is stale" in stale.stderr
+
+
+def test_shapes_of_the_held_out_suite_come_first_as_the_claim():
+    from guard.core import results_page
+
+    case = {"phase": "call_fwd", "samples_ms": {"helion": [1.0], "mamba_ssm": [2.0]}}
+    baseline = {"results": {"ssd_combined_fwd": {"nemotron3-nano": dict(case), "bamba-9b": dict(case)}}}
+    page = results_page.render(baseline, "gpu", tuned_shapes=["nemotron3-nano"], heldout_shapes=["bamba-9b"])
+    assert "Held-out groups (`bamba-9b`)" in page
+    assert page.index("## Shape `bamba-9b` (held out)") < page.index("## Shape `nemotron3-nano` (tuned)")
+    assert "no held-out shapes yet" in results_page.render(baseline, "gpu", tuned_shapes=["nemotron3-nano"])

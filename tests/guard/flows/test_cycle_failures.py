@@ -55,3 +55,23 @@ def test_a_daemon_cycle_finding_the_state_dir_busy_is_skipped(tmp_path):
     state.mkdir()
     with FileLock(str(state / "nightly.lock")):  # a CLI nightly holds it
         assert nightly.daemon_cycle(state, shapes=("smoke",), kernels=("chunk_cumsum",)) == EXIT_BUSY
+
+
+@pytest.mark.parametrize(("overrides", "on_gpu", "benched"), [
+    ({}, True, True),
+    ({}, False, False),  # CPU: the smoke suite alone
+    ({"suite": "smoke"}, True, False),
+    ({"shapes": ("nemotron3-nano",)}, True, False),
+    ({"kernels": ("chunk_scan",)}, True, False),
+])
+def test_a_gpu_nightly_of_the_default_suite_benches_the_zoos_whole_calls(overrides, on_gpu, benched):
+    from guard.flows.nightly import ZOO_ENTRIES, CycleOptions, zoo_selection
+    from kernels import suites
+
+    entries, shapes = zoo_selection(CycleOptions(**overrides), on_gpu)
+    if not benched:
+        assert (entries, shapes) == ([], [])
+        return
+    assert [e.name for e in entries] == list(ZOO_ENTRIES)
+    loaded = suites.load()
+    assert {s.name for s in shapes} == {s.name for name in ("zoo-heldout", "zoo-fit") for s in loaded.suite(name)}
