@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 AUTOTUNE_ENV = "MAMBA2_GUARD_AUTOTUNE"
 SLUG_ENV = "MAMBA2_GUARD_GPU_SLUG"
 _captured: list[tuple[TunedKernel, tuple[Any, ...]]] | None = None
+# name -> kernel: every TunedKernel defined so far (the names config files may use)
+TUNED_KERNELS: dict[str, TunedKernel] = {}
 
 
 @contextlib.contextmanager
@@ -130,6 +132,7 @@ class TunedKernel:
                  seeds: Sequence[dict[str, Any]] = ()):
         self.fn = fn
         self.name = name
+        TUNED_KERNELS[name] = self
         self.shape_key = shape_key
         self.partial_sums = dict(partial_sums or {})
         self.finish = finish

@@ -680,6 +680,16 @@ ENTRIES = ENTRIES + CALLS + LAYER
 REGISTRY: dict[str, KernelEntry] = {e.name: e for e in ENTRIES}
 
 
+def tuned_kernel_names() -> set[str]:
+    """The names of every Helion kernel the entries launch: the names a config file's ``kernels:`` may use."""
+    from kernels._runtime import TUNED_KERNELS
+
+    for entry in ENTRIES:
+        if entry.has_helion:
+            entry.helion_fn()  # imports the kernel's module, which defines its TunedKernels
+    return set(TUNED_KERNELS)
+
+
 def get(name: str) -> KernelEntry:
     if name not in REGISTRY:
         raise KeyError(f"unknown kernel {name!r}; valid kernels: {', '.join(REGISTRY)}")

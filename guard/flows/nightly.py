@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from guard.flows import baselines
 from guard.flows.check import run_check
 from kernels import config_store, registry, suites
 from kernels.config_store import atomic_write
+
+log = logging.getLogger("guard.nightly")
 
 
 class CycleBusy(RuntimeError):
@@ -117,7 +120,12 @@ def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | No
                  root: Path | str | None = None, slug: str | None = None) -> drift_mod.DriftReport:
     slug = slug or fingerprint.gpu_slug(fp)
     configs_path, baseline_path = recorded_paths(slug, root)
-    configs_fp = config_store.load(configs_path).fingerprint if configs_path.exists() else None
+    configs = config_store.load(configs_path) if configs_path.exists() else None
+    configs_fp = configs.fingerprint if configs is not None else None
+    unknown = sorted(set(configs.kernels) - registry.tuned_kernel_names()) if configs is not None else []
+    if unknown:
+        log.warning("%s: kernels: unknown kernel name(s) %s, whose configs no call uses (valid: the names of "
+                    "`mamba2-guard list`'s Helion kernels)", configs_path, ", ".join(unknown))
     baseline_doc = baselines.read_document(baseline_path)
     baseline_fp = (baseline_doc or {}).get("fingerprint")
     return drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(slug), policy)

@@ -75,3 +75,17 @@ def test_a_gpu_nightly_of_the_default_suite_benches_the_zoos_whole_calls(overrid
     assert [e.name for e in entries] == list(ZOO_ENTRIES)
     loaded = suites.load()
     assert {s.name for s in shapes} == {s.name for name in ("zoo-heldout", "zoo-fit") for s in loaded.suite(name)}
+
+
+def test_an_unknown_kernel_name_in_a_config_file_is_named(tmp_path, caplog):
+    from guard.adapters import fingerprint
+    from guard.flows.nightly import detect_drift
+    from kernels import config_store
+    from kernels.config_store import ConfigFile
+
+    config_store.save(tmp_path / "kernels" / "configs" / "gpu-a.yaml", ConfigFile(kernels={
+        "chunk_scan": {"t=1": {"num_warps": 4}}, "chunk_scna": {"t=1": {"num_warps": 4}}}))
+    with caplog.at_level("WARNING"):
+        detect_drift(fingerprint.collect(), root=tmp_path, slug="gpu-a")
+    (warning,) = [r.message for r in caplog.records if "unknown kernel name" in r.message]
+    assert "gpu-a.yaml: kernels: unknown kernel name(s) chunk_scna," in warning and "chunk_scan," not in warning

@@ -204,3 +204,11 @@ def test_shape_key_parse_and_errors():
     with pytest.raises(ValueError, match="tokens"):
         ShapeKey.of(tokens=0)
     assert config_store.tokens_bucket(16384) == 16384 and config_store.tokens_bucket(16385) == 32768
+
+
+def test_the_committed_config_files_name_only_kernels_that_exist():
+    from kernels import registry
+
+    known = registry.tuned_kernel_names()
+    for path in sorted(config_store.CONFIG_DIR.glob("*.yaml")):
+        assert set(config_store.load(path).kernels) <= known, path
