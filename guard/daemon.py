@@ -46,7 +46,7 @@ from typing import Any
 
 from guard import EXIT_BUSY
 from guard.adapters import metrics as metrics_mod
-from guard.adapters.processes import kill_children, run_in_child, target_ref
+from guard.adapters.processes import kill_children, remove_orphaned_child_dirs, run_in_child, target_ref
 from guard.adapters.state import (
     AlreadyRunning,
     InstanceLock,
@@ -374,6 +374,7 @@ def run_daemon(config: DaemonConfig) -> int:
         return EXIT_USAGE
     server = None
     try:
+        remove_orphaned_child_dirs()  # a daemon killed with SIGKILL left its children's temp dirs
         CTX.__init__()
         CTX.state, CTX.config = state, config
         problem = ensure_healthy_jobstore(state)

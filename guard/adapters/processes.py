@@ -130,6 +130,30 @@ def target_ref(target: str | Callable[..., Any]) -> str:
     return f"{module}:{qualname}"
 
 
+CHILD_DIR_PREFIX = "mamba2-guard-child-"  # then the parent's pid: see remove_orphaned_child_dirs
+
+
+def remove_orphaned_child_dirs(root: Path | None = None) -> list[Path]:
+    """Remove the temp dirs of :func:`run_in_child` whose parent process is gone: a parent killed with
+    SIGKILL never ran its cleanup. Each dir names its parent's pid; only this user's dirs are touched."""
+    import shutil
+
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{CHILD_DIR_PREFIX}*"):
+        pid_text = folder.name[len(CHILD_DIR_PREFIX):].split("-", 1)[0]
+        try:
+            if folder.stat().st_uid != os.getuid() or not pid_text.isdigit():
+                continue
+            os.kill(int(pid_text), 0)
+            continue  # its parent is alive
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except OSError:
+            continue
+    return removed
+
+
 def run_in_child(target: str | Callable[..., Any], timeout_s: float, args: Sequence[Any] = (),
                  kwargs: Mapping[str, Any] | None = None, *, log_path: Path | None = None,
                  kill_grace_s: float = 10.0, env: Mapping[str, str] | None = None) -> ChildResult:
@@ -142,7 +166,7 @@ def run_in_child(target: str | Callable[..., Any], timeout_s: float, args: Seque
     """
     ref = target_ref(target)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mamba2-guard-child-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{CHILD_DIR_PREFIX}{os.getpid()}-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.pkl", Path(tmp) / "out.pkl"
         spec_path.write_bytes(pickle.dumps({"target": ref, "args": tuple(args), "kwargs": dict(kwargs or {}),
                                             "out": str(out_path), "parent": os.getpid()}))

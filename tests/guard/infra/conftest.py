@@ -187,3 +187,12 @@ def start_daemon(tmp_path):
 
 if str(REPO) not in sys.path:  # `from tests.guard.infra import ...` under any pytest import mode
     sys.path.insert(0, str(REPO))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_child_dirs_left_behind():
+    """Daemons these tests kill with SIGKILL leave their children's temp dirs: remove them at the end."""
+    yield
+    from guard.adapters.processes import remove_orphaned_child_dirs
+
+    remove_orphaned_child_dirs()
