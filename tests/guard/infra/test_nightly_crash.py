@@ -54,3 +54,49 @@ def test_kill_9_mid_nightly_leaves_consistent_state_and_the_next_cycle_runs(tmp_
     with History(state / "history.sqlite") as history:
         assert [r["n_cases"] for r in history.runs()] == [2, 1]
     assert not _leftover_temp_files(state)
+
+
+# A nightly that kills itself (SIGKILL) at its n-th file replacement: after an atomic write's temp file is
+# written and fsynced, before its rename. Renames are how every file of a cycle lands (result, reports,
+# snapshot, metrics textfile), so n = 1, 2, ... kills it during each of its writes in turn.
+KILL_AT_WRITE = """
+import os, signal, sys
+n, calls = int(sys.argv[1]), [0]
+def dying(real):
+    def rename(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+    return rename
+os.replace, os.rename = dying(os.replace), dying(os.rename)
+from guard.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_kill_9_during_each_write_leaves_whole_files_and_the_next_cycle_cleans_up(tmp_path):
+    from guard.adapters.files import STALE_TEMP_S
+
+    state = tmp_path / "state"
+    args = ["nightly", "--state-dir", str(state), "--shapes", "smoke", "--kernels", "chunk_cumsum"]
+    first = _nightly(state, "chunk_cumsum")
+    assert first.wait(timeout=300) == 0, first.stdout.read()
+    for n in range(1, 6):
+        done = subprocess.run([sys.executable, "-c", KILL_AT_WRITE, str(n), *args], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert done.returncode == -signal.SIGKILL, f"write {n}: {done.stdout}{done.stderr}"
+        json.loads((state / "latest.json").read_text())  # the old snapshot or the new one, never torn
+        for path in (state / "reports").glob("*.json"):
+            json.loads(path.read_text())
+        with History(state / "history.sqlite") as history:  # opens with PRAGMA integrity_check
+            assert {r["status"] for r in history.runs()} == {"pass"}
+    leftovers = _leftover_temp_files(state)
+    assert leftovers  # the killed writes' temp files, never renamed
+    long_ago = time.time() - STALE_TEMP_S - 60
+    for path in leftovers:  # found by a cycle that starts later
+        os.utime(path, (long_ago, long_ago))
+    again = _nightly(state, "chunk_cumsum")
+    output = again.communicate(timeout=300)[0]
+    assert again.returncode == 0, output
+    assert not _leftover_temp_files(state)
