@@ -391,7 +391,7 @@ def _module_script():
         return args.func(args)
 
     return types.SimpleNamespace(build=module_bench.build, gradients=module_bench.gradients,
-                                 differences=module_bench.differences, main=main)
+                                 differences=module_bench.differences, summarize=module_bench.summarize, main=main)
 
 
 def test_module_script_builds_the_suite_layer_at_any_width(mamba2):
@@ -427,7 +427,7 @@ def test_module_script_rejects_bad_arguments(mamba2, capsys):
     script = _module_script()
     with pytest.raises(SystemExit):
         script.main(["--shape", "smoke", "--d-model", "0", "--out", "x.json"])
-    assert "--d-model: expected a positive int, got 0" in capsys.readouterr().err
+    assert "--d-model: expected an integer >= 1, got '0'" in capsys.readouterr().err
     with pytest.raises(KeyError, match="nemotron3-nano"):
         script.main(["--shape", "nemotron3-nan", "--d-model", "64", "--out", "x.json"])
     other_groups = suites.load().shape("smoke").replace(norm_group_size=64)
