@@ -124,6 +124,16 @@ def latest_by_job(entries: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str
     return out
 
 
+def launches_by_job(entries: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Each job's launch records from all its attempts, the latest attempt's first. The worker saves each
+    launch as it finishes, so an attempt that was killed or crashed keeps the launches it finished; its
+    retry skips them (``tuned_launches``) and tunes only the rest."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in reversed(list(entries)):
+        out.setdefault(entry["job"], []).extend(entry.get("launches") or ())
+    return out
+
+
 def attempts(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for entry in entries:
@@ -300,21 +310,18 @@ class Accepted:
 
 
 def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> list[Accepted]:
-    """What the jobs' last attempts store, in plan order: kept winners; Helion's default where it beat
-    the search; and a ``nearest`` incumbent that was not replaced, pinned under its own key. Unpinned, that
-    key would follow its neighbour, which this run may change: on the H200 the long-context dstates launch
-    kept nemotron3-nano's config and ran 18 % slower on nemotron3-nano's new one.
+    """What the jobs' attempts store, in plan order (a job's latest attempt first): kept winners; Helion's
+    default where it beat the search; and a ``nearest`` incumbent that was not replaced, pinned under its own
+    key. Unpinned, that key would follow its neighbour, which this run may change: on the H200 the
+    long-context dstates launch kept nemotron3-nano's config and ran 18 % slower on nemotron3-nano's new one.
 
     A (kernel, key) tuned by several jobs (two entries launching the same Helion kernel at the same key)
     belongs to the first job in the plan that tuned it, kept or not, so the result never depends on which
     worker finished first, nor on whether a later job skipped it (``tuned_launches``)."""
-    latest = latest_by_job(entries)
+    by_job = launches_by_job(entries)
     owners: dict[tuple[str, str], Accepted | None] = {}
-    for job_id in sorted(latest, key=lambda j: (order.get(j, math.inf), j)):
-        entry = latest[job_id]
-        if entry.get("status") != OK:
-            continue
-        for launch in entry.get("launches") or ():
+    for job_id in sorted(by_job, key=lambda j: (order.get(j, math.inf), j)):
+        for launch in by_job[job_id]:
             slot = (str(launch["kernel"]), str(launch["key"]))
             if not searched(launch) or slot in owners:
                 continue
@@ -335,25 +342,22 @@ def searched(launch: Mapping[str, Any]) -> bool:
 
 
 def failed_searches(entries: Iterable[Mapping[str, Any]]) -> list[str]:
-    """``kernel[key]: error type`` of each launch whose search or validation failed in the jobs' last
-    attempts, sorted: the old config stays there, and a reviewer should know that nothing was tried."""
+    """``kernel[key]: error type`` of each launch whose search or validation failed in the jobs' attempts,
+    sorted: the old config stays there, and a reviewer should know that nothing was tried."""
     out = set()
-    for entry in latest_by_job(entries).values():
-        if entry.get("status") != OK:
-            continue
-        for launch in entry.get("launches") or ():
+    for launches in launches_by_job(entries).values():
+        for launch in launches:
             if launch.get("error"):
                 out.add(f"{launch['kernel']}[{launch['key']}]: {str(launch['error']).split(':')[0]}")
     return sorted(out)
 
 
 def tuned_launches(entries: Iterable[Mapping[str, Any]]) -> list[list[str]]:
-    """The (Helion kernel, key) pairs that finished jobs already searched, sorted. A later job (a whole
-    call launches the same kernels as the per-kernel jobs before it) skips them: its result for them would
-    lose the merge to the earlier job anyway."""
+    """The (Helion kernel, key) pairs that jobs already searched (finished launches of killed attempts
+    too), sorted. A retry skips them, and so does a later job (a whole call launches the same kernels as
+    the per-kernel jobs before it): its result for them would lose the merge to the earlier job anyway."""
     slots = {(str(launch["kernel"]), str(launch["key"]))
-             for entry in latest_by_job(entries).values() if entry.get("status") == OK
-             for launch in entry.get("launches") or () if searched(launch)}
+             for launches in launches_by_job(entries).values() for launch in launches if searched(launch)}
     return [list(slot) for slot in sorted(slots)]
 
 
@@ -372,8 +376,8 @@ def summary(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]]) -> dict[s
     ok = [j for j in jobs if (latest.get(j.id) or {}).get("status") == OK]
     failed = [j for j in jobs if (latest.get(j.id) or {}).get("status") == FAILED]
     kept = rejected = 0
-    for j in ok:
-        for launch in latest[j.id].get("launches") or ():
+    for launches in launches_by_job(entries).values():
+        for launch in launches:
             if (launch.get("decision") or {}).get("keep"):
                 kept += 1
             else:

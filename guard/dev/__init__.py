@@ -96,6 +96,15 @@ def warm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", action="store_true", help="also compile mamba-ssm's candidates")
 
 
+def first_call_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev first-call`` ."""
+    _shape_arguments(parser, "zoo-heldout")
+    parser.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd"],
+                        help="registry entries whose first call is timed (default: the SSD forward + backward)")
+    parser.add_argument("--sides", nargs="+", choices=["helion", "mamba_ssm"], default=["helion", "mamba_ssm"],
+                        help="ours, mamba-ssm's, or both (default), each in its own fresh process")
+
+
 # name -> ("module:function", argument declarations, one-line help)
 TOOLS = {
     "sweep": ("guard.dev.sweep:run", sweep_arguments, "hand-picked configs against the stored ones, timed on the GPU"),
@@ -111,6 +120,8 @@ TOOLS = {
                           "time every stored config at each grid shape's keys, for the selection rule's fit"),
     "warm": ("guard.dev.selection_tools:warm", warm_arguments,
              "precompile the configs the runtime selects at a suite's shapes (a job's cold start)"),
+    "first-call": ("guard.dev.selection_tools:first_call", first_call_arguments,
+                   "seconds of the first call at each shape in a fresh process, ours and mamba-ssm's"),
 }
 
 

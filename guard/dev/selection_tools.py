@@ -1,6 +1,6 @@
-"""``mamba2-guard dev measure-selection`` and ``mamba2-guard dev warm``: the GPU halves of the config selection
-(``guard.flows.selection``): time how stored configs transfer across a grid of shapes, and precompile the
-configs the runtime selects for a suite's shapes."""
+"""``mamba2-guard dev measure-selection``, ``dev warm`` and ``dev first-call``: the GPU halves of the config
+selection (``guard.flows.selection``): time how stored configs transfer across a grid of shapes, precompile the
+configs the runtime selects for a suite's shapes, and time a job's first call at a shape, ours and mamba-ssm's."""
 
 from __future__ import annotations
 
@@ -27,4 +27,13 @@ def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def warm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(json.dumps(selection.warm(_shape_names(args), args.entries, args.processes, args.baseline)))
+    return 0
+
+
+def first_call(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    seconds = selection.first_call_seconds(_shape_names(args), args.entries, args.sides)
+    for shape, by_side in seconds.items():
+        print(shape, " ".join(f"{side} {value:.1f} s" if isinstance(value, float) else f"{side} {value}"
+                              for side, value in by_side.items()))
+    print(json.dumps(seconds))
     return 0

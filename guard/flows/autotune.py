@@ -318,12 +318,15 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     name = _safe(job.id)
     spec_path, result_path = run.dir / "jobs" / f"{name}.spec.json", run.dir / "jobs" / f"{name}.result.json"
     log_path = run.dir / "logs" / f"{name}.log"
+    partial_path = run.dir / "jobs" / f"{name}.partial.json"
     result_path.unlink(missing_ok=True)
+    partial_path.unlink(missing_ok=True)
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
             "budget_seconds": opts.budget_seconds, "rounds": opts.rounds, "base_configs": str(run.base_path),
             "helion_benchmark_subprocess": (opts.helion_benchmark_subprocess
                                             or tuneplan.isolate_candidates(job.id, run.entries())),
-            "result": str(result_path), "log": str(log_path), "gpu_slug": opts.gpu_slug, "device": process.device,
+            "result": str(result_path), "partial": str(partial_path), "log": str(log_path),
+            "gpu_slug": opts.gpu_slug, "device": process.device,
             "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
             "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}
     atomic_write(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
@@ -333,31 +336,38 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     answer = process.run(spec_path, timeout)
     entry["seconds"] = round(time.monotonic() - t0, 3)
     if answer is None:
-        return {**entry, "status": tuneplan.FAILED, "reason": "timeout",
+        return {**entry, "status": tuneplan.FAILED, "reason": "timeout", "launches": decided(partial_path, opts),
                 "detail": f"hard timeout after {timeout:.0f}s; killed (log {log_path})"}
     if answer != DONE or not result_path.exists():
         tail = tail_of(log_path)
         why = signal_name(answer) if isinstance(answer, int) else "no result"
-        return {**entry, "status": tuneplan.FAILED, "reason": "crash",
+        return {**entry, "status": tuneplan.FAILED, "reason": "crash", "launches": decided(partial_path, opts),
                 "detail": f"worker {why}" + (f": {tail}" if tail else "") + f" (log {log_path})"}
     try:
         result = json.loads(result_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         return {**entry, "status": tuneplan.FAILED, "reason": "crash", "detail": f"unreadable result: {exc}"}
-    launches = []
-    for launch in result.get("launches") or ():
-        decision = tuneplan.decide(launch, opts.criteria)
-        launches.append({**launch, "decision": decision.to_dict()})
+    launches = [{**launch, "decision": tuneplan.decide(launch, opts.criteria).to_dict()}
+                for launch in result.get("launches") or ()]
     return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
             "setup_seconds": result.get("setup_seconds"), "process": result.get("process"), "gpu": result.get("gpu"),
             "tuned_elsewhere": result.get("tuned_elsewhere") or []}
 
 
+def decided(partial_path: Path, opts: AutotuneOptions) -> list[dict[str, Any]]:
+    """The launches a killed or crashed job finished (the worker's ``save_partial``), each with its decision;
+    none when it finished none or the file is unreadable."""
+    try:
+        launches = json.loads(partial_path.read_text())["launches"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [{**launch, "decision": tuneplan.decide(launch, opts.criteria).to_dict()} for launch in launches]
+
+
 def describe(entry: dict[str, Any]) -> str:
-    """One progress line per finished job: what became of each launch, and the job's wall seconds."""
+    """One progress line per finished job: what became of each launch (of a failed job: those it finished),
+    and the job's wall seconds."""
     head = f"{entry['job']} ({float(entry.get('seconds') or 0):.0f} s)"
-    if entry["status"] != tuneplan.OK:
-        return f"{head}: FAILED ({entry.get('reason')}) {entry.get('detail', '')}"
     parts = []
     for launch in entry.get("launches") or ():
         d = launch.get("decision") or {}
@@ -366,6 +376,9 @@ def describe(entry: dict[str, Any]) -> str:
     skipped = len(entry.get("tuned_elsewhere") or ())
     if skipped:
         parts.append(f"{skipped} launch(es) searched by an earlier job")
+    if entry["status"] != tuneplan.OK:
+        kept = f"; finished before: {'; '.join(parts)}" if parts else ""
+        return f"{head}: FAILED ({entry.get('reason')}) {entry.get('detail', '')}{kept}"
     return f"{head}: " + ("; ".join(parts) if parts else "no Helion launches")
 
 

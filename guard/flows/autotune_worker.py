@@ -13,7 +13,7 @@ kills this process group, Helion's own benchmark workers included.
 
 The spec names the tuner (``module:function`` or ``/path/file.py:function``; tests pass a fake one), the
 job and the settings; the tuner returns ``{"launches": [...]}`` (see ``guard.core.tuneplan.decide`` for a
-launch's fields).
+launch's fields), and saves those it finished so far with ``save_partial`` as it goes.
 
 ``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public
 function, and for each distinct (kernel, shape key) that no earlier job of the run tuned
@@ -81,6 +81,14 @@ def run_one(spec: dict[str, Any], job_number: int, started: float) -> None:
     result["process"] = {"pid": os.getpid(), "job_number": job_number,
                          "age_seconds": round(t0 - started, 3)}  # 0 for the first job: it paid the imports
     atomic_write(Path(spec["result"]), json.dumps(result, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+def save_partial(spec: dict[str, Any], launches: list[dict[str, Any]]) -> None:
+    """The launches a tuner finished so far, written atomically to ``spec["partial"]`` after each one: a job
+    killed at its timeout (or crashed by a later candidate) keeps them."""
+    if spec.get("partial"):
+        atomic_write(Path(spec["partial"]), json.dumps({"launches": launches}, sort_keys=True, default=str,
+                                                       allow_nan=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +172,12 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                 "max_abs_diff_vs_mamba_ssm": verdict.max_abs_diff_vs_mamba_ssm, "outputs": list(verdict.outputs)}
 
     setup_seconds = round(time.monotonic() - started, 3)  # imports (first job), inputs, the recording run
-    out = []
+    out: list[dict[str, Any]] = []
+
+    def finished(record: dict[str, Any]) -> None:
+        out.append(record)
+        save_partial(spec, out)
+
     for i, (tk, kargs, key) in enumerate(launches):
         record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name}
         found = config_store.find(base, tk.name, key)
@@ -211,7 +224,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:  # one launch failing must not lose the others
             _raise_if_cuda_broken()
             record.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:])
-            out.append(record)
+            finished(record)
             continue
         record.update(config=best, tune_seconds=round(time.monotonic() - t0, 1))
         try:
@@ -229,7 +242,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             _raise_if_cuda_broken()
             record.update(error=f"validation: {type(exc).__name__}: {exc}",
                           traceback=traceback.format_exc()[-3000:])
-        out.append(record)
+        finished(record)
         torch.cuda.empty_cache()
     return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "setup_seconds": setup_seconds,
             "gpu": gpu_identity(spec.get("device"))}  # which card tuned it: the UUID keeps GPUs apart

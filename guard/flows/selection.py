@@ -102,30 +102,48 @@ def _compile_worker(shape_name: str, seed: int, slug: str, index: int) -> int:
     return done
 
 
-def _warm_worker(shape_name: str, seed: int, entries: Sequence[str], baseline: bool = False) -> float:
-    """Child process: run the entries once at ``shape_name`` on the configs the runtime selects (compiling
-    them into Triton's on-disk cache), and with ``baseline`` mamba-ssm's too (its autotune then only loads
-    compiled candidates; a timing process still autotunes it on its own). Returns the seconds it took."""
+SIDES = ("helion", "mamba_ssm")
+
+
+def _first_calls(shape_name: str, seed: int, entries: Sequence[str], sides: Sequence[str]) -> float:
+    """Child process: run each entry once at ``shape_name``, ours on the configs the runtime selects (compiling
+    them, or loading them from Triton's on-disk cache) and, with "mamba_ssm" in ``sides``, mamba-ssm's (its
+    first call autotunes). Returns the seconds of those calls: the inputs and the process's CUDA start are not
+    counted, since a training job pays them either way."""
     import torch
 
     from kernels import registry, suites
 
-    started = time.monotonic()
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        from kernels.testing import enable_cpu_interpret
+
+        enable_cpu_interpret()
+        device = torch.device("cpu")
     shape = suites.load().shape(shape_name)
+    runs = []
     for name in entries:
         entry = registry.get(name)
-        inputs = entry.inputs(shape, seed, "cuda")
-        entry.run_helion(inputs)
-        if baseline:
-            entry.run_baseline(inputs)
-    torch.cuda.synchronize()
+        inputs = entry.inputs(shape, seed, device)
+        runs += [functools.partial(entry.run_helion if side == "helion" else entry.run_baseline, inputs)
+                 for side in sides]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.monotonic()
+    for run in runs:
+        run()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     return time.monotonic() - started
 
 
-def in_parallel(worker: Any, jobs: Sequence[tuple], processes: int) -> list[Any]:
-    """``worker(*job)`` for each job in spawned child processes (each its own CUDA context)."""
+def in_parallel(worker: Any, jobs: Sequence[tuple], processes: int, fresh: bool = False) -> list[Any]:
+    """``worker(*job)`` for each job in spawned child processes (each its own CUDA context); with ``fresh``
+    each job in a new process."""
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context,
+                                                max_tasks_per_child=1 if fresh else None) as pool:
         futures = [pool.submit(worker, *job) for job in jobs]
         return [f.result() if f.exception() is None else repr(f.exception()) for f in futures]
 
@@ -216,8 +234,20 @@ def warm(shapes: Sequence[str], entries: Sequence[str], processes: int, baseline
     """Compile the configs the runtime selects for ``entries`` at ``shapes`` (and mamba-ssm's with ``baseline``)
     in parallel processes, into Triton's on-disk cache: a job's first call then only loads them. Returns
     each shape's seconds (or the error's text)."""
-    jobs = [(name, 0, tuple(entries), baseline) for name in shapes]
-    return dict(zip(shapes, in_parallel(_warm_worker, jobs, processes), strict=True))
+    sides = SIDES if baseline else SIDES[:1]
+    jobs = [(name, 0, tuple(entries), sides) for name in shapes]
+    return dict(zip(shapes, in_parallel(_first_calls, jobs, processes), strict=True))
+
+
+def first_call_seconds(shapes: Sequence[str], entries: Sequence[str], sides: Sequence[str] = SIDES
+                       ) -> dict[str, dict[str, Any]]:
+    """The cold start of a training job at each of ``shapes``: per side, the seconds of the first call of
+    ``entries`` in a fresh process, one process at a time (compiles would compete for the CPU otherwise).
+    What is cached on disk (Triton's cache, ``dev warm``'s precompiles) is the caller's setting. Returns
+    {shape: {side: seconds, or the error's text}}."""
+    jobs = [(name, 0, tuple(entries), (side,)) for name in shapes for side in sides]
+    results = iter(in_parallel(_first_calls, jobs, 1, fresh=True))
+    return {name: {side: next(results) for side in sides} for name in shapes}
 
 
 def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_store.ConfigFile, list[fitting.Fit]]:

@@ -6,6 +6,7 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
   ``crash_in_process``  the same, but only when Helion's benchmarks run in the job's process (a candidate
                 that faults the GPU, which Helion's own subprocess survives);
   ``hang``      sleep forever (a hung compile or kernel);
+  ``hang_after``  save this many of the launches as finished (``save_partial``), then hang;
   ``raise``     raise RuntimeError with this message (a tuner error, e.g. a CUDA fault);
   ``launches``  the launch records to return (see guard.core.tuneplan.decide); default: one winner that
                 is 10 % faster than Helion's default config, precision ok. Those in ``spec["tuned_elsewhere"]``
@@ -20,6 +21,8 @@ import json
 import os
 import signal
 import time
+
+from guard.flows.autotune_worker import save_partial
 
 FASTER = [0.90 + 0.001 * (i % 7) for i in range(30)]
 BASE = [1.00 + 0.001 * (i % 7) for i in range(30)]
@@ -49,12 +52,17 @@ def tune(spec: dict) -> dict:
         os.kill(os.getpid(), signal.SIGSEGV)
     if behaviour.get("raise"):
         raise RuntimeError(behaviour["raise"])
-    if behaviour.get("hang"):
-        while True:
-            time.sleep(1)
     launches = behaviour.get("launches")
     launches = launches if launches is not None else [default_launch(job)]
     elsewhere = spec.get("tuned_elsewhere") or []  # as the real tuner: launches earlier jobs tuned are skipped
+    if "hang_after" in behaviour:
+        todo = [x for x in launches if [x["kernel"], x["key"]] not in elsewhere]
+        if len(todo) > behaviour["hang_after"]:
+            save_partial(spec, todo[:behaviour["hang_after"]])
+            behaviour["hang"] = True
+    if behaviour.get("hang"):
+        while True:
+            time.sleep(1)
     return {"gpu": {"uuid": f"GPU-fake-{spec.get('device')}"},
             "launches": [x for x in launches if [x["kernel"], x["key"]] not in elsewhere],
             "tuned_elsewhere": [[x["kernel"], x["key"]] for x in launches if [x["kernel"], x["key"]] in elsewhere]}

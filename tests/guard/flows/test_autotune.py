@@ -36,6 +36,34 @@ def quiet(_message: str) -> None:
     pass
 
 
+def test_a_job_killed_at_its_timeout_keeps_the_launches_it_finished_and_its_retry_tunes_the_rest(tmp_path):
+    def launch(kernel):
+        return {"kernel": kernel, "key": "shape=smoke", "config": {"block_sizes": [32], "num_warps": 4},
+                "incumbent": "default", "incumbent_config": {"block_sizes": [16], "num_warps": 2},
+                "precision": {"ok": True}, "samples_ms": {"incumbent": BASE, "candidate": [0.9 * x for x in BASE]}}
+
+    launches = [launch("scan"), launch("dx"), launch("db")]
+    extra = {"default": {"launches": launches, "hang_after": 2}}
+    messages = []
+    outcome = run_autotune(options(tmp_path, kernels=["ssd_combined_fwd_bwd"], shapes=["smoke"], extra=extra,
+                                   job_timeout_seconds=3, max_attempts=1), messages.append)
+    (entry,) = outcome.entries
+    assert (entry["status"], entry["reason"]) == ("failed", "timeout")
+    assert [launch["kernel"] for launch in entry["launches"]] == ["scan", "dx"]
+    assert all(launch["decision"]["keep"] for launch in entry["launches"])
+    assert set(config_store.load(outcome.out).kernels) == {"scan", "dx"}
+    assert any("FAILED (timeout)" in m and "finished before: scan[shape=smoke] kept" in m for m in messages)
+    # The retry (a rerun here: one attempt per run above) tunes only the launch the kill cut off.
+    extra = {"default": {"launches": launches, "hang_after": 5}}
+    again = run_autotune(options(tmp_path, kernels=["ssd_combined_fwd_bwd"], shapes=["smoke"], extra=extra,
+                                 job_timeout_seconds=3), quiet)
+    assert again.complete
+    assert [launch["kernel"] for launch in again.entries[-1]["launches"]] == ["db"]
+    assert sorted(again.entries[-1]["tuned_elsewhere"]) == [["dx", "shape=smoke"], ["scan", "shape=smoke"]]
+    assert set(config_store.load(again.out).kernels) == {"scan", "dx", "db"}
+    assert again.summary["kept"] == 3
+
+
 def test_crash_and_hang_are_recorded_as_failed_and_the_run_continues(tmp_path):
     extra = {"jobs": {"chunk_state@smoke": {"crash": True}, "state_passing@smoke": {"hang": True}}}
     t0 = time.monotonic()
