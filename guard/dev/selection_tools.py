@@ -8,7 +8,7 @@ import argparse
 import json
 
 from guard.flows import selection
-from kernels import suites
+from kernels import config_store, suites
 
 
 def _shape_names(args: argparse.Namespace) -> list[str]:
@@ -19,8 +19,8 @@ def _shape_names(args: argparse.Namespace) -> list[str]:
 
 
 def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    selection.measure(_shape_names(args), slug=args.gpu_slug, seed=args.seed, rounds=args.rounds,
-                      processes=args.processes, out=args.out)
+    selection.measure(_shape_names(args), config=config_store.path_for(args.gpu_slug), seed=args.seed,
+                      rounds=args.rounds, processes=args.processes, out=args.out)
     print(f"measurements in {args.out}; fit them with: mamba2-guard autotune --fit-selection {args.out}")
     return 0
 

@@ -81,25 +81,34 @@ def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile) -> 
 
 
 @functools.lru_cache(maxsize=1)
-def _launches_in_worker(shape_name: str, seed: int) -> list[tuple[Any, tuple]]:
+def _launches_in_worker(shape_name: str, seed: int, device: str) -> list[tuple[Any, tuple]]:
     """A pool process serves one shape's jobs in a row: it captures that shape's launches once."""
-    return captured_launches(shape_name, seed, "cuda")
+    if device == "cpu":
+        from kernels.testing import enable_cpu_interpret
+
+        enable_cpu_interpret()
+    return captured_launches(shape_name, seed, device)
 
 
-def _compile_worker(shape_name: str, seed: int, slug: str, index: int) -> int:
+def _compile_worker(shape_name: str, seed: int, config_path: str, index: int, device: str) -> int:
     """Child process: launch every candidate of the ``index``-th distinct kernel launch of ``shape_name`` once
     (Triton compiles on first launch and keeps the result in its on-disk cache). Returns how many ran."""
-    import torch
-
-    cf = config_store.load(config_store.path_for(slug))
-    kernel, args = _launches_in_worker(shape_name, seed)[index]
+    cf = config_store.load(Path(config_path))
+    kernel, args = _launches_in_worker(shape_name, seed, device)[index]
     done = 0
     for config in candidate_configs(kernel, args, cf).values():
         with contextlib.suppress(Exception):  # a failing candidate is reported by the timing process
             kernel.helion_kernel(config, "compiled")(*args)
             done += 1
-    torch.cuda.synchronize()
+    _synchronize(device)
     return done
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device != "cpu":
+        torch.cuda.synchronize()
 
 
 SIDES = ("helion", "mamba_ssm")
@@ -148,26 +157,35 @@ def in_parallel(worker: Any, jobs: Sequence[tuple], processes: int, fresh: bool 
         return [f.result() if f.exception() is None else repr(f.exception()) for f in futures]
 
 
-def measure(shapes: Sequence[str], *, slug: str, seed: int, rounds: int, processes: int, out: Path) -> list[dict]:
-    """Time every stored config of each kernel at each grid shape's keys; write the records to ``out``
-    (JSON lines, one per kernel x key, appended as each finishes). Shape by shape, so that a run cut short
-    keeps what it measured: the shape's candidates compile in the pool's processes, then are timed here."""
-    import torch
+def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, processes: int, out: Path,
+            device: str = "cuda", timer: Any = None) -> list[dict]:
+    """Time every config stored in ``config`` for each kernel at each grid shape's keys; append the records to
+    ``out`` (JSON lines, one per kernel x key, as each finishes). Shape by shape, so that a run cut short
+    keeps what it measured, and a rerun with the same ``out`` measures only what is missing: a shape's
+    candidates compile in the pool's processes, then are timed here (``timer``: ``guard.bench.timing.Timer``
+    on ``device`` unless given). Returns the records this run added."""
+    if timer is None:
+        from guard.bench.timing import Timer
 
-    from guard.bench.timing import Timer
-
+        timer = Timer(device)
     started = time.monotonic()
-    cf = config_store.load(config_store.path_for(slug))
-    timer = Timer("cuda")
+    cf = config_store.load(config)
+    done = {(r["shape"], r["kernel"], r["key"]) for r in read_records(out)} if out.exists() else set()
     records = []
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
         for shape_name in shapes:
-            launches = captured_launches(shape_name, seed, "cuda")
-            jobs = [pool.submit(_compile_worker, shape_name, seed, slug, index) for index in range(len(launches))]
+            launches = [(index, kernel, args)
+                        for index, (kernel, args) in enumerate(captured_launches(shape_name, seed, device))
+                        if (shape_name, kernel.name, str(kernel.shape_key(*args))) not in done]
+            if not launches:
+                print(f"{shape_name}: measured by an earlier run", flush=True)
+                continue
+            jobs = [pool.submit(_compile_worker, shape_name, seed, str(config), index, device)
+                    for index, _, _ in launches]
             concurrent.futures.wait(jobs)
             print(f"{shape_name}: compiled in {time.monotonic() - started:.0f} s", flush=True)
-            for kernel, args in launches:
+            for _, kernel, args in launches:
                 record = _time_candidates(timer, shape_name, kernel, args, cf, rounds)
                 records.append(record)
                 with out.open("a") as handle:
@@ -175,7 +193,10 @@ def measure(shapes: Sequence[str], *, slug: str, seed: int, rounds: int, process
                 print(f"{shape_name} {kernel.name}: {len(record['ms'])} configs ({time.monotonic() - started:.0f} s)",
                       flush=True)
             del launches
-            torch.cuda.empty_cache()
+            if device != "cpu":
+                import torch
+
+                torch.cuda.empty_cache()
     return records
 
 

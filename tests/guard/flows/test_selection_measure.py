@@ -1,0 +1,49 @@
+"""``mamba2-guard dev measure-selection``'s flow on CPU (interpret mode): every stored config of a kernel timed at
+a grid shape's keys, records appended as they finish, and a rerun that measures only what is missing."""
+
+from __future__ import annotations
+
+import json
+
+from guard.flows import selection
+from kernels import config_store
+from kernels.config_store import ConfigFile
+
+TILES = {"block_sizes": [16, 16, 16], "num_warps": 4}
+WIDER = {"block_sizes": [32, 32, 16], "num_warps": 4}
+
+
+class CallingTimer:
+    """Runs each candidate once and gives it a fixed time by name: the flow's timing adapter, without CUDA."""
+
+    def __init__(self):
+        self.ran: list[str] = []
+
+    def interleaved(self, fns, rounds):
+        for name, fn in sorted(fns.items()):
+            fn()
+            self.ran.append(name)
+        return {name: [1.0 + i] * rounds for i, name in enumerate(sorted(fns))}
+
+
+def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_path, capsys):
+    config = tmp_path / "gpu-a.yaml"
+    config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
+        "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384": TILES,
+        "causal=0,chunk_size=256,dtype=float32,k=128,out=float32,seq=0,tokens=16384": WIDER}}))
+    out, timer = tmp_path / "m.jsonl", CallingTimer()
+    records = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
+                                timer=timer)
+    launched = selection.captured_launches("smoke", 0, "cpu")
+    assert [(r["kernel"], r["key"]) for r in records] == [(k.name, str(k.shape_key(*a))) for k, a in launched]
+    assert [json.loads(line) for line in out.read_text().splitlines()] == records
+    (bmm,) = [r for r in records if r["kernel"] == "bmm_chunk"]
+    assert sorted(bmm["ms"]) == sorted(bmm["configs"]) and len(bmm["ms"]) == 2 and not bmm["errors"]
+    assert sorted(bmm["ms"].values()) == [1.0, 2.0] and len(timer.ran) == 2
+    assert all(not r["ms"] for r in records if r["kernel"] != "bmm_chunk")  # nothing stored for them
+    # A rerun (a device call cut short, then called again) measures nothing twice.
+    lines = out.read_text()
+    assert selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
+                             timer=timer) == []
+    assert out.read_text() == lines and len(timer.ran) == 2
+    assert "smoke: measured by an earlier run" in capsys.readouterr().out
