@@ -349,6 +349,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         kernels=[e.name for e in entries if e.has_helion], shapes=shapes, out=out, state_dir=Path(args.state_dir),
         gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
         devices=visible_devices(args.workers), tuner=tuner, fresh=args.fresh,
+        missing_only=args.missing_only or args.seen,
         whole_suite=covers_whole_suite([e.name for e in entries], shapes), **fields)
     with rich_bar(sys.stderr.isatty()) as (on_start, on_job, log):
         progress = log or _progress()
@@ -649,7 +650,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "grid's best configs, into the config file (no GPU; docs/config-selection.md)")
     p.add_argument("--seen", action="store_true",
                    help="tune the shapes training jobs called without a tuned config (the seen-keys file's 'seen' "
-                        "suite; kernels: the whole SSD call's)")
+                        "suite; kernels: the whole SSD call's; implies --missing-only)")
+    p.add_argument("--missing-only", action="store_true",
+                   help="search only the launches whose shape key has no config of its own in the file (extend "
+                        "coverage to new shapes without re-searching tuned keys)")
     p.add_argument("--json", action="store_true", help="also print the outcome as JSON")
     p.add_argument("--tuner", help=argparse.SUPPRESS)  # module:function or file.py:function (tests)
     p.set_defaults(func=cmd_autotune)

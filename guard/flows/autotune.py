@@ -80,6 +80,7 @@ class AutotuneOptions:
     devices: Sequence[str] = ("0",)  # CUDA_VISIBLE_DEVICES value of each worker
     tuner: str = DEFAULT_TUNER
     fresh: bool = False
+    missing_only: bool = False  # search only launches whose key has no config of its own in the file
     extra: dict[str, Any] = field(default_factory=dict)  # handed to the tuner (tests)
 
     def __post_init__(self) -> None:
@@ -173,7 +174,8 @@ class Run:
                      "budget_seconds": opts.budget_seconds, "fingerprint_digest": opts.fingerprint_digest,
                      "gpu_slug": opts.gpu_slug, "out": str(Path(opts.out).resolve()), "tuner": opts.tuner,
                      "criteria": opts.criteria.to_dict(), "rounds": opts.rounds,
-                     "helion_benchmark_subprocess": opts.helion_benchmark_subprocess}
+                     "helion_benchmark_subprocess": opts.helion_benchmark_subprocess,
+                     **({"missing_only": True} if opts.missing_only else {})}  # earlier runs' ids unchanged
         self.id = tuneplan.run_id(self.plan)
         self.dir = Path(opts.state_dir) / "autotune" / f"{_safe(opts.gpu_slug)}-{self.id}"
         self.journal = self.dir / "journal.jsonl"
@@ -328,6 +330,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
             "result": str(result_path), "partial": str(partial_path), "log": str(log_path),
             "gpu_slug": opts.gpu_slug, "device": process.device,
             "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
+            "missing_only": opts.missing_only,
             "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}
     atomic_write(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
     entry: dict[str, Any] = {"job": job.id, "kernel": job.kernel, "shape": job.shape, "index": job.index,
@@ -351,7 +354,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
                 for launch in result.get("launches") or ()]
     return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
             "setup_seconds": result.get("setup_seconds"), "process": result.get("process"), "gpu": result.get("gpu"),
-            "tuned_elsewhere": result.get("tuned_elsewhere") or []}
+            "tuned_elsewhere": result.get("tuned_elsewhere") or [], "had_config": result.get("had_config") or []}
 
 
 def decided(partial_path: Path, opts: AutotuneOptions) -> list[dict[str, Any]]:
@@ -376,6 +379,9 @@ def describe(entry: dict[str, Any]) -> str:
     skipped = len(entry.get("tuned_elsewhere") or ())
     if skipped:
         parts.append(f"{skipped} launch(es) searched by an earlier job")
+    had_config = len(entry.get("had_config") or ())
+    if had_config:
+        parts.append(f"{had_config} launch(es) with a config of their own (--missing-only)")
     if entry["status"] != tuneplan.OK:
         kept = f"; finished before: {'; '.join(parts)}" if parts else ""
         return f"{head}: FAILED ({entry.get('reason')}) {entry.get('detail', '')}{kept}"

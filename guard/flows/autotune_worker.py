@@ -145,18 +145,8 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     inputs = entry.inputs(shape, seed, device)
     with capture_launches() as captured:
         entry.run_helion(inputs)
-    elsewhere = {tuple(slot) for slot in spec.get("tuned_elsewhere") or ()}  # by earlier jobs of the run
-    launches, seen, tuned_elsewhere = [], set(), []
-    for tk, kargs in captured:
-        key = tk.shape_key(*kargs)
-        slot = (tk.name, str(key))
-        if slot in seen:
-            continue
-        seen.add(slot)
-        if slot in elsewhere:
-            tuned_elsewhere.append(list(slot))
-        else:
-            launches.append((tk, kargs, key))
+    launches, tuned_elsewhere, had_config = to_search(captured, spec.get("tuned_elsewhere") or (), base,
+                                                      bool(spec.get("missing_only")))
     timer = Timer(device)
     refs = None  # fp64 reference and mamba-ssm's outputs, computed once for every config judged
 
@@ -244,8 +234,32 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                           traceback=traceback.format_exc()[-3000:])
         finished(record)
         torch.cuda.empty_cache()
-    return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "setup_seconds": setup_seconds,
+    return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "had_config": had_config,
+            "setup_seconds": setup_seconds,
             "gpu": gpu_identity(spec.get("device"))}  # which card tuned it: the UUID keeps GPUs apart
+
+
+def to_search(captured: Any, elsewhere: Any, base: Any, missing_only: bool
+              ) -> tuple[list[tuple[Any, tuple, Any]], list[list[str]], list[list[str]]]:
+    """Which of a job's captured launches (kernel, args) to search, once per (kernel, key): not those an
+    earlier job of the run searched (``elsewhere``), nor, with ``missing_only``, those whose key has its own
+    config in ``base`` (extending coverage, or tuning what production hit, need not re-search tuned keys).
+    Returns the launches (kernel, args, key) and the two skipped lists of [kernel, key]."""
+    skip = {tuple(slot) for slot in elsewhere}
+    launches, seen, tuned_elsewhere, had_config = [], set(), [], []
+    for kernel, args in captured:
+        key = kernel.shape_key(*args)
+        slot = (kernel.name, str(key))
+        if slot in seen:
+            continue
+        seen.add(slot)
+        if slot in skip:
+            tuned_elsewhere.append(list(slot))
+        elif missing_only and base.get(*slot) is not None:
+            had_config.append(list(slot))
+        else:
+            launches.append((kernel, args, key))
+    return launches, tuned_elsewhere, had_config
 
 
 def run_on_config(module: str, name: str, config: dict[str, Any], *args: Any) -> Any:

@@ -453,3 +453,21 @@ def test_covers_whole_suite():
     assert covers_whole_suite(every, default + ["smoke"])
     assert not covers_whole_suite(every[1:], default)
     assert not covers_whole_suite(every, default[1:])
+
+
+def test_missing_only_skips_launches_whose_key_has_its_own_config():
+    from guard.flows.autotune_worker import to_search
+    from guard.flows.selection import captured_launches
+
+    captured = [(kernel, args) for kernel, args in captured_launches("smoke", 0, "cpu", "ssd_combined_fwd")] * 2
+    slots = [[kernel.name, str(kernel.shape_key(*args))] for kernel, args in captured[: len(captured) // 2]]
+    scan, bmm = next(s for s in slots if s[0] == "chunk_scan"), next(s for s in slots if s[0] == "bmm_chunk")
+    base = config_store.ConfigFile(kernels={scan[0]: {scan[1]: {"num_warps": 4}},
+                                            "chunk_state_passing": {"tokens=1": {"num_warps": 4}}})
+    launches, elsewhere, had_config = to_search(captured, [bmm], base, missing_only=True)
+    searched = [[kernel.name, str(key)] for kernel, _, key in launches]
+    assert (elsewhere, had_config) == ([bmm], [scan])
+    assert searched == [s for s in slots if s not in (scan, bmm)]  # once each, in launch order
+    assert "chunk_state_passing" in [name for name, _ in searched]  # a config of another key is not its own
+    launches, _, had_config = to_search(captured, [bmm], base, missing_only=False)
+    assert had_config == [] and scan in [[kernel.name, str(key)] for kernel, _, key in launches]

@@ -44,3 +44,7 @@ def test_autotune_seen_tunes_the_whole_call_at_each_seen_shape(tmp_path, seen_fi
     plan = json.loads(plans[0].read_text())
     text = json.dumps(plan)
     assert "seen-gpu-a-" in text and "chunk_scan_chunk_state_bwd_dx" in text
+    # Keys that got a config since (another stage's job, an earlier run) are not searched again.
+    assert plan["missing_only"] is True
+    specs = list((tmp_path / "state").glob("autotune/*/jobs/*.spec.json"))
+    assert specs and all(json.loads(path.read_text())["missing_only"] is True for path in specs)
