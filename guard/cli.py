@@ -734,7 +734,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit 0, 1 (a regression or precision failure) or 2 (usage or environment, one line naming the file
     or flag). ``docs/failure-model.md`` lists what each code means."""
     from guard.adapters.history import HistoryError
+    from kernels import seen
 
+    seen.stop_recording()
     try:
         _check_environment()
         parser = build_parser()

@@ -29,6 +29,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SEEN_ENV = "MAMBA2_GUARD_SEEN"
+RECORD_ENV = "MAMBA2_GUARD_SEEN_RECORD"  # "0": a process of the guard itself (``stop_recording``)
 MAX_ENTRIES = 1000  # the oldest by last_seen go first: the file stays small whatever a job does
 _call: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("mamba2_guard_call", default=None)
 
@@ -81,10 +82,17 @@ def read(file: Path) -> dict[str, dict[str, Any]]:
     return data
 
 
+def stop_recording() -> None:
+    """No recording in this process and the processes it starts: the guard's own runs call shapes on purpose
+    (a GPU nightly benches every zoo shape, held-out ones included; the tuner and the dev tools run grids),
+    which is not what production hit. Recorded, they would have each nightly re-tune the held-out shapes."""
+    os.environ[RECORD_ENV] = "0"
+
+
 def record(kernel: str, key: str, gpu: str, reason: str, used: str | None) -> None:
     """Merge one fallback into the seen file (see the module docstring); never raises."""
     file = path()
-    if file is None or gpu == "cpu":
+    if file is None or gpu == "cpu" or os.environ.get(RECORD_ENV) == "0":
         return
     try:
         _merge(file, kernel, key, gpu, reason, used)

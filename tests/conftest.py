@@ -55,10 +55,11 @@ SEEN_CALL = {"batch": 1, "seqlen": 96, "nheads": 4, "headdim": 16, "ngroups": 2,
 @pytest.fixture
 def seen_file(tmp_path, monkeypatch):
     """The seen-keys file, in a temp dir, with configs read from a temp config dir."""
-    from kernels import config_store
+    from kernels import config_store, seen
 
     file = tmp_path / "seen.json"
     monkeypatch.setenv("MAMBA2_GUARD_SEEN", str(file))
+    monkeypatch.delenv(seen.RECORD_ENV, raising=False)  # an in-process CLI test before stopped recording
     monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path / "configs")
     config_store._cache.clear()
     return file

@@ -25,6 +25,16 @@ def test_metrics_count_the_seen_keys_by_kernel_and_reason(seen_file, write_seen)
     assert "mamba2_guard_fallback_keys{" not in metrics.exposition().decode()  # gone when tuned
 
 
+def test_the_guard_cli_does_not_record_its_own_runs_as_seen(seen_file, monkeypatch):
+    # Its nightly benches the zoo's held-out shapes on purpose: recorded, they would be re-tuned each night.
+    from guard import cli
+    from kernels import seen
+
+    monkeypatch.setenv(seen.RECORD_ENV, "1")
+    assert cli.main(["list", "--suite", "smoke"]) == 0
+    assert os.environ[seen.RECORD_ENV] == "0"
+
+
 def _autotune_seen(tmp_path, seen_file):
     fake = str(ROOT / "tests" / "guard" / "flows" / "fake_tuner.py") + ":tune"
     env = dict(os.environ, MAMBA2_GUARD_SEEN=str(seen_file))

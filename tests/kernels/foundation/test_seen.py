@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -34,6 +35,14 @@ def test_cpu_runs_and_off_record_nothing(seen_file, monkeypatch):
     monkeypatch.setenv("MAMBA2_GUARD_SEEN", "off")
     seen.record("k", "t=1", "nvidia-h200", "default", None)
     assert seen.path() is None and not seen_file.exists()
+
+
+def test_the_guards_own_processes_record_nothing(seen_file, monkeypatch):
+    monkeypatch.setenv(seen.RECORD_ENV, "1")
+    seen.stop_recording()
+    seen.record("k", "t=1", "nvidia-h200", "default", None)
+    assert not seen_file.exists()
+    assert os.environ[seen.RECORD_ENV] == "0"  # inherited by the processes the guard starts
 
 
 def test_a_broken_file_is_replaced_not_fatal(seen_file, caplog):
