@@ -1,4 +1,4 @@
-"""Compact diff between the ``kernels`` sections of two config files.
+"""Compact diff between the ``kernels`` (and ``selection``) sections of two config files.
 
 Pure: ``{kernel: {shape_key: {field: value}}}`` in, a :class:`ConfigDiff` out. Nested dicts inside a
 config are compared by dotted path (``a.b``); lists and scalars are compared whole.
@@ -159,6 +159,14 @@ def diff_configs(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -
     return ConfigDiff(tuple(entries))
 
 
+SELECTION_RULE = "selection rule"  # the shape-key column of a kernel's fitted rule (``selection`` section)
+
+
 def diff_config_files(old_doc: Mapping[str, Any] | None, new_doc: Mapping[str, Any] | None) -> ConfigDiff:
-    """Diff two whole config-file documents (``fingerprint``, ``tuned``, ``kernels``) by their ``kernels``."""
-    return diff_configs((old_doc or {}).get("kernels"), (new_doc or {}).get("kernels"))
+    """Diff two whole config-file documents (``fingerprint``, ``tuned``, ``selection``, ``kernels``) by their
+    configs and their fitted selection rules: a reviewer sees a re-fitted rule as plainly as a new config."""
+    def rules(doc: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+        return {kernel: {SELECTION_RULE: rule} for kernel, rule in ((doc or {}).get("selection") or {}).items()}
+
+    configs = diff_configs((old_doc or {}).get("kernels"), (new_doc or {}).get("kernels"))
+    return ConfigDiff(configs.entries + diff_configs(rules(old_doc), rules(new_doc)).entries)

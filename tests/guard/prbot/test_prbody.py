@@ -45,6 +45,16 @@ def test_config_diff_added_removed_changed_fields():
     assert diff_config_files(CONFIGS_OLD, new_configs()).entries[0].fields[0].new == 8
 
 
+def test_a_refitted_selection_rule_shows_in_the_config_diff():
+    rule = {"weights": {"flag": 1.0, "tile": 2.0, "size": 0.5}, "fitted_on": 7}
+    refit = {**rule, "weights": {"flag": 1.0, "tile": 4.0, "size": 0.5}}
+    old, new = {**CONFIGS_OLD, "selection": {"chunk_scan": rule}}, {**CONFIGS_OLD, "selection": {"chunk_scan": refit}}
+    assert diff_config_files(old, new).render_lines() == ["~ chunk_scan / selection rule: weights.tile 2.0 -> 4.0"]
+    assert diff_config_files(CONFIGS_OLD, old).render_lines() == [
+        "+ chunk_scan / selection rule: {fitted_on=7, weights.flag=1.0, weights.size=0.5, weights.tile=2.0}"]
+    assert diff_config_files(old, old).empty
+
+
 def test_branch_and_marker_are_deterministic():
     h = fingerprint_hash(FP_NEW)
     assert h == fingerprint_hash(dict(reversed(list(FP_NEW.items()))))
