@@ -327,7 +327,9 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         if not args.shapes:
             print(f"nothing seen to tune on {slug}: no call fell back since the last tune (the seen-keys file)")
             return 0
-        args.kernels = args.kernels or list(dict.fromkeys(registry.SSD_CALL_STAGES))
+        # The whole call, made as the training job made it: the per-stage entries' inputs are plain (no z,
+        # one document, no initial states, D per head), so at a patterned shape they launch other keys.
+        args.kernels = args.kernels or [entry.name for entry in registry.CALLS]
     entries = registry.select(args.kernels or None)
     shapes = [loaded.shape(s).name for s in args.shapes] if args.shapes else [s.name for s in loaded.suite(args.suite)]
     tuner = args.tuner or os.environ.get(TUNER_ENV) or DEFAULT_TUNER

@@ -308,6 +308,17 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     return CycleOutcome(code, result, verdicts, drift, paths, steps)
 
 
+def retune_plan(entries: Sequence[registry.KernelEntry], shapes: Sequence, seen: Sequence) -> tuple[list[str], list]:
+    """The kernels and shapes a nightly re-tunes: the cycle's, plus the shapes training jobs called without a
+    tuned config (``seen``) with the whole-call entries, whose launches are those calls' keys, call pattern
+    included (the per-stage entries' inputs are plain; see ``autotune --seen``)."""
+    kernels = [e.name for e in entries if e.has_helion]
+    if seen:
+        kernels = list(dict.fromkeys([*kernels, *(e.name for e in registry.CALLS)]))
+    known = {shape.name for shape in shapes}
+    return kernels, [*shapes, *(shape for shape in seen if shape.name not in known)]
+
+
 def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint,
                        slug: str, drift: drift_mod.DriftReport, entries: Sequence[registry.KernelEntry],
                        shapes: Sequence, paths: dict[str, str], progress: Progress) -> dict[str, Any]:
@@ -320,7 +331,7 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
     if drift.action == "retune" or options.force_retune or seen:
         why = drift.summary() if drift.action == "retune" else "forced" if options.force_retune else (
             f"{len(seen)} shapes called without a tuned config")
-        shapes = [*shapes, *(s for s in seen if s.name not in {known.name for known in shapes})]
+        tuned, shapes = retune_plan(entries, shapes, seen)
         if not torch.cuda.is_available():
             message = (f"re-tune needed ({why}) but there is no GPU here: re-tune skipped; run "
                        f"`mamba2-guard autotune` then `mamba2-guard pr` on a {slug} GPU runner")
@@ -330,7 +341,6 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
             from guard.bench import shard
             from guard.flows import autotune
 
-            tuned = [e.name for e in entries if e.has_helion]
             try:
                 opts = autotune.AutotuneOptions(
                     kernels=tuned, shapes=[s.name for s in shapes], out=configs_path, state_dir=state_dir,

@@ -77,6 +77,19 @@ def test_a_gpu_nightly_of_the_default_suite_benches_the_zoos_whole_calls(overrid
     assert {s.name for s in shapes} == {s.name for name in ("zoo-heldout", "zoo-fit") for s in loaded.suite(name)}
 
 
+def test_a_nightly_retunes_seen_shapes_with_the_whole_call():
+    # A nightly restricted to chunk_scan still tunes the keys training jobs hit: the whole call's launches.
+    from guard.flows.nightly import retune_plan
+    from kernels import registry, suites
+
+    loaded = suites.load()
+    smoke, seen = loaded.shape("smoke"), loaded.shape("nemotron3-nano-packed")
+    kernels, shapes = retune_plan(registry.select(["chunk_scan"]), [smoke], [seen, smoke])
+    assert kernels == ["chunk_scan", "ssd_combined_fwd", "ssd_combined_fwd_bwd"]
+    assert [s.name for s in shapes] == ["smoke", "nemotron3-nano-packed"]
+    assert retune_plan(registry.select(["chunk_scan"]), [smoke], []) == (["chunk_scan"], [smoke])
+
+
 def test_an_unknown_kernel_name_in_a_config_file_is_named(tmp_path, caplog):
     from guard.adapters import fingerprint
     from guard.flows.nightly import detect_drift

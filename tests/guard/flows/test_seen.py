@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from kernels import registry, suites
+from kernels._runtime import capture_launches
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -35,6 +40,17 @@ def test_the_guard_cli_does_not_record_its_own_runs_as_seen(seen_file, monkeypat
     assert os.environ[seen.RECORD_ENV] == "0"
 
 
+def _launched(entries, shape) -> set[tuple[str, str]]:
+    """(kernel, key) of every Helion launch of ``entries`` at ``shape`` (CPU interpret mode)."""
+    keys = set()
+    for name in entries:
+        entry = registry.get(name)
+        with capture_launches() as launches:
+            entry.run_helion(entry.inputs(shape, 0, torch.device("cpu")))
+        keys |= {(kernel.name, str(kernel.shape_key(*args))) for kernel, args in launches}
+    return keys
+
+
 def _autotune_seen(tmp_path, seen_file):
     fake = str(ROOT / "tests" / "guard" / "flows" / "fake_tuner.py") + ":tune"
     env = dict(os.environ, MAMBA2_GUARD_SEEN=str(seen_file))
@@ -52,8 +68,11 @@ def test_autotune_seen_tunes_the_whole_call_at_each_seen_shape(tmp_path, seen_fi
     plans = list((tmp_path / "state").glob("autotune/*/plan.json"))
     assert plans, done.stdout + done.stderr
     plan = json.loads(plans[0].read_text())
-    text = json.dumps(plan)
-    assert "seen-gpu-a-" in text and "chunk_scan_chunk_state_bwd_dx" in text
+    (shape,) = {suites.load().shape(job.split("@")[1]) for job in plan["jobs"]}
+    assert shape.name.startswith("seen-gpu-a-") and shape.z and shape.docs == 2  # the call's pattern (SEEN_CALL)
+    # Every key the training job's call launched there is a key the planned jobs launch (and so search):
+    # the per-stage entries' plain inputs launched others (seq=0 instead of the packed documents' seq=1).
+    assert _launched(["ssd_combined_fwd_bwd"], shape) <= _launched({job.split("@")[0] for job in plan["jobs"]}, shape)
     # Keys that got a config since (another stage's job, an earlier run) are not searched again.
     assert plan["missing_only"] is True
     specs = list((tmp_path / "state").glob("autotune/*/jobs/*.spec.json"))
