@@ -72,11 +72,12 @@ def restamp_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkout holding kernels/configs and baselines (default: this one)")
 
 
-def _shape_arguments(parser: argparse.ArgumentParser, suite: str) -> None:
+def _shape_arguments(parser: argparse.ArgumentParser, suite: str, processes: bool = True) -> None:
     parser.add_argument("--suite", default=suite, help=f"shape suite from kernels/suites.yaml (default {suite})")
     parser.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of the suite")
-    parser.add_argument("--processes", type=flags.integer(1), default=8,
-                        help="parallel compile processes (default 8)")
+    if processes:
+        parser.add_argument("--processes", type=flags.integer(1), default=8,
+                            help="parallel compile processes (default 8)")
 
 
 def measure_selection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,7 +99,7 @@ def warm_arguments(parser: argparse.ArgumentParser) -> None:
 
 def first_call_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``mamba2-guard dev first-call`` ."""
-    _shape_arguments(parser, "zoo-heldout")
+    _shape_arguments(parser, "zoo-heldout", processes=False)  # one process at a time: compiles would compete
     parser.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd"],
                         help="registry entries whose first call is timed (default: the SSD forward + backward)")
     parser.add_argument("--sides", nargs="+", choices=["helion", "mamba_ssm"], default=["helion", "mamba_ssm"],

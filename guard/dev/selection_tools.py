@@ -8,7 +8,7 @@ import argparse
 import json
 
 from guard.flows import selection
-from kernels import config_store, suites
+from kernels import config_store, registry, suites
 
 
 def _shape_names(args: argparse.Namespace) -> list[str]:
@@ -25,13 +25,17 @@ def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _entry_names(args: argparse.Namespace) -> list[str]:
+    return [registry.get(name).name for name in args.entries]  # an unknown name: one line, exit 2 (KeyError)
+
+
 def warm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    print(json.dumps(selection.warm(_shape_names(args), args.entries, args.processes, args.baseline)))
+    print(json.dumps(selection.warm(_shape_names(args), _entry_names(args), args.processes, args.baseline)))
     return 0
 
 
 def first_call(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    seconds = selection.first_call_seconds(_shape_names(args), args.entries, args.sides)
+    seconds = selection.first_call_seconds(_shape_names(args), _entry_names(args), args.sides)
     for shape, by_side in seconds.items():
         print(shape, " ".join(f"{side} {value:.1f} s" if isinstance(value, float) else f"{side} {value}"
                               for side, value in by_side.items()))
