@@ -327,9 +327,8 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         if not args.shapes:
             print(f"nothing seen to tune on {slug}: no call fell back since the last tune (the seen-keys file)")
             return 0
-        # The whole call, made as the training job made it: the per-stage entries' inputs are plain (no z,
-        # one document, no initial states, D per head), so at a patterned shape they launch other keys.
-        args.kernels = args.kernels or [entry.name for entry in registry.CALLS]
+        args.kernels = args.kernels or registry.seen_entries(
+            kernel for name in args.shapes for kernel, _ in loaded.seen_keys[name])
     entries = registry.select(args.kernels or None)
     shapes = [loaded.shape(s).name for s in args.shapes] if args.shapes else [s.name for s in loaded.suite(args.suite)]
     tuner = args.tuner or os.environ.get(TUNER_ENV) or DEFAULT_TUNER

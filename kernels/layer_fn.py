@@ -18,11 +18,15 @@ out_proj (the norm output, or the z-gated SSD output), instead of saving them.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
+from kernels import seen
 from kernels.conv.causal_conv1d import causal_conv1d_bwd, causal_conv1d_fwd
 from kernels.norm.gated_rmsnorm import gated_rmsnorm_bwd, gated_rmsnorm_fwd
+from kernels.ssd._keys import dtype_name
 from kernels.ssd.combined import ssd_backward, ssd_forward
 
 __all__ = ["mamba_split_conv1d_scan_combined", "MambaSplitConv1dScanCombinedFn", "layer_dims"]
@@ -151,6 +155,7 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
         batch, seqlen, nheads, headdim, ngroups, dstate, d_nonssm = layer_dims(
             zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, dt_limit,
             activation, rmsnorm_weight, outproj_weight, outproj_bias, headdim, ngroups)
+        ctx.call = seen.current()
         dim = nheads * headdim
         seq_idx = seq_idx.contiguous() if seq_idx is not None else None
         zx0, z, xBC, dt = _split(zxbcdt, d_nonssm, dim, ngroups, dstate, nheads)
@@ -195,65 +200,71 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
     @staticmethod
     @_custom_amp("custom_bwd")
     def backward(ctx, dout, *args):
-        (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd,
-         outproj_weight, outproj_bias) = ctx.saved_tensors
-        dfinal_states = args[0] if ctx.return_final_states else None
-        nheads, headdim, ngroups, dstate, d_nonssm = ctx.dims
-        dim = nheads * headdim
-        batch, seqlen = zxbcdt.shape[:2]
-        recompute_output = outproj_weight is not None
-        zx0, z, xBC, dt = _split(zxbcdt, d_nonssm, dim, ngroups, dstate, nheads)
-        # Recompute x, B, C: the conv output is not saved.
-        x, B, C = _xbc(_conv(xBC, conv1d_weight, conv1d_bias, seq_idx, ctx.activation), dim, nheads, ngroups, dstate)
-        z = z.unflatten(-1, (nheads, headdim))
-        # As mamba-ssm: each gradient is written by its producer straight into its slice of the input gradient;
-        # the SSD's dx, dB, dC go to one xBC-shaped buffer, which the conv backward reads.
-        dzxbcdt = torch.empty(zxbcdt.shape, dtype=zxbcdt.dtype, device=zxbcdt.device)  # dense: slices are views
-        dzx0, dz, dxBC_given, ddt_given = _split(dzxbcdt, d_nonssm, dim, ngroups, dstate, nheads)
-        dxBC = torch.empty(xBC.shape, dtype=xBC.dtype, device=xBC.device)
-        dx, dB, dC = _xbc(dxBC, dim, nheads, ngroups, dstate)
-        ssd_grads = dict(dx=dx, ddt=ddt_given, dB=dB, dC=dC)
-        dout_og = dout
-        if outproj_weight is not None:
-            dout = F.linear(dout, outproj_weight.t())
-        y0 = None
-        if d_nonssm > 0:
-            dout0, dout = dout.split([d_nonssm, dim], dim=-1)
-            _swiglu_bwd(zx0, dout0, dzx0)
-            y0 = _swiglu_fwd(zx0) if recompute_output else None
-        dout = dout.reshape(batch, seqlen, nheads, headdim)
-        drmsnorm_weight = None
-        y1 = None
-        if rmsnorm_weight is None:
-            _, _, dA, _, _, dD, _, ddt_bias, dinitial_states = ssd_backward(
-                dout, x, dt, A, B, C, out_x, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-                dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=True, dt_limit=ctx.dt_limit,
-                dz=dz.unflatten(-1, (nheads, headdim)), **ssd_grads)
-            if recompute_output:
-                y1 = (out_x * F.silu(z.float())).to(out_x.dtype).flatten(-2)
-        else:
-            x_rms = out_x.reshape(batch * seqlen, dim)
-            z_rms = z.reshape(batch * seqlen, dim)
-            dy_rms, drmsnorm_weight, _, _ = gated_rmsnorm_bwd(
-                dout.reshape(batch * seqlen, dim), x_rms, rmsnorm_weight, None, ctx.rmsnorm_eps, None, rstd, z_rms,
-                group_size=dim // ngroups, norm_before_gate=ctx.norm_before_gate, dz=dz.view(batch * seqlen, dim))
-            if recompute_output:  # the norm output is recomputed, not saved
-                y1 = gated_rmsnorm_fwd(x_rms, rmsnorm_weight, None, ctx.rmsnorm_eps, z=z_rms, group_size=dim // ngroups,
-                                       norm_before_gate=ctx.norm_before_gate)[0].view(batch, seqlen, dim)
-            _, _, dA, _, _, dD, _, ddt_bias, dinitial_states = ssd_backward(
-                dy_rms.view(batch, seqlen, nheads, headdim), x, dt, A, B, C, out_x, ctx.chunk_size, D=D, z=None,
-                dt_bias=dt_bias, initial_states=initial_states, dfinal_states=dfinal_states, seq_idx=seq_idx,
-                dt_softplus=True, dt_limit=ctx.dt_limit, **ssd_grads)
-        doutproj_weight = doutproj_bias = None
-        if outproj_weight is not None:
-            y = y1 if y0 is None else torch.cat([y0, y1.to(y0.dtype)], dim=-1)
-            out_dim = dout_og.shape[-1]
-            doutproj_weight = dout_og.reshape(-1, out_dim).t().mm(y.reshape(-1, y.shape[-1]).to(dout_og.dtype))
-            doutproj_bias = dout_og.sum(dim=(0, 1)) if outproj_bias is not None else None
-        _, dweight, dbias = causal_conv1d_bwd(xBC.transpose(1, 2), conv1d_weight, conv1d_bias, dxBC.transpose(1, 2),
-                                              seq_idx, ctx.activation, dx=dxBC_given.transpose(1, 2))
-        return (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, None, dinitial_states, None, None, None, None,
-                drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None)
+        with seen.calling(**ctx.call) if ctx.call else contextlib.nullcontext():
+            return _backward(ctx, dout, *args)
+
+
+def _backward(ctx, dout, *args):
+    """``MambaSplitConv1dScanCombinedFn.backward``, inside its call's seen-keys context."""
+    (zxbcdt, conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd,
+     outproj_weight, outproj_bias) = ctx.saved_tensors
+    dfinal_states = args[0] if ctx.return_final_states else None
+    nheads, headdim, ngroups, dstate, d_nonssm = ctx.dims
+    dim = nheads * headdim
+    batch, seqlen = zxbcdt.shape[:2]
+    recompute_output = outproj_weight is not None
+    zx0, z, xBC, dt = _split(zxbcdt, d_nonssm, dim, ngroups, dstate, nheads)
+    # Recompute x, B, C: the conv output is not saved.
+    x, B, C = _xbc(_conv(xBC, conv1d_weight, conv1d_bias, seq_idx, ctx.activation), dim, nheads, ngroups, dstate)
+    z = z.unflatten(-1, (nheads, headdim))
+    # As mamba-ssm: each gradient is written by its producer straight into its slice of the input gradient;
+    # the SSD's dx, dB, dC go to one xBC-shaped buffer, which the conv backward reads.
+    dzxbcdt = torch.empty(zxbcdt.shape, dtype=zxbcdt.dtype, device=zxbcdt.device)  # dense: slices are views
+    dzx0, dz, dxBC_given, ddt_given = _split(dzxbcdt, d_nonssm, dim, ngroups, dstate, nheads)
+    dxBC = torch.empty(xBC.shape, dtype=xBC.dtype, device=xBC.device)
+    dx, dB, dC = _xbc(dxBC, dim, nheads, ngroups, dstate)
+    ssd_grads = dict(dx=dx, ddt=ddt_given, dB=dB, dC=dC)
+    dout_og = dout
+    if outproj_weight is not None:
+        dout = F.linear(dout, outproj_weight.t())
+    y0 = None
+    if d_nonssm > 0:
+        dout0, dout = dout.split([d_nonssm, dim], dim=-1)
+        _swiglu_bwd(zx0, dout0, dzx0)
+        y0 = _swiglu_fwd(zx0) if recompute_output else None
+    dout = dout.reshape(batch, seqlen, nheads, headdim)
+    drmsnorm_weight = None
+    y1 = None
+    if rmsnorm_weight is None:
+        _, _, dA, _, _, dD, _, ddt_bias, dinitial_states = ssd_backward(
+            dout, x, dt, A, B, C, out_x, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+            dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=True, dt_limit=ctx.dt_limit,
+            dz=dz.unflatten(-1, (nheads, headdim)), **ssd_grads)
+        if recompute_output:
+            y1 = (out_x * F.silu(z.float())).to(out_x.dtype).flatten(-2)
+    else:
+        x_rms = out_x.reshape(batch * seqlen, dim)
+        z_rms = z.reshape(batch * seqlen, dim)
+        dy_rms, drmsnorm_weight, _, _ = gated_rmsnorm_bwd(
+            dout.reshape(batch * seqlen, dim), x_rms, rmsnorm_weight, None, ctx.rmsnorm_eps, None, rstd, z_rms,
+            group_size=dim // ngroups, norm_before_gate=ctx.norm_before_gate, dz=dz.view(batch * seqlen, dim))
+        if recompute_output:  # the norm output is recomputed, not saved
+            y1 = gated_rmsnorm_fwd(x_rms, rmsnorm_weight, None, ctx.rmsnorm_eps, z=z_rms, group_size=dim // ngroups,
+                                   norm_before_gate=ctx.norm_before_gate)[0].view(batch, seqlen, dim)
+        _, _, dA, _, _, dD, _, ddt_bias, dinitial_states = ssd_backward(
+            dy_rms.view(batch, seqlen, nheads, headdim), x, dt, A, B, C, out_x, ctx.chunk_size, D=D, z=None,
+            dt_bias=dt_bias, initial_states=initial_states, dfinal_states=dfinal_states, seq_idx=seq_idx,
+            dt_softplus=True, dt_limit=ctx.dt_limit, **ssd_grads)
+    doutproj_weight = doutproj_bias = None
+    if outproj_weight is not None:
+        y = y1 if y0 is None else torch.cat([y0, y1.to(y0.dtype)], dim=-1)
+        out_dim = dout_og.shape[-1]
+        doutproj_weight = dout_og.reshape(-1, out_dim).t().mm(y.reshape(-1, y.shape[-1]).to(dout_og.dtype))
+        doutproj_bias = dout_og.sum(dim=(0, 1)) if outproj_bias is not None else None
+    _, dweight, dbias = causal_conv1d_bwd(xBC.transpose(1, 2), conv1d_weight, conv1d_bias, dxBC.transpose(1, 2),
+                                          seq_idx, ctx.activation, dx=dxBC_given.transpose(1, 2))
+    return (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, None, dinitial_states, None, None, None, None,
+            drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None)
 
 
 def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
@@ -270,9 +281,25 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
     norm_before_gate: True -> RMSNorm(x) * silu(z); False -> RMSNorm(x * silu(z)).
     Returns out (batch, seqlen, out_dim or d_nonssm + dim), and final_states (fp32) if ``return_final_states``.
     """
-    layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, dt_limit,
-               activation, rmsnorm_weight, outproj_weight, outproj_bias, headdim, ngroups)
-    return MambaSplitConv1dScanCombinedFn.apply(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
-                                                initial_states, seq_idx, tuple(dt_limit), return_final_states,
-                                                activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias,
-                                                headdim, ngroups, norm_before_gate)
+    dims = layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
+                      dt_limit, activation, rmsnorm_weight, outproj_weight, outproj_bias, headdim, ngroups)
+    shape = layer_call_shape(dims, zxbcdt, conv1d_weight, D, chunk_size, initial_states, seq_idx, rmsnorm_weight,
+                             norm_before_gate)
+    with seen.calling(**shape):
+        return MambaSplitConv1dScanCombinedFn.apply(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                                                    initial_states, seq_idx, tuple(dt_limit), return_final_states,
+                                                    activation, rmsnorm_weight, rmsnorm_eps, outproj_weight,
+                                                    outproj_bias, headdim, ngroups, norm_before_gate)
+
+
+def layer_call_shape(dims, zxbcdt, conv1d_weight, D, chunk_size, initial_states, seq_idx, rmsnorm_weight,
+                     norm_before_gate) -> dict:
+    """The layer call as a suite shape (``kernels/suites.yaml``'s fields, conv and norm included), for the
+    seen-keys file: what ``mamba2-guard autotune --seen`` tunes with the layer. Packed documents count as 2."""
+    batch, seqlen, nheads, headdim, ngroups, dstate, _ = dims
+    pattern = {"z": rmsnorm_weight is None, "docs": 2 if seq_idx is not None else 1,  # z: into the SSD
+               "D": "hp" if D.dim() == 2 else "h", "initial_states": initial_states is not None}
+    return {"batch": batch, "seqlen": seqlen, "nheads": nheads, "headdim": headdim, "ngroups": ngroups,
+            "dstate": dstate, "chunk_size": chunk_size, "dtype": dtype_name(zxbcdt.dtype),
+            "norm": {"group_size": nheads * headdim // ngroups, "norm_before_gate": bool(norm_before_gate)},
+            "conv": {"width": conv1d_weight.shape[-1]}, "call": pattern}

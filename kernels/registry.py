@@ -13,7 +13,7 @@ never as passing and never by running mamba-ssm in its place.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -678,6 +678,15 @@ LAYER: tuple[KernelEntry, ...] = (
 )
 ENTRIES = ENTRIES + CALLS + LAYER
 REGISTRY: dict[str, KernelEntry] = {e.name: e for e in ENTRIES}
+
+
+def seen_entries(fell_back: Iterable[str]) -> list[str]:
+    """The entries that launch the keys training jobs fell back at (given the kernels that fell back), as the
+    jobs called them: the whole SSD call, and the layer when a conv or norm kernel fell back (they run in the
+    layer's call only). The per-stage entries' inputs are plain (no z, one document, no initial states), so
+    at a call pattern they launch other keys."""
+    layer = any(REGISTRY[name].family in ("conv", "norm") for name in fell_back if name in REGISTRY)
+    return [entry.name for entry in (*CALLS, *(LAYER if layer else ()))]
 
 
 def tuned_kernel_names() -> set[str]:

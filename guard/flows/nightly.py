@@ -308,13 +308,14 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     return CycleOutcome(code, result, verdicts, drift, paths, steps)
 
 
-def retune_plan(entries: Sequence[registry.KernelEntry], shapes: Sequence, seen: Sequence) -> tuple[list[str], list]:
+def retune_plan(entries: Sequence[registry.KernelEntry], shapes: Sequence, seen: Sequence,
+                fell_back: Sequence[str] = ()) -> tuple[list[str], list]:
     """The kernels and shapes a nightly re-tunes: the cycle's, plus the shapes training jobs called without a
-    tuned config (``seen``) with the whole-call entries, whose launches are those calls' keys, call pattern
-    included (the per-stage entries' inputs are plain; see ``autotune --seen``)."""
+    tuned config (``seen``, whose calls fell back at kernels ``fell_back``) with the entries that launch those
+    calls' keys, call pattern included (``registry.seen_entries``)."""
     kernels = [e.name for e in entries if e.has_helion]
     if seen:
-        kernels = list(dict.fromkeys([*kernels, *(e.name for e in registry.CALLS)]))
+        kernels = list(dict.fromkeys([*kernels, *registry.seen_entries(fell_back)]))
     known = {shape.name for shape in shapes}
     return kernels, [*shapes, *(shape for shape in seen if shape.name not in known)]
 
@@ -327,11 +328,13 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
     steps: dict[str, Any] = {}
     configs_path, baseline_path = recorded_paths(slug, options.root)
     produced = bool(options.update_baseline)
-    seen = suites.seen_on(suites.load(), slug)
+    loaded = suites.load()
+    seen = suites.seen_on(loaded, slug)
     if drift.action == "retune" or options.force_retune or seen:
         why = drift.summary() if drift.action == "retune" else "forced" if options.force_retune else (
             f"{len(seen)} shapes called without a tuned config")
-        tuned, shapes = retune_plan(entries, shapes, seen)
+        tuned, shapes = retune_plan(entries, shapes, seen,
+                                    [kernel for shape in seen for kernel, _ in loaded.seen_keys[shape.name]])
         if not torch.cuda.is_available():
             message = (f"re-tune needed ({why}) but there is no GPU here: re-tune skipped; run "
                        f"`mamba2-guard autotune` then `mamba2-guard pr` on a {slug} GPU runner")

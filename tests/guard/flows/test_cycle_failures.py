@@ -88,6 +88,10 @@ def test_a_nightly_retunes_seen_shapes_with_the_whole_call():
     assert kernels == ["chunk_scan", "ssd_combined_fwd", "ssd_combined_fwd_bwd"]
     assert [s.name for s in shapes] == ["smoke", "nemotron3-nano-packed"]
     assert retune_plan(registry.select(["chunk_scan"]), [smoke], []) == (["chunk_scan"], [smoke])
+    # A layer's call fell back at its conv too: the layer's entries tune it (only they launch it so).
+    kernels, _ = retune_plan(registry.select(["chunk_scan"]), [smoke], [seen], ["chunk_scan", "causal_conv1d_fwd"])
+    assert kernels == ["chunk_scan", "ssd_combined_fwd", "ssd_combined_fwd_bwd", "mamba2_layer_fwd",
+                       "mamba2_layer_fwd_bwd"]
 
 
 def test_an_unknown_kernel_name_in_a_config_file_is_named(tmp_path, caplog):

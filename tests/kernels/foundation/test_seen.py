@@ -72,7 +72,18 @@ def test_an_unwritable_place_is_logged_not_raised(tmp_path, monkeypatch, caplog)
     assert any("could not record the fallback" in r.message for r in caplog.records)
 
 
-def test_the_whole_call_records_its_shape_for_forward_and_backward_kernels(seen_file, monkeypatch, smoke_shape):
+@pytest.fixture
+def first_calls():
+    """Every tuned kernel dispatches afresh: a key an earlier test ran is cached, and a cached dispatch is not
+    a fallback again (the record is once per process)."""
+    from kernels._runtime import TUNED_KERNELS
+
+    for kernel in TUNED_KERNELS.values():
+        kernel._dispatch.clear()
+
+
+def test_the_whole_call_records_its_shape_for_forward_and_backward_kernels(seen_file, monkeypatch, smoke_shape,
+                                                                          first_calls):
     """No config file for this GPU: every kernel falls back, and each entry carries the public call's shape,
     the backward's too (autograd runs it outside the forward's block)."""
     from kernels import registry
@@ -90,3 +101,30 @@ def test_the_whole_call_records_its_shape_for_forward_and_backward_kernels(seen_
                 "dtype": "float32", "call": {"z": True, "docs": 2, "D": "h", "initial_states": False}}
     assert all(e["call"] == expected and e["reason"] == "default" for e in entries)
     assert json.loads(seen_file.read_text())  # plain JSON a person can read
+
+
+def test_the_layer_records_its_shape_and_the_seen_suite_tunes_every_key_it_fell_back_at(seen_file, monkeypatch,
+                                                                                        smoke_shape, first_calls):
+    """Mamba2's memory-efficient path calls the layer, not the SSD call: its fallbacks (conv and norm too) carry
+    the layer's shape, whose seen suite shape the planned entries (``registry.seen_entries``) cover."""
+    from kernels import registry, suites
+    from kernels._runtime import capture_launches
+
+    monkeypatch.setenv("MAMBA2_GUARD_GPU_SLUG", "gpu-without-configs")
+    monkeypatch.setattr(config_store, "_warned", set())
+    entry = registry.get("mamba2_layer_fwd_bwd")
+    with execution_mode("ref"):
+        entry.run_helion(entry.inputs(smoke_shape.replace(docs=2), 0, torch.device("cpu")))
+    recorded = {(e["kernel"], e["key"]) for e in seen.read(seen_file).values()}
+    assert {"causal_conv1d_fwd", "causal_conv1d_bwd", "gated_rmsnorm_fwd", "gated_rmsnorm_bwd", "chunk_scan",
+            "chunk_scan_chunk_state_bwd_dx"} <= {kernel for kernel, _ in recorded}
+    loaded = suites.load()
+    (name,) = loaded.suites[suites.SEEN_SUITE]
+    shape = loaded.shape(name)
+    assert (shape.docs, shape.norm_group_size, shape.conv_width) == (2, smoke_shape.norm_group_size, 4)
+    launched = set()
+    for planned in registry.seen_entries(kernel for kernel, _ in recorded):
+        with capture_launches() as launches, execution_mode("ref"):
+            registry.get(planned).run_helion(registry.get(planned).inputs(shape, 0, torch.device("cpu")))
+        launched |= {(kernel.name, str(kernel.shape_key(*args))) for kernel, args in launches}
+    assert recorded <= launched
