@@ -40,6 +40,17 @@ def _forget_rejected_configs():
     config_store.INVALID.clear()
 
 
+@pytest.fixture(autouse=True)
+def _recording_as_a_training_job():
+    """Each test starts as a training job would: the guard's CLI, run in-process by a test, stops the seen-keys
+    recording for the rest of its process (``kernels.seen.stop_recording``)."""
+    from kernels import seen
+
+    os.environ.pop(seen.RECORD_ENV, None)
+    yield
+    os.environ.pop(seen.RECORD_ENV, None)
+
+
 @pytest.fixture
 def smoke_shape():
     from kernels import suites
@@ -55,11 +66,10 @@ SEEN_CALL = {"batch": 1, "seqlen": 96, "nheads": 4, "headdim": 16, "ngroups": 2,
 @pytest.fixture
 def seen_file(tmp_path, monkeypatch):
     """The seen-keys file, in a temp dir, with configs read from a temp config dir."""
-    from kernels import config_store, seen
+    from kernels import config_store
 
     file = tmp_path / "seen.json"
     monkeypatch.setenv("MAMBA2_GUARD_SEEN", str(file))
-    monkeypatch.delenv(seen.RECORD_ENV, raising=False)  # an in-process CLI test before stopped recording
     monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path / "configs")
     config_store._cache.clear()
     return file
