@@ -350,8 +350,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
         result = json.loads(result_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         return {**entry, "status": tuneplan.FAILED, "reason": "crash", "detail": f"unreadable result: {exc}"}
-    launches = [{**launch, "decision": tuneplan.decide(launch, opts.criteria).to_dict()}
-                for launch in result.get("launches") or ()]
+    launches = with_decisions(result.get("launches") or (), opts)
     return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
             "setup_seconds": result.get("setup_seconds"), "process": result.get("process"), "gpu": result.get("gpu"),
             "tuned_elsewhere": result.get("tuned_elsewhere") or [], "had_config": result.get("had_config") or []}
@@ -364,6 +363,11 @@ def decided(partial_path: Path, opts: AutotuneOptions) -> list[dict[str, Any]]:
         launches = json.loads(partial_path.read_text())["launches"]
     except (OSError, ValueError, KeyError, TypeError):
         return []
+    return with_decisions(launches, opts)
+
+
+def with_decisions(launches: Any, opts: AutotuneOptions) -> list[dict[str, Any]]:
+    """Each launch record with its keep-or-reject decision under the run's criteria."""
     return [{**launch, "decision": tuneplan.decide(launch, opts.criteria).to_dict()} for launch in launches]
 
 

@@ -83,11 +83,7 @@ def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile) -> 
 @functools.lru_cache(maxsize=1)
 def _launches_in_worker(shape_name: str, seed: int, device: str) -> list[tuple[Any, tuple]]:
     """A pool process serves one shape's jobs in a row: it captures that shape's launches once."""
-    if device == "cpu":
-        from kernels.testing import enable_cpu_interpret
-
-        enable_cpu_interpret()
-    return captured_launches(shape_name, seed, device)
+    return captured_launches(shape_name, seed, _in_child(device))
 
 
 def _compile_worker(shape_name: str, seed: int, config_path: str, index: int, device: str) -> int:
@@ -102,6 +98,15 @@ def _compile_worker(shape_name: str, seed: int, config_path: str, index: int, de
             done += 1
     _synchronize(device)
     return done
+
+
+def _in_child(device: str) -> str:
+    """``device`` for a spawned child process, which on a CPU needs interpret mode set up again."""
+    if device == "cpu":
+        from kernels.testing import enable_cpu_interpret
+
+        enable_cpu_interpret()
+    return device
 
 
 def _synchronize(device: str) -> None:
@@ -123,13 +128,7 @@ def _first_calls(shape_name: str, seed: int, entries: Sequence[str], sides: Sequ
 
     from kernels import registry, suites
 
-    if torch.cuda.is_available():
-        device = torch.device("cuda")
-    else:
-        from kernels.testing import enable_cpu_interpret
-
-        enable_cpu_interpret()
-        device = torch.device("cpu")
+    device = _in_child("cuda" if torch.cuda.is_available() else "cpu")
     shape = suites.load().shape(shape_name)
     runs = []
     for name in entries:
@@ -137,13 +136,11 @@ def _first_calls(shape_name: str, seed: int, entries: Sequence[str], sides: Sequ
         inputs = entry.inputs(shape, seed, device)
         runs += [functools.partial(entry.run_helion if side == "helion" else entry.run_baseline, inputs)
                  for side in sides]
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _synchronize(device)
     started = time.monotonic()
     for run in runs:
         run()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _synchronize(device)
     return time.monotonic() - started
 
 
