@@ -325,17 +325,20 @@ def adapt_config(bound: Any, config: dict[str, Any], other_key: bool = False) ->
     return adapted
 
 
-def complete_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> dict[str, Any] | None:
+def complete_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any],
+                    other_key: bool = False) -> dict[str, Any] | None:
     """``adapt_config`` for ``kernel`` bound to ``args``, or None when ``config`` needs no change."""
-    adapted = adapt_config(kernel.helion_kernel(None, "compiled").bind(args), config)
+    adapted = adapt_config(kernel.helion_kernel(None, "compiled").bind(args), config, other_key)
     return adapted if adapted != config else None
 
 
-def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
+def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any],
+                    other_key: bool = False) -> str | None:
     """None if ``config`` is valid for ``kernel`` bound to ``args`` under the installed helion, else why.
-    Judged as it runs: adapted to the call (``adapt_config``)."""
+    Judged as it runs: adapted to the call (``adapt_config``; ``other_key``: a config stored for another key,
+    as the lookup serves it)."""
     bound = kernel.helion_kernel(None, "compiled").bind(args)
-    return _config_error(bound, adapt_config(bound, config))
+    return _config_error(bound, adapt_config(bound, config, other_key))
 
 
 def _config_error(bound: Any, config: dict[str, Any]) -> str | None:

@@ -127,9 +127,8 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     from guard.bench.run import precision_of, references
     from guard.bench.timing import Timer
     from guard.bench.worker import gpu_identity
-    from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
     from kernels import config_store, registry, suites
-    from kernels._runtime import capture_launches, complete_config, pinned_config, validate_config
+    from kernels._runtime import capture_launches, pinned_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("helion_tuner needs a CUDA GPU")
@@ -170,15 +169,9 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
 
     for i, (tk, kargs, key) in enumerate(launches):
         record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name}
-        found = config_store.find(base, tk.name, key)
-        incumbent_kind, incumbent = DEFAULT, None
-        if found.config is not None:
-            why = validate_config(tk, kargs, found.config)
-            if why is None:
-                incumbent_kind = COMMITTED if found.source == "exact" else NEAREST
-                incumbent = complete_config(tk, kargs, found.config) or dict(found.config)
-            else:
-                record["committed_invalid"] = why
+        incumbent_kind, incumbent, why = incumbent_of(tk, kargs, base, key)
+        if why is not None:
+            record["committed_invalid"] = why
         default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
         record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
         budget = max(10, int((deadline - time.monotonic()) / (len(launches) - i)))
@@ -282,6 +275,27 @@ def search_settings(effort: str, seed: int, budget: int, benchmark_subprocess: b
             "autotune_benchmark_subprocess": benchmark_subprocess}
 
 
+def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any
+                 ) -> tuple[str, dict[str, Any] | None, str | None]:
+    """What the call runs on today, as the runtime serves it from ``base``: (kind, config adapted to ``args``,
+    why the stored config is invalid). A config of another key takes this call's per-load lists (a flag such
+    as initial states adds loads); judged unadapted it would be invalid, and the search would be measured
+    against Helion's default config, which a slow winner beats."""
+    from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
+    from kernels import config_store
+    from kernels._runtime import complete_config, validate_config
+
+    found = config_store.find(base, kernel.name, key)
+    if found.config is None:
+        return DEFAULT, None, None
+    other_key = found.source != "exact"
+    why = validate_config(kernel, args, found.config, other_key)
+    if why is not None:
+        return DEFAULT, None, why
+    config = complete_config(kernel, args, found.config, other_key) or dict(found.config)
+    return (NEAREST if other_key else COMMITTED), config, None
+
+
 def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any) -> list[dict[str, Any]]:
     """The committed configs of the kernel's other shapes that fit ``args``: a neighbour's config can beat
     the nearest one. On the H200, long-context's chunk_scan ran in 1.27 ms on nemotron3-nano's new config
@@ -291,8 +305,8 @@ def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any) -> 
 
     out = []
     for config in config_store.neighbours(base, kernel.name, key):
-        if validate_config(kernel, args, config) is None:
-            out.append(complete_config(kernel, args, config) or dict(config))
+        if validate_config(kernel, args, config, other_key=True) is None:
+            out.append(complete_config(kernel, args, config, other_key=True) or dict(config))
     return out
 
 

@@ -408,6 +408,43 @@ def test_the_configs_of_a_kernels_other_shapes_seed_its_search():
     assert neighbour_seeds(kernel, args, ConfigFile(), key) == []
 
 
+def test_a_config_of_another_key_is_the_incumbent_as_the_runtime_serves_it():
+    """At the designed grid point with initial states, on the H200, the nearest configs (keys without them)
+    were judged unadapted: their indexing lists lack the initial states' loads, so they were "invalid", the
+    search ran against Helion's default config, and a winner as slow as the default was kept. The runtime
+    serves them adapted; so must the tuner, for its incumbent and for its neighbours' seeds."""
+    import torch
+
+    from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
+    from guard.flows.autotune_worker import incumbent_of, neighbour_seeds
+    from kernels import registry, suites
+    from kernels._runtime import capture_launches
+    from kernels.config_store import ConfigFile, ShapeKey
+
+    entry = registry.get("chunk_cumsum")
+    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
+    with capture_launches() as launches:
+        entry.run_helion(inputs)
+    kernel, args = launches[0]
+    key = kernel.shape_key(*args)
+    default = dict(kernel.helion_kernel(None).bind(args).config_spec.default_config())
+    assert len(default["indexing"]) > 1
+    short = {"block_sizes": [2], "num_warps": 2, "indexing": ["pointer"]}  # a key whose call loads less
+    other = ShapeKey.of(**{**dict(key.fields), "bias": 1 - dict(key.fields)["bias"]})
+    base = ConfigFile(kernels={kernel.name: {str(other): short}})
+
+    kind, config, why = incumbent_of(kernel, args, base, key)
+    assert (kind, why) == (NEAREST, None)
+    assert (config["block_sizes"], config["num_warps"], config["indexing"]) == ([2], 2, default["indexing"])
+    assert [s["block_sizes"] for s in neighbour_seeds(kernel, args, base, key)] == [[2]]
+    # At its own key a list of another length is drift: invalid, and the search runs against the default.
+    kind, config, why = incumbent_of(kernel, args, ConfigFile(kernels={kernel.name: {str(key): short}}), key)
+    assert (kind, config) == (DEFAULT, None) and "indexing" in why
+    assert incumbent_of(kernel, args, ConfigFile(kernels={kernel.name: {str(key): default}}), key)[:2] == (
+        COMMITTED, default)
+    assert incumbent_of(kernel, args, ConfigFile(), key) == (DEFAULT, None, None)
+
+
 @pytest.mark.parametrize("field, value", [("budget_seconds", 0), ("total_budget_seconds", -5),
                                           ("job_timeout_seconds", "soon"), ("effort", "medium")])
 def test_bad_options_are_refused_by_name(tmp_path, field, value):
