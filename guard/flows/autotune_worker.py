@@ -269,10 +269,16 @@ def search_settings(effort: str, seed: int, budget: int, benchmark_subprocess: b
     (Helion's: 60 s). With a timeout at or above the budget, one slow compile ends the search before any
     candidate ran (NoConfigFound): the norm backward's default config compiles for about 50 s, chunk_cumsum's
     64-head tile at chunk 256 for 15 s. So the timeout is half the budget, at least 5 s: on the H200 the
-    compiles of 229 candidates in 9 searches took 1 s at the median and 4.6 s at most, but for that tile."""
+    compiles of 229 candidates in 9 searches took 1 s at the median and 4.6 s at most, but for that tile.
+
+    The search starts from the config file's evidence (the incumbent and every stored key's config, adapted to
+    the call), not from the winners Helion's cache holds on this machine: those make a search depend on which
+    jobs ran there before, and helion 1.5.0 puts their flat form into the population without canonicalizing
+    it (our seeds it does canonicalize), so one of a key with other loads fails the surrogate's encoding (an
+    AssertionError, which ended six of 23 searches of two zoo-fit whole calls on the H200)."""
     return {"autotune_effort": effort, "autotune_random_seed": seed, "autotune_budget_seconds": budget,
             "autotune_compile_timeout": int(min(60, max(5, budget // 2))),
-            "autotune_benchmark_subprocess": benchmark_subprocess}
+            "autotune_benchmark_subprocess": benchmark_subprocess, "autotune_best_available_max_configs": 0}
 
 
 def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any

@@ -373,6 +373,17 @@ def test_a_compile_may_take_half_the_search_budget(budget, compile_timeout):
     assert (settings["autotune_budget_seconds"], settings["autotune_random_seed"]) == (budget, 7)
 
 
+def test_a_search_starts_from_the_config_file_not_from_this_machines_cache():
+    """Helion's cached winners of other keys entered the population raw and crashed its surrogate; the search
+    is seeded from the config file instead (the incumbent and the neighbours, adapted)."""
+    import helion
+
+    from guard.flows.autotune_worker import search_settings
+
+    settings = search_settings("quick", 7, 30, False)
+    assert helion.Settings(**settings).autotune_best_available_max_configs == 0
+
+
 def test_the_configs_of_a_kernels_other_shapes_seed_its_search():
     """Long-context's chunk_scan on the H200: nemotron3-nano's new config, seeded, measured 1.27 ms against
     1.78 ms for the nearest config the job started from."""
