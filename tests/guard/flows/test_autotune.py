@@ -303,7 +303,7 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
 
     entry = registry.get("causal_conv1d_bwd")
     inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
-    with capture_launches() as launches, execution_mode("triton"):
+    with capture_launches() as launches, execution_mode("ref"):
         entry.run_helion(inputs)
     kernel, args = launches[0]
     candidate = {"block_sizes": [16, 4], "num_warps": 2}
@@ -312,7 +312,7 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
     monkeypatch.setattr(kernel, "helion_kernel", lambda config, mode="compiled", **kw: (
         built.append(config), real(config, mode, **kw))[1])
     call = _entry_on(entry, inputs, kernel, candidate, kernel.shape_key(*args))
-    with capture_launches() as timed, execution_mode("triton"):
+    with capture_launches() as timed, execution_mode("ref"):
         call()
     assert [k.name for k, _ in timed] == ["causal_conv1d_bwd"]  # the whole public function ran
     # the candidate ran; None is the default kernel the dispatch binds to adapt a config to the call
