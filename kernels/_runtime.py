@@ -292,13 +292,20 @@ def pinned_config(kernel: TunedKernel, config: dict[str, Any], key: ShapeKey | N
             return [config_store.Lookup(dict(config), "exact", str(found_key))]
         return TunedKernel.candidates(kernel, *args)
 
-    kernel._dispatch.clear()
+    def forget() -> None:
+        """Drop the pinned key's dispatch; other keys keep theirs, as selecting their configs again on every
+        call (an adapted config of another key is checked by generating its code) is host work a timed call
+        would carry."""
+        for dispatch_key in [k for k in kernel._dispatch if key is None or k[1] == key]:
+            del kernel._dispatch[dispatch_key]
+
+    forget()
     kernel.candidates = candidates  # type: ignore[method-assign]
     try:
         yield
     finally:
         del kernel.candidates
-        kernel._dispatch.clear()
+        forget()
 
 
 def adapt_config(bound: Any, config: dict[str, Any], other_key: bool = False) -> dict[str, Any]:

@@ -89,6 +89,13 @@ def precision_of(entry: KernelEntry, inputs: dict[str, Any], ours: dict[str, tor
     )
 
 
+def graph_timed(entry: KernelEntry, cuda_graphs: bool = False) -> bool:
+    """Whether ``entry`` is timed by CUDA-graph replays, by the bench and by the tuner's keep-or-reject
+    decision alike: a whole call's eager time is mostly host work (Python, autograd, launches) that swings
+    +-15 % between identical runs, and its graph replays are its device work alone."""
+    return cuda_graphs or entry.phase.startswith(COMPOSITE_PHASES)
+
+
 def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch.device, rounds: int,
                warmup: int, timer, nvml: Nvml | None, peaks: dict[str, Any], cuda_graphs: bool = False,
                check_precision: bool = True) -> CaseResult:
@@ -111,11 +118,8 @@ def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch
         fns = {"helion": entry.bind(entry.helion_fn(), inputs)}
         with contextlib.suppress(BaselineUnavailable):  # no peer: Helion is timed alone
             fns["mamba_ssm"] = entry.bind(entry.baseline_fn(), inputs)
-        # A whole call's eager time is mostly host work (Python, autograd, launches) that swings +-15 %
-        # between identical runs; its graph replays are its device work alone.
-        graphs = cuda_graphs or entry.phase.startswith(COMPOSITE_PHASES)
-        timed = timer.interleaved_graphs if graphs else timer.interleaved
-        samples = timed(fns, rounds=rounds, warmup=warmup)
+        graphs = graph_timed(entry, cuda_graphs)
+        samples = (timer.interleaved_graphs if graphs else timer.interleaved)(fns, rounds=rounds, warmup=warmup)
         after = nvml.state() if nvml else None
         median = sorted(samples["helion"])[len(samples["helion"]) // 2]
         throttled = bool((before and before.throttled) or (after and after.throttled))

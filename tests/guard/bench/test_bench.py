@@ -174,3 +174,17 @@ def test_device_time_leaves_out_the_host_dispatch_before_a_launch():
     samples = Timer("cuda").interleaved({"call": slow_host_call}, rounds=20)["call"]
     assert statistics.median(samples) == pytest.approx(0.05, rel=0.25)
 
+
+
+def test_whole_calls_are_timed_by_graph_replays_single_kernels_eagerly():
+    """The bench and the tuner's keep-or-reject decision time an entry the same way (guard.bench.run.graph_timed):
+    a whole call or layer by its CUDA-graph replays (its eager time is mostly host work), a kernel eagerly
+    unless the run asks for graphs."""
+    from guard.bench.run import graph_timed
+    from kernels import registry
+
+    composite = [e for e in registry.ENTRIES if e.phase.startswith(registry.COMPOSITE_PHASES)]
+    assert {"ssd_combined_fwd_bwd", "mamba2_layer_fwd_bwd"} <= {e.name for e in composite}
+    assert all(graph_timed(e) for e in composite)
+    kernel = registry.get("chunk_scan")
+    assert not graph_timed(kernel) and graph_timed(kernel, cuda_graphs=True)
