@@ -384,22 +384,29 @@ def test_a_search_starts_from_the_config_file_not_from_this_machines_cache():
     assert helion.Settings(**settings).autotune_best_available_max_configs == 0
 
 
-def test_the_configs_of_a_kernels_other_shapes_seed_its_search():
-    """Long-context's chunk_scan on the H200: nemotron3-nano's new config, seeded, measured 1.27 ms against
-    1.78 ms for the nearest config the job started from."""
+@pytest.fixture
+def cumsum_launch():
+    """chunk_cumsum's launch in the smoke shape's SSD call: (kernel, args, key)."""
     import torch
 
-    from guard.flows.autotune_worker import neighbour_seeds
     from kernels import registry, suites
     from kernels._runtime import capture_launches
-    from kernels.config_store import ConfigFile, ShapeKey
 
     entry = registry.get("chunk_cumsum")
     inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
     with capture_launches() as launches:
         entry.run_helion(inputs)
     kernel, args = launches[0]
-    key = kernel.shape_key(*args)
+    return kernel, args, kernel.shape_key(*args)
+
+
+def test_the_configs_of_a_kernels_other_shapes_seed_its_search(cumsum_launch):
+    """Long-context's chunk_scan on the H200: nemotron3-nano's new config, seeded, measured 1.27 ms against
+    1.78 ms for the nearest config the job started from."""
+    from guard.flows.autotune_worker import neighbour_seeds
+    from kernels.config_store import ConfigFile, ShapeKey
+
+    kernel, args, key = cumsum_launch
     fields = dict(key.fields)
 
     def like(**changes):
@@ -419,25 +426,16 @@ def test_the_configs_of_a_kernels_other_shapes_seed_its_search():
     assert neighbour_seeds(kernel, args, ConfigFile(), key) == []
 
 
-def test_a_config_of_another_key_is_the_incumbent_as_the_runtime_serves_it():
+def test_a_config_of_another_key_is_the_incumbent_as_the_runtime_serves_it(cumsum_launch):
     """At the designed grid point with initial states, on the H200, the nearest configs (keys without them)
     were judged unadapted: their indexing lists lack the initial states' loads, so they were "invalid", the
     search ran against Helion's default config, and a winner as slow as the default was kept. The runtime
     serves them adapted; so must the tuner, for its incumbent and for its neighbours' seeds."""
-    import torch
-
     from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
     from guard.flows.autotune_worker import incumbent_of, neighbour_seeds
-    from kernels import registry, suites
-    from kernels._runtime import capture_launches
     from kernels.config_store import ConfigFile, ShapeKey
 
-    entry = registry.get("chunk_cumsum")
-    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
-    with capture_launches() as launches:
-        entry.run_helion(inputs)
-    kernel, args = launches[0]
-    key = kernel.shape_key(*args)
+    kernel, args, key = cumsum_launch
     default = dict(kernel.helion_kernel(None).bind(args).config_spec.default_config())
     assert len(default["indexing"]) > 1
     short = {"block_sizes": [2], "num_warps": 2, "indexing": ["pointer"]}  # a key whose call loads less
