@@ -175,7 +175,6 @@ def test_device_time_leaves_out_the_host_dispatch_before_a_launch():
     assert statistics.median(samples) == pytest.approx(0.05, rel=0.25)
 
 
-
 def test_whole_calls_are_timed_by_graph_replays_single_kernels_eagerly():
     """The bench and the tuner's keep-or-reject decision time an entry the same way (guard.bench.run.graph_timed):
     a whole call or layer by its CUDA-graph replays (its eager time is mostly host work), a kernel eagerly
