@@ -6,6 +6,7 @@ File layout (stable: keys sorted, one config per line, so that config-update PRs
     tuned: {date: ..., effort: ..., seed: ..., budget_s: ...}
     selection:                  # the fitted rule that picks configs for keys nobody tuned (optional)
       chunk_scan: {flag: 1.0, size: 0.5, tile: 2.0, fitted_on: 9, regret: 1.03}
+      chunk_state_passing: {chain: {min_chunk: 256, max_state: 828972, fitted_on: 8}}
     kernels:
       chunk_state:
         dtype=bfloat16,headdim=64,...,tokens=16384: {"block_sizes": [64, 64], "num_warps": 4}
@@ -24,6 +25,9 @@ Lookup rule, the same for every kernel (``candidates``):
      field. The runtime takes the first of them that validates for the call (``kernels._runtime``);
   3. else the kernel's default config (``None`` here; the runtime then asks Helion for its default).
 A fallback (2 or 3) is logged once per kernel and key, and counted in ``FALLBACKS``.
+
+A fused stage's ``chain`` rule (``ChainRule``) says at which calls the stage runs as the two kernels it
+fuses instead (``kernels.ssd.state_paths``); without one, the fused kernel runs everywhere.
 """
 
 from __future__ import annotations
@@ -132,6 +136,19 @@ class Weights:
         return {"flag": self.flag, "tile": self.tile, "size": self.size}
 
 
+@dataclass(frozen=True)
+class ChainRule:
+    """When a fused stage runs as its two-kernel chain: at chunk sizes from ``min_chunk`` and at most
+    ``max_state`` state elements (batch x heads x headdim x dstate: the fused walk's parallel work, too
+    little to fill the GPU below it). Fitted per GPU by ``mamba2-guard autotune --fit-selection``."""
+
+    min_chunk: int
+    max_state: int
+
+    def chains(self, chunk_size: int, state_elements: int) -> bool:
+        return chunk_size >= self.min_chunk and state_elements <= self.max_state
+
+
 def tokens_bucket(n: int) -> int:
     """Power-of-two bucket of a token count (batch x seqlen), the scaled field of SSD shape keys."""
     return 1 << max(0, (int(n) - 1).bit_length())
@@ -147,6 +164,10 @@ class ConfigFile:
 
     def weights(self, kernel: str) -> Weights:
         return Weights.from_dict(self.selection.get(kernel, {}))
+
+    def chain_rule(self, stage: str) -> ChainRule | None:
+        rule = self.selection.get(stage, {}).get("chain")
+        return None if rule is None else ChainRule(int(rule["min_chunk"]), int(rule["max_state"]))
 
     def get(self, kernel: str, key: ShapeKey | str) -> dict[str, Any] | None:
         return self.kernels.get(kernel, {}).get(str(key))
@@ -225,6 +246,14 @@ def _check_selection(path: Path, kernel: str, rule: Any) -> dict[str, Any]:
         value = rule.get(name, getattr(Weights(), name))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise ConfigFileError(f"{where}.{name}: expected a weight >= 0, got {value!r}")
+    chain = rule.get("chain")
+    if chain is not None:
+        if not isinstance(chain, dict):
+            raise ConfigFileError(f"{where}.chain: expected a mapping with min_chunk and max_state")
+        for name in ("min_chunk", "max_state"):
+            value = chain.get(name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigFileError(f"{where}.chain.{name}: expected a positive integer, got {value!r}")
     return dict(rule)
 
 

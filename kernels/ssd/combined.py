@@ -1,6 +1,7 @@
 """``mamba_chunk_scan_combined``: the drop-in for mamba-ssm 2.3.2.post1's function of the same name,
 composed from the Helion SSD stages (chunk_cumsum -> chunk_state_passing (chunk_state and state_passing in
-one pass) -> bmm_chunk -> chunk_scan).
+one pass, or as the two kernels where the GPU's rule says so: ``kernels.ssd.state_paths``) -> bmm_chunk ->
+chunk_scan).
 
 Autograd: gradients for x, dt, A, B, C, D, z, dt_bias and initial_states (and through final_states)
 with mamba-ssm's recomputation policy: the forward saves its inputs and the output (pre-gate output
@@ -43,9 +44,8 @@ from kernels.ssd.chunk_scan_bwd import (
 )
 from kernels.ssd.chunk_scan_chunk_state_bwd import chunk_scan_chunk_state_bwd_dx
 from kernels.ssd.chunk_state_bwd import chunk_state_bwd_db
-from kernels.ssd.chunk_state_passing import chunk_state_passing_fwd
-from kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd
 from kernels.ssd.chunk_state_varlen import chunk_state_varlen
+from kernels.ssd.state_paths import chunk_state_passing_bwd, chunk_state_passing_fwd
 
 INF = float("inf")
 

@@ -1,9 +1,9 @@
-"""Helion forms of mamba-ssm's unfused SSD kernels that no user call runs.
+"""Helion forms of mamba-ssm's unfused SSD kernels, one to one.
 
-They exist only so that mamba-ssm's kernels can be timed one to one: each has a registry entry (with its
-stored configs and baseline rows) that the guard tunes and benches against mamba-ssm's kernel of the same
-name. ``kernels.ssd.combined`` (and so every user call) runs the fused forms instead, and nothing outside
-this package and the registry imports from here:
+Each has a registry entry (with its stored configs and baseline rows) that the guard tunes and benches
+against mamba-ssm's kernel of the same name. ``kernels.ssd.combined`` runs the fused forms instead, except
+where the GPU's fitted rule runs a fused state pass as its two kernels (``kernels.ssd.state_paths``, the one
+importer of this package outside it and the registry):
 
   * ``chunk_state`` + ``state_passing``          -> ``kernels.ssd.chunk_state_passing``
   * ``chunk_scan_bwd_dstates`` + ``state_passing_bwd`` -> ``kernels.ssd.chunk_state_passing_bwd``

@@ -162,6 +162,11 @@ def test_channels_are_a_size_field_so_another_channel_count_finds_the_nearest_co
     ("selection:\n  chunk_scan: 3\n", "selection.chunk_scan: expected a mapping"),
     ("selection:\n  chunk_scan: {flag: -1}\n", "selection.chunk_scan.flag: expected a weight >= 0"),
     ("selection:\n  chunk_scan: {size: .inf}\n", "selection.chunk_scan.size: expected a weight >= 0"),
+    ("selection:\n  chunk_state_passing: {chain: 3}\n", "selection.chunk_state_passing.chain: expected a mapping"),
+    ("selection:\n  chunk_state_passing: {chain: {min_chunk: 256}}\n",
+     "selection.chunk_state_passing.chain.max_state: expected a positive integer, got None"),
+    ("selection:\n  chunk_state_passing: {chain: {min_chunk: 0, max_state: 9}}\n",
+     "selection.chunk_state_passing.chain.min_chunk: expected a positive integer, got 0"),
     ("fingerprint: 3\n", "fingerprint: expected a mapping"),
     ("kernels: {a: [\n", "not valid YAML"),
 ])

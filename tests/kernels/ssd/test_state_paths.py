@@ -1,0 +1,103 @@
+"""The state passes by path (``kernels.ssd.state_paths``): the GPU's chain rule decides which kernels a call
+launches, and the chain gives the fused kernels' results, forward and backward, in Helion's ref mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels import config_store
+from kernels._runtime import capture_launches
+from kernels.ssd import state_paths
+from kernels.testing import execution_mode
+from tests.kernels.ssd.checks import seq_idx_rows
+
+CHAINS = {"chunk_state_passing": {"chunk_state", "state_passing"},
+          "chunk_state_passing_bwd": {"chunk_scan_bwd_dstates", "state_passing_bwd"}}
+FUSED_KERNELS = set(CHAINS)
+CHAIN_KERNELS = set().union(*CHAINS.values())
+
+
+def _call(b=2, L=80, h=4, p=16, g=2, n=16, chunk_size=32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {"x": torch.randn(b, L, h, p, generator=gen), "dt": torch.randn(b, L, h, generator=gen) * 0.5 - 3.0,
+               "A": -torch.rand(h, generator=gen) * 4 - 0.5, "B": torch.randn(b, L, g, n, generator=gen),
+               "C": torch.randn(b, L, g, n, generator=gen), "D": torch.randn(h, generator=gen),
+               "initial_states": torch.randn(b, h, p, n, generator=gen)}
+    return tensors, {"chunk_size": chunk_size, "seq_idx": seq_idx_rows(b, L), "return_final_states": True}
+
+
+def _launched_kernels(tensors, options) -> set[str]:
+    leaves = {name: t.clone().requires_grad_(True) for name, t in tensors.items()}
+    with execution_mode("ref"), capture_launches() as launches:
+        out, final = kernels.mamba_chunk_scan_combined(**leaves, **options)
+        (out.sum() + final.sum()).backward()
+    return {kernel.name for kernel, _ in launches}
+
+
+def _results(tensors, options):
+    leaves = {name: t.clone().requires_grad_(True) for name, t in tensors.items()}
+    with execution_mode("ref"):
+        out, final = kernels.mamba_chunk_scan_combined(**leaves, **options)
+        gen = torch.Generator().manual_seed(7)
+        (out * torch.randn(out.shape, generator=gen)).sum().backward(inputs=list(leaves.values()), retain_graph=True)
+        (final * torch.randn(final.shape, generator=gen)).sum().backward(inputs=list(leaves.values()))
+    return {"out": out, "final_states": final, **{f"d{name}": leaf.grad for name, leaf in leaves.items()}}
+
+
+@pytest.fixture
+def rule_file(tmp_path, monkeypatch):
+    """Write the CPU's config file with the given chain rules, and point lookups at it."""
+    monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path)
+    config_store._cache.clear()
+
+    def write(rules: dict[str, dict[str, int]]) -> None:
+        config_store.save(tmp_path / "cpu.yaml", config_store.ConfigFile(
+            selection={stage: {"chain": rule} for stage, rule in rules.items()}))
+        config_store._cache.clear()
+
+    yield write
+    config_store._cache.clear()
+
+
+def test_without_a_rule_the_fused_kernels_run(rule_file):
+    tensors, options = _call()
+    launched = _launched_kernels(tensors, options)
+    assert launched >= FUSED_KERNELS and not launched & CHAIN_KERNELS
+
+
+@pytest.mark.parametrize(("rules", "chained"), [
+    # The call: chunk 32, state 2 x 4 x 16 x 16 = 2048 elements.
+    ({"chunk_state_passing": {"min_chunk": 32, "max_state": 2048}}, {"chunk_state", "state_passing"}),
+    ({"chunk_state_passing_bwd": {"min_chunk": 16, "max_state": 4096}},
+     {"chunk_scan_bwd_dstates", "state_passing_bwd"}),
+    ({"chunk_state_passing": {"min_chunk": 64, "max_state": 4096}}, set()),  # chunks too short
+    ({"chunk_state_passing": {"min_chunk": 32, "max_state": 2047}}, set()),  # state too large
+])
+def test_the_rule_picks_each_pass_by_chunk_size_and_state(rule_file, rules, chained):
+    rule_file(rules)
+    tensors, options = _call()
+    launched = _launched_kernels(tensors, options)
+    assert launched & CHAIN_KERNELS == chained
+    for stage, chain in CHAINS.items():  # each pass runs one way: fused, or as its chain
+        assert (stage in launched) == (not chain <= chained)
+
+
+def test_the_chain_gives_the_fused_results_forward_and_backward():
+    """Packed documents, initial states and final states: every output and gradient agrees."""
+    tensors, options = _call()
+    with state_paths.forced(state_paths.FWD, "fused"), state_paths.forced(state_paths.BWD, "fused"):
+        fused = _results(tensors, options)
+    with state_paths.forced(state_paths.FWD, "chain"), state_paths.forced(state_paths.BWD, "chain"):
+        chain = _results(tensors, options)
+    assert fused.keys() == chain.keys()
+    for name in fused:
+        torch.testing.assert_close(chain[name], fused[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_forcing_takes_only_known_stages_and_paths():
+    with pytest.raises(ValueError, match="expected a stage"), state_paths.forced("chunk_scan", "chain"):
+        pass
+    with pytest.raises(ValueError, match="and a path"), state_paths.forced(state_paths.FWD, "split"):
+        pass
