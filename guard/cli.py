@@ -318,8 +318,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise EnvironmentProblem(str(exc)) from exc
         for fit in fits:
-            print(f"{fit.kernel}: weights {fit.weights} from {fit.fitted_on} grid keys, leave-one-out regret "
-                  f"{fit.regret:.3f} (default weights: {fit.default_regret:.3f})")
+            print(fit.describe())
         print(f"wrote {path}")
         return 0
     if args.seen:

@@ -10,6 +10,10 @@ config stored for the kernel at any key: how well a config tuned at one key tran
     config used there) loses the least time against the best config measured there, as a geometric mean.
 
 Ties keep the default weights, so a kernel whose configs all transfer equally keeps the documented rule.
+
+It also fits each fused stage's chain rule (``kernels.config_store.ChainRule``) to whole calls timed with the
+stage forced fused and forced chained at every grid shape: the rule with the least regret, fused everywhere
+on a tie.
 """
 
 from __future__ import annotations
@@ -51,6 +55,40 @@ class Fit:
     def selection_entry(self) -> dict[str, float | int]:
         return {**self.weights, "fitted_on": self.fitted_on, "regret": round(self.regret, 4)}
 
+    def describe(self) -> str:
+        return (f"{self.kernel}: weights {self.weights} from {self.fitted_on} grid keys, leave-one-out regret "
+                f"{self.regret:.3f} (default weights: {self.default_regret:.3f})")
+
+
+@dataclass(frozen=True)
+class PathMeasured:
+    """One fused stage at one grid shape: the whole call's median milliseconds with the stage run fused and
+    run as its chain, and the shape's chunk size and state elements (the rule's two inputs)."""
+
+    stage: str
+    chunk_size: int
+    state: int
+    fused_ms: float
+    chain_ms: float
+
+
+@dataclass(frozen=True)
+class ChainFit:
+    stage: str
+    rule: dict[str, int] | None  # min_chunk, max_state; None: the fused kernel everywhere
+    fitted_on: int
+    regret: float  # geometric mean of chosen / best time over the grid, with this rule
+    fused_regret: float  # the same with the fused kernel everywhere
+
+    def selection_entry(self) -> dict[str, int] | None:
+        return None if self.rule is None else {**self.rule, "fitted_on": self.fitted_on}
+
+    def describe(self) -> str:
+        chosen = ("fused everywhere" if self.rule is None else
+                  f"chain at chunk >= {self.rule['min_chunk']} and state <= {self.rule['max_state']}")
+        return (f"{self.stage}: {chosen}, from {self.fitted_on} grid shapes, regret {self.regret:.3f} "
+                f"(fused everywhere: {self.fused_regret:.3f})")
+
 
 def loo_regret(rows: list[Measured], weights: Mapping[str, float], distance: Distance,
                stored: Iterable[str] = ()) -> float:
@@ -88,3 +126,35 @@ def fit(rows: list[Measured], distance: Distance, stored: Iterable[str] = ()) ->
             best_weights, best_regret = weights, regret
     return Fit(kernel=rows[0].kernel, weights=best_weights, fitted_on=len(rows), regret=best_regret,
                default_regret=default_regret, best={row.key: row.best() for row in rows})
+
+
+def chain_regret(rows: list[PathMeasured], rule: Mapping[str, int] | None) -> float:
+    """Geometric mean over ``rows`` of the time of the path ``rule`` picks over the faster path's."""
+    logs = []
+    for row in rows:
+        chains = rule is not None and row.chunk_size >= rule["min_chunk"] and row.state <= rule["max_state"]
+        logs.append(math.log((row.chain_ms if chains else row.fused_ms) / min(row.chain_ms, row.fused_ms)))
+    return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+
+def fit_chain(rows: list[PathMeasured]) -> ChainFit:
+    """The chain rule with the least regret over one stage's ``rows``. Candidate thresholds lie at the geometric
+    midpoints between measured state sizes (and at the largest), so a shape between two grid shapes takes the
+    path of the nearer in log scale; the fused kernel everywhere wins ties."""
+    if not rows:
+        raise ValueError("fit_chain: no measurements")
+    stages = {row.stage for row in rows}
+    if len(stages) != 1:
+        raise ValueError(f"fit_chain: expected one stage's measurements, got {sorted(stages)}")
+    best_rule, best_regret = None, chain_regret(rows, None)
+    fused_regret = best_regret
+    for min_chunk in sorted({row.chunk_size for row in rows}, reverse=True):
+        states = sorted({row.state for row in rows if row.chunk_size >= min_chunk})
+        thresholds = [math.isqrt(a * b) for a, b in itertools.pairwise(states)] + states[-1:]
+        for max_state in thresholds:
+            rule = {"min_chunk": min_chunk, "max_state": max_state}
+            regret = chain_regret(rows, rule)
+            if regret < best_regret - 1e-9:
+                best_rule, best_regret = rule, regret
+    return ChainFit(stage=rows[0].stage, rule=best_rule, fitted_on=len(rows), regret=best_regret,
+                    fused_regret=fused_regret)

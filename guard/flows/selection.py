@@ -7,8 +7,11 @@ kernel at any key (adapted to the call, as the runtime adapts it). Compiles domi
 parallel child processes, each launching the configs once so that Triton's on-disk cache holds them, and the
 timing process then only loads them.
 
-``fit_into`` turns a measurement file into the config file's entries: the best config at each grid key and each
-kernel's fitted weights. Both are reviewed in the config PR like tuned configs.
+It then times the whole call at the shape with each fused state pass forced fused and forced chained
+(``kernels.ssd.state_paths``), by CUDA-graph replays: the evidence of the stages' chain rules.
+
+``fit_into`` turns a measurement file into the config file's entries: the best config at each grid key, each
+kernel's fitted weights and each state pass's chain rule. All are reviewed in the config PR like tuned configs.
 """
 
 from __future__ import annotations
@@ -156,8 +159,9 @@ def in_parallel(worker: Any, jobs: Sequence[tuple], processes: int, fresh: bool 
 
 def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, processes: int, out: Path,
             device: str = "cuda", timer: Any = None) -> list[dict]:
-    """Time every config stored in ``config`` for each kernel at each grid shape's keys; append the records to
-    ``out`` (JSON lines, one per kernel x key, as each finishes). Shape by shape, so that a run cut short
+    """Time every config stored in ``config`` for each kernel at each grid shape's keys, then the whole call
+    with each state pass forced fused and chained; append the records to ``out`` (JSON lines, one per kernel x
+    key and one per shape x state pass, as each finishes). Shape by shape, so that a run cut short
     keeps what it measured, and a rerun with the same ``out`` measures only what is missing: a shape's
     candidates compile in the pool's processes, then are timed here (``timer``: ``guard.bench.timing.Timer``
     on ``device`` unless given). Returns the records this run added."""
@@ -167,7 +171,9 @@ def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, proc
         timer = Timer(device)
     started = time.monotonic()
     cf = config_store.load(config)
-    done = {(r["shape"], r["kernel"], r["key"]) for r in read_records(out)} if out.exists() else set()
+    earlier = read_records(out) if out.exists() else []
+    done = {(r["shape"], r["kernel"], r["key"]) for r in earlier if "kernel" in r}
+    paths_done = {(r["shape"], r["stage"]) for r in earlier if "stage" in r}
     records = []
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
@@ -175,25 +181,62 @@ def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, proc
             launches = [(index, kernel, args)
                         for index, (kernel, args) in enumerate(captured_launches(shape_name, seed, device))
                         if (shape_name, kernel.name, str(kernel.shape_key(*args))) not in done]
-            if not launches:
-                print(f"{shape_name}: measured by an earlier run", flush=True)
-                continue
-            jobs = [pool.submit(_compile_worker, shape_name, seed, str(config), index, device)
-                    for index, _, _ in launches]
-            concurrent.futures.wait(jobs)
-            print(f"{shape_name}: compiled in {time.monotonic() - started:.0f} s", flush=True)
+            if launches:
+                jobs = [pool.submit(_compile_worker, shape_name, seed, str(config), index, device)
+                        for index, _, _ in launches]
+                concurrent.futures.wait(jobs)
+                print(f"{shape_name}: compiled in {time.monotonic() - started:.0f} s", flush=True)
             for _, kernel, args in launches:
                 record = _time_candidates(timer, shape_name, kernel, args, cf, rounds)
                 records.append(record)
-                with out.open("a") as handle:
-                    handle.write(json.dumps(record, sort_keys=True) + "\n")
+                _append(out, [record])
                 print(f"{shape_name} {kernel.name}: {len(record['ms'])} configs ({time.monotonic() - started:.0f} s)",
                       flush=True)
+            path_records = _time_paths(timer, shape_name, seed, device, rounds, paths_done)
+            records += path_records
+            _append(out, path_records)
+            if not launches and not path_records:
+                print(f"{shape_name}: measured by an earlier run", flush=True)
             del launches
             if device != "cpu":
                 import torch
 
                 torch.cuda.empty_cache()
+    return records
+
+
+def _append(out: Path, records: list[dict]) -> None:
+    with out.open("a") as handle:
+        handle.writelines(json.dumps(record, sort_keys=True) + "\n" for record in records)
+
+
+def _time_paths(timer: Any, shape_name: str, seed: int, device: str, rounds: int, done: set) -> list[dict]:
+    """The whole call at ``shape_name`` with each state pass forced fused and chained, timed as CUDA-graph
+    replays (interleaved): one record per stage not in ``done``."""
+    from kernels import registry, suites
+    from kernels.ssd import state_paths
+
+    stages = [stage for stage in (state_paths.FWD, state_paths.BWD) if (shape_name, stage) not in done]
+    if not stages:
+        return []
+    shape = suites.load().shape(shape_name)
+    entry = registry.get(WHOLE_CALL)
+    call = entry.bind(entry.helion_fn(), entry.inputs(shape, seed, device))
+
+    def forced(stage: str, path: str) -> Any:
+        def run() -> Any:
+            with state_paths.forced(stage, path):
+                return call()
+        return run
+
+    records = []
+    for stage in stages:
+        samples = timer.interleaved_graphs({path: forced(stage, path) for path in state_paths.PATHS}, rounds=rounds)
+        records.append({"shape": shape_name, "stage": stage, "chunk_size": shape.chunk_size,
+                        "state": state_paths.state_elements(shape.batch, shape.nheads, shape.headdim, shape.dstate),
+                        "ms": {path: sorted(s)[len(s) // 2] for path, s in samples.items()}})
+        print(f"{shape_name} {stage}: " + ", ".join(f"{p} {ms:.4f} ms" for p, ms in records[-1]["ms"].items()),
+              flush=True)
     return records
 
 
@@ -270,19 +313,34 @@ def first_call_seconds(shapes: Sequence[str], entries: Sequence[str], sides: Seq
 
 def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_store.ConfigFile, list[fitting.Fit]]:
     """``cf`` with, per kernel measured: the best config at each grid key (unless a tuned one is stored there)
-    and the fitted weights. Returns the new file and the fits."""
+    and the fitted weights; per state pass measured: its chain rule (none: the fused kernel everywhere).
+    Returns the new file and the fits."""
     kernels = dict((name, dict(by_key)) for name, by_key in cf.kernels.items())
-    selection = dict(cf.selection)
-    fits = []
-    for kernel in sorted({r["kernel"] for r in records}):
-        rows = [fitting.Measured(kernel, r["key"], r["ms"]) for r in records if r["kernel"] == kernel and r["ms"]]
+    selection = {name: dict(rule) for name, rule in cf.selection.items()}
+    fits: list[fitting.Fit | fitting.ChainFit] = []
+    kernel_records = [r for r in records if "kernel" in r]
+    for kernel in sorted({r["kernel"] for r in kernel_records}):
+        rows = [fitting.Measured(kernel, r["key"], r["ms"])
+                for r in kernel_records if r["kernel"] == kernel and r["ms"]]
         if not rows:
             continue
         stored = sorted(cf.kernels.get(kernel, {}))
         result = fitting.fit(rows, key_distance, stored)
         fits.append(result)
-        selection[kernel] = result.selection_entry()
-        configs = {r["key"]: r["configs"] for r in records if r["kernel"] == kernel}
+        selection.setdefault(kernel, {}).update(result.selection_entry())
+        configs = {r["key"]: r["configs"] for r in kernel_records if r["kernel"] == kernel}
         for key, source in result.best.items():
             kernels.setdefault(kernel, {}).setdefault(key, configs[key][source])
+    path_records = [r for r in records if "stage" in r]
+    for stage in sorted({r["stage"] for r in path_records}):
+        chain_fit = fitting.fit_chain([
+            fitting.PathMeasured(stage, r["chunk_size"], r["state"], r["ms"]["fused"], r["ms"]["chain"])
+            for r in path_records if r["stage"] == stage])
+        fits.append(chain_fit)
+        rule = selection.setdefault(stage, {})
+        rule.pop("chain", None)
+        if chain_fit.rule is not None:
+            rule["chain"] = chain_fit.selection_entry()
+        if not rule:
+            del selection[stage]
     return config_store.ConfigFile(cf.fingerprint, cf.tuned, kernels, selection), fits

@@ -9,6 +9,7 @@ import pytest
 
 from guard.core import selection
 from guard.flows.selection import apply_fit, key_distance, read_records
+from kernels import config_store
 from kernels.config_store import ConfigFile
 
 
@@ -69,3 +70,49 @@ def test_a_broken_measurement_file_is_named(tmp_path):
         read_records(path)
     with pytest.raises(ValueError, match="cannot read the measurements"):
         read_records(tmp_path / "missing.jsonl")
+
+
+def _path(chunk: int, state: int, fused: float, chain: float, stage: str = "s") -> selection.PathMeasured:
+    return selection.PathMeasured(stage, chunk, state, fused, chain)
+
+
+def test_the_chain_rule_chains_long_chunks_with_small_states():
+    """The chain wins below a state size at chunk 256 and nowhere at chunk 128: the rule says so, with the
+    threshold at the geometric midpoint between the last win and the first loss."""
+    rows = [_path(256, 1 << 18, 1.0, 0.8), _path(256, 1 << 20, 1.0, 0.9), _path(256, 1 << 22, 1.0, 1.2),
+            _path(128, 1 << 18, 1.0, 1.3), _path(128, 1 << 22, 1.0, 1.1)]
+    result = selection.fit_chain(rows)
+    assert result.rule == {"min_chunk": 256, "max_state": 1 << 21}
+    assert result.regret == pytest.approx(1.0) and result.fused_regret > 1.05
+    assert result.selection_entry() == {"min_chunk": 256, "max_state": 1 << 21, "fitted_on": 5}
+    assert "chain at chunk >= 256 and state <= 2097152" in result.describe()
+
+
+def test_where_the_fused_kernel_wins_or_ties_there_is_no_chain_rule():
+    assert selection.fit_chain([_path(256, 1 << 18, 1.0, 1.1), _path(128, 1 << 20, 1.0, 1.0)]).rule is None
+    result = selection.fit_chain([_path(256, 1 << 18, 1.0, 1.0)])
+    assert result.rule is None and result.selection_entry() is None and "fused everywhere" in result.describe()
+
+
+def test_one_stage_per_chain_fit():
+    with pytest.raises(ValueError, match="one stage"):
+        selection.fit_chain([_path(256, 1, 1.0, 1.0, "a"), _path(256, 1, 1.0, 1.0, "b")])
+    with pytest.raises(ValueError, match="no measurements"):
+        selection.fit_chain([])
+
+
+def test_apply_fit_writes_chain_rules_beside_the_weights(tmp_path):
+    weights = {"flag": 1.0, "tile": 2.0, "size": 0.5}
+    cf = ConfigFile(selection={"chunk_state_passing": dict(weights),
+                               "chunk_state_passing_bwd": {"chain": {"min_chunk": 64, "max_state": 10}}})
+    records = [{"shape": "a", "stage": stage, "chunk_size": 256, "state": 1 << 18, "ms": {"fused": 1.0, "chain": chain}}
+               for stage, chain in (("chunk_state_passing", 0.5), ("chunk_state_passing_bwd", 2.0))]
+    new, fits = apply_fit(cf, records)
+    assert new.selection["chunk_state_passing"] == {**weights, "chain": {"min_chunk": 256, "max_state": 1 << 18,
+                                                                          "fitted_on": 1}}
+    assert "chunk_state_passing_bwd" not in new.selection  # the fused kernel won: the old rule goes
+    assert new.chain_rule("chunk_state_passing").chains(256, 1 << 18)
+    assert [f.stage for f in fits] == ["chunk_state_passing", "chunk_state_passing_bwd"]
+    path = tmp_path / "c.yaml"
+    config_store.save(path, new)
+    assert config_store.load(path).selection == new.selection

@@ -1,5 +1,6 @@
 """``mamba2-guard dev measure-selection``'s flow on CPU (interpret mode): every stored config of a kernel timed at
-a grid shape's keys, records appended as they finish, and a rerun that measures only what is missing."""
+a grid shape's keys, the whole call with each state pass fused and chained, records appended as they finish,
+and a rerun that measures only what is missing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from guard.flows import selection
 from kernels import config_store
 from kernels.config_store import ConfigFile
+from kernels.testing import execution_mode
 
 TILES = {"block_sizes": [16, 16, 16], "num_warps": 4}
 WIDER = {"block_sizes": [32, 32, 16], "num_warps": 4}
@@ -25,6 +27,10 @@ class CallingTimer:
             self.ran.append(name)
         return {name: [1.0 + i] * rounds for i, name in enumerate(sorted(fns))}
 
+    def interleaved_graphs(self, fns, rounds):
+        with execution_mode("ref"):  # whole calls: what is checked here needs no Triton interpreter
+            return self.interleaved(fns, rounds)
+
 
 def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_path, capsys):
     config = tmp_path / "gpu-a.yaml"
@@ -35,15 +41,21 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     records = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
                                 timer=timer)
     launched = selection.captured_launches("smoke", 0, "cpu")
-    assert [(r["kernel"], r["key"]) for r in records] == [(k.name, str(k.shape_key(*a))) for k, a in launched]
+    kernel_records, path_records = records[:-2], records[-2:]
+    assert [(r["kernel"], r["key"]) for r in kernel_records] == [(k.name, str(k.shape_key(*a))) for k, a in launched]
     assert [json.loads(line) for line in out.read_text().splitlines()] == records
-    (bmm,) = [r for r in records if r["kernel"] == "bmm_chunk"]
+    (bmm,) = [r for r in kernel_records if r["kernel"] == "bmm_chunk"]
     assert sorted(bmm["ms"]) == sorted(bmm["configs"]) and len(bmm["ms"]) == 2 and not bmm["errors"]
-    assert sorted(bmm["ms"].values()) == [1.0, 2.0] and len(timer.ran) == 2
-    assert all(not r["ms"] for r in records if r["kernel"] != "bmm_chunk")  # nothing stored for them
+    assert sorted(bmm["ms"].values()) == [1.0, 2.0]
+    assert all(not r["ms"] for r in kernel_records if r["kernel"] != "bmm_chunk")  # nothing stored for them
+    # The whole call, each state pass forced both ways: smoke is b1 h4 p16 n16 at chunk 32.
+    assert [(r["stage"], r["chunk_size"], r["state"], r["ms"]) for r in path_records] == [
+        (stage, 32, 1 * 4 * 16 * 16, {"chain": 1.0, "fused": 2.0})
+        for stage in ("chunk_state_passing", "chunk_state_passing_bwd")]
+    assert len(timer.ran) == 6 and timer.ran[2:] == ["chain", "fused"] * 2
     # A rerun (a device call cut short, then called again) measures nothing twice.
     lines = out.read_text()
     assert selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
                              timer=timer) == []
-    assert out.read_text() == lines and len(timer.ran) == 2
+    assert out.read_text() == lines and len(timer.ran) == 6
     assert "smoke: measured by an earlier run" in capsys.readouterr().out
