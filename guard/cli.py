@@ -647,7 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-rebaseline", action="store_true", help="do not bench and write the baseline afterwards")
     p.add_argument("--fit-selection", metavar="MEASUREMENTS",
                    help="fit the config-selection rule to `dev measure-selection`'s file and write it, with the "
-                        "grid's best configs, into the config file (no GPU; docs/config-selection.md)")
+                        "grid's best configs and the state passes' chain rules, into the config file (no GPU; "
+                        "docs/config-selection.md)")
     p.add_argument("--seen", action="store_true",
                    help="tune the shapes training jobs called without a tuned config (the seen-keys file's 'seen' "
                         "suite; kernels: the whole SSD call's; implies --missing-only)")

@@ -118,7 +118,8 @@ TOOLS = {
     "restamp": ("guard.dev.restamp:run", restamp_arguments,
                 "record the current sources of re-validated kernels in a GPU's config file and baseline"),
     "measure-selection": ("guard.dev.selection_tools:measure", measure_selection_arguments,
-                          "time every stored config at each grid shape's keys, for the selection rule's fit"),
+                          "time every stored config at each grid shape's keys, and each state pass fused and "
+                          "chained, for the selection rule's fit"),
     "warm": ("guard.dev.selection_tools:warm", warm_arguments,
              "precompile the configs the runtime selects at a suite's shapes (a job's cold start)"),
     "first-call": ("guard.dev.selection_tools:first_call", first_call_arguments,
