@@ -1,4 +1,5 @@
-"""Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench, restamp, measure-selection, warm.
+"""Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench, restamp, measure-selection, warm,
+first-call, kernel-times.
 
 Each tool's code is a ``function(args, parser)`` in a ``guard.dev`` module; its arguments are declared here, so that the
 CLI's one parser knows them without importing the tools (``sass`` changes the Triton environment at import,
@@ -106,6 +107,16 @@ def first_call_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ours, mamba-ssm's, or both (default), each in its own fresh process")
 
 
+def kernel_times_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev kernel-times`` ."""
+    _shape_arguments(parser, "zoo-heldout", processes=False)
+    parser.add_argument("--entry", default="ssd_combined_fwd_bwd", help="a whole call's registry entry "
+                        "(default ssd_combined_fwd_bwd)")
+    parser.add_argument("--calls", type=flags.integer(1), default=10, help="profiled calls (default 10)")
+    parser.add_argument("--seed", type=flags.integer(0), default=0)
+    parser.add_argument("--out", type=Path, help="also write the rows as JSON")
+
+
 # name -> ("module:function", argument declarations, one-line help)
 TOOLS = {
     "sweep": ("guard.dev.sweep:run", sweep_arguments, "hand-picked configs against the stored ones, timed on the GPU"),
@@ -124,6 +135,8 @@ TOOLS = {
              "precompile the configs the runtime selects at a suite's shapes (a job's cold start)"),
     "first-call": ("guard.dev.selection_tools:first_call", first_call_arguments,
                    "seconds of the first call at each shape in a fresh process, ours and mamba-ssm's"),
+    "kernel-times": ("guard.dev.kernel_times:run", kernel_times_arguments,
+                     "a whole call's device time kernel by kernel at each shape, ours and mamba-ssm's"),
 }
 
 
