@@ -1,5 +1,6 @@
-"""Helion ``chunk_state_fwd``: drop-in for mamba-ssm's ``_chunk_state_fwd``, for parity timing only
-(``kernels.ssd.parity``); the SSD forward runs it fused into ``kernels.ssd.chunk_state_passing``.
+"""Helion ``chunk_state_fwd``: drop-in for mamba-ssm's ``_chunk_state_fwd`` (``kernels.ssd.parity``); the SSD
+forward runs it fused into ``kernels.ssd.chunk_state_passing``, or, where the GPU's rule says so, as the first
+kernel of that pass's chain (``kernels.ssd.state_paths``).
 
 states[b,c,h,p,n] = sum_l x[l,p] * B[l,n] * exp(min(dA_cs[Q-1] - dA_cs[l], 0)) * dt[l] over the chunk's
 positions l (with seq_idx: only those in the sequence of the chunk's last position). Returns

@@ -1,5 +1,5 @@
-"""The parity kernels (kernels/ssd/parity/: mamba-ssm's unfused kernels, which no user call runs) against the
-fp64 references of kernels/ssd/naive.py and against mamba-ssm.
+"""The parity kernels (kernels/ssd/parity/: mamba-ssm's unfused kernels, four of them the state passes' chains)
+against the fp64 references of kernels/ssd/naive.py and against mamba-ssm.
 
 CPU: Helion ref mode at the smoke shape and odd shapes, plus seq_idx, initial and final states and both
 forms (loop, associative scan) of the state passing kernels; Triton's interpreter with a temporary config
