@@ -232,7 +232,9 @@ class Run:
                  "seconds_spent": round(spent, 1), "jobs_ok": summary["ok"], "jobs_failed": summary["failed"],
                  "jobs": summary["jobs"], "searches_failed": tuneplan.failed_searches(entries),
                  "earlier": earlier_runs(self.base.tuned)}
-        cf = config_store.ConfigFile(fingerprint=dict(fingerprint), tuned=tuned, kernels=kernels)
+        # The fitted selection and chain rules are the file's too: a re-tune keeps them (it fits none).
+        cf = config_store.ConfigFile(fingerprint=dict(fingerprint), tuned=tuned, kernels=kernels,
+                                     selection=self.base.selection)
         return cf, kernels != tuneplan.merge(self.base.kernels, ())
 
     def save(self) -> bool:

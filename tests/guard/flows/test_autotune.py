@@ -291,6 +291,18 @@ def test_config_file_keeps_the_provenance_of_earlier_runs(tmp_path):
     assert set(config_store.load(second.out).kernels) == {"chunk_cumsum_k", "chunk_state_k"}
 
 
+def test_a_re_tune_keeps_the_fitted_selection_and_chain_rules(tmp_path):
+    out = tmp_path / "configs" / "fake.yaml"
+    rules = {"chunk_scan": {"flag": 1.5, "size": 0.25, "tile": 3.0, "fitted_on": 8},
+             "chunk_state_passing": {"chain": {"min_chunk": 256, "max_state": 828972, "fitted_on": 8}}}
+    config_store.save(out, config_store.ConfigFile(selection=rules))
+    run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1]), quiet)
+    written = config_store.load(out)
+    assert written.kernels  # the run wrote its configs
+    assert written.selection == rules
+    assert written.chain_rule("chunk_state_passing") == config_store.ChainRule(256, 828972)
+
+
 def test_candidates_are_timed_through_the_public_function_with_their_config_pinned(monkeypatch):
     """The worker times the registry entry's public function (host-side sums of partials included), with
     the candidate pinned for its own shape key only, and leaves the kernel's normal lookup afterwards."""
