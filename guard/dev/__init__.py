@@ -1,5 +1,5 @@
 """Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench, restamp, measure-selection, warm,
-first-call, kernel-times.
+first-call, kernel-times, selected.
 
 Each tool's code is a ``function(args, parser)`` in a ``guard.dev`` module; its arguments are declared here, so that the
 CLI's one parser knows them without importing the tools (``sass`` changes the Triton environment at import,
@@ -117,6 +117,20 @@ def kernel_times_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="also write the rows as JSON")
 
 
+def selected_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev selected`` ."""
+    _shape_arguments(parser, "zoo-heldout", processes=False)
+    parser.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd", "mamba2_layer_fwd_bwd"],
+                        help="whole calls' registry entries (default: the SSD call's and the layer's forward + "
+                             "backward)")
+    parser.add_argument("--gpu-slug", default="nvidia-h200", help="whose config file (default nvidia-h200)")
+    parser.add_argument("--against", type=Path, help="another config file: name the launches that select "
+                        "another config from it (e.g. the file before a re-tune)")
+    parser.add_argument("--seqlen", type=flags.integer(1), default=1024,
+                        help="the CPU run's sequence length (default 1024); keys take the shape's own tokens")
+    parser.add_argument("--out", type=Path, help="also write the selections as JSON")
+
+
 # name -> ("module:function", argument declarations, one-line help)
 TOOLS = {
     "sweep": ("guard.dev.sweep:run", sweep_arguments, "hand-picked configs against the stored ones, timed on the GPU"),
@@ -137,6 +151,9 @@ TOOLS = {
                    "seconds of the first call at each shape in a fresh process, ours and mamba-ssm's"),
     "kernel-times": ("guard.dev.kernel_times:run", kernel_times_arguments,
                      "a whole call's device time kernel by kernel at each shape, ours and mamba-ssm's"),
+    "selected": ("guard.dev.selected:run", selected_arguments,
+                 "the config each launch of a whole call selects from a GPU's config file, no GPU needed; "
+                 "with --against, the launches a config change moves"),
 }
 
 

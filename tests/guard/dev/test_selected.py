@@ -1,0 +1,75 @@
+"""guard.dev.selected (``mamba2-guard dev selected``): which config each launch of a whole call selects, and
+which launches a config change moves, without a GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from guard.dev import selected
+from kernels import config_store, suites
+from kernels._runtime import capture_launches
+
+ENTRY = "ssd_combined_fwd_bwd"
+
+
+@pytest.fixture(scope="module")
+def smoke() -> suites.ShapeSpec:
+    return suites.load().shape("smoke")
+
+
+def _keys_at_full_length(shape: suites.ShapeSpec) -> set[tuple[str, str]]:
+    from kernels import registry
+
+    entry = registry.get(ENTRY)
+    with capture_launches() as captured:
+        entry.run_helion(entry.inputs(shape, 0, "cpu"))
+    return {(kernel.name, str(kernel.shape_key(*args))) for kernel, args in captured}
+
+
+@pytest.mark.parametrize("docs", [1, 2])
+def test_keys_captured_at_a_short_sequence_are_the_shapes_own(smoke, docs):
+    shape = smoke.replace(docs=docs)
+    short = selected.launches(ENTRY, shape, config_store.ConfigFile(), seqlen=64)
+    assert {(kernel.name, str(key)) for kernel, _, key in short} == _keys_at_full_length(shape)
+    assert all(dict(key.fields).get("tokens", 128) == 128 for _, _, key in short)  # 96 tokens: bucket 128
+
+
+def test_against_names_only_the_launches_whose_config_moved(smoke, capsys):
+    launched = selected.launches(ENTRY, smoke, config_store.ConfigFile(), seqlen=64)
+    scan, args, key = next(launch for launch in launched if launch[0].name == "chunk_scan")
+    stored = dict(scan.helion_kernel(None, "compiled").bind(args).config_spec.default_config())
+    neighbour = str(selected.at_tokens(key, 4096))  # another key: the call selects it as its nearest
+    current = config_store.ConfigFile(kernels={"chunk_scan": {neighbour: {**stored, "num_warps": 4}}})
+    before = config_store.ConfigFile(kernels={"chunk_scan": {neighbour: {**stored, "num_warps": 8}}})
+
+    report, changed = selected.compare([smoke], [ENTRY], current, before, seqlen=64)
+    assert changed == {"smoke": [f"{ENTRY}: chunk_scan"]}
+    rows = {row["now"]["kernel"]: row for row in report["smoke"][ENTRY]}
+    assert rows["chunk_scan"]["now"]["source"] == "nearest" and rows["chunk_scan"]["now"]["served_by"] == neighbour
+    scan_row = rows["chunk_scan"]
+    assert scan_row["now"]["config"]["num_warps"] == 4 and scan_row["before"]["config"]["num_warps"] == 8
+    assert rows["bmm_chunk"]["now"]["source"] == rows["bmm_chunk"]["before"]["source"] == "default"
+    assert "OTHER than before" in capsys.readouterr().out
+
+    _, unchanged = selected.compare([smoke], [ENTRY], current, current, seqlen=64)
+    assert unchanged == {}
+
+
+def test_the_state_passes_take_the_files_chain_rule(smoke):
+    rule = {"chain": {"min_chunk": 32, "max_state": 10**6}}
+    chained = config_store.ConfigFile(selection={"chunk_state_passing": rule})
+    names = {kernel.name for kernel, _, _ in selected.launches(ENTRY, smoke, chained, seqlen=64)}
+    assert {"chunk_state", "state_passing"} <= names and "chunk_state_passing" not in names
+    assert "chunk_state_passing_bwd" in names  # no rule for the backward pass: fused
+    fused = {kernel.name for kernel, _, _ in selected.launches(ENTRY, smoke, config_store.ConfigFile(), seqlen=64)}
+    assert "chunk_state_passing" in fused and "chunk_state" not in fused
+
+
+def test_a_missing_against_file_is_named(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "guard", "dev", "selected", "--shapes", "smoke", "--against",
+                           str(tmp_path / "old.yaml")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--against: expected a config file" in done.stderr
+    assert "Traceback" not in done.stderr
