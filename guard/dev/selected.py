@@ -56,11 +56,10 @@ def select(cf: config_store.ConfigFile, kernel: Any, args: tuple[Any, ...], key:
 @contextlib.contextmanager
 def _paths_of(cf: config_store.ConfigFile, shape: suites.ShapeSpec):
     """The state passes on the path ``cf``'s chain rules pick for ``shape`` (on CPU the runtime reads none)."""
-    elements = state_paths.state_elements(shape.batch, shape.nheads, shape.headdim, shape.dstate)
     with contextlib.ExitStack() as stack:
         for stage in (state_paths.FWD, state_paths.BWD):
-            rule = cf.chain_rule(stage)
-            chained = rule is not None and rule.chains(shape.chunk_size, elements)
+            chained = state_paths.chains_by_rule(cf, stage, shape.batch, shape.nheads, shape.headdim, shape.dstate,
+                                                 shape.chunk_size)
             stack.enter_context(state_paths.forced(stage, "chain" if chained else "fused"))
         yield
 

@@ -59,8 +59,14 @@ def chained(stage: str, x: torch.Tensor, dstate: int, chunk_size: int) -> bool:
     if path is not None:
         return path == "chain"
     cf = config_store.load_cached(device_slug(x.device))
-    rule = None if cf is None else cf.chain_rule(stage)
     batch, _, nheads, headdim = x.shape
+    return cf is not None and chains_by_rule(cf, stage, batch, nheads, headdim, dstate, chunk_size)
+
+
+def chains_by_rule(cf: config_store.ConfigFile, stage: str, batch: int, nheads: int, headdim: int, dstate: int,
+                   chunk_size: int) -> bool:
+    """Whether ``cf``'s chain rule for ``stage`` chains a call of these sizes (no rule: fused)."""
+    rule = cf.chain_rule(stage)
     return rule is not None and rule.chains(chunk_size, state_elements(batch, nheads, headdim, dstate))
 
 

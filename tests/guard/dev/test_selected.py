@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from guard.dev import selected
-from kernels import config_store, suites
+from kernels import config_store, registry, suites
 from kernels._runtime import capture_launches
 
 ENTRY = "ssd_combined_fwd_bwd"
@@ -21,8 +21,6 @@ def smoke() -> suites.ShapeSpec:
 
 
 def _keys_at_full_length(shape: suites.ShapeSpec) -> set[tuple[str, str]]:
-    from kernels import registry
-
     entry = registry.get(ENTRY)
     with capture_launches() as captured:
         entry.run_helion(entry.inputs(shape, 0, "cpu"))
