@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (auto: one per core); the GPU tests run in one process, on the one GPU.
+PYTEST_WORKERS ?= auto
 
 .PHONY: install nightly test test-gpu lint
 install: $(STAMP)
@@ -16,7 +18,7 @@ nightly: $(STAMP)
 
 # pytest exits 5 when it collects no test: say so plainly rather than fail with make's generic error.
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS) || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; else exit $$rc; fi; }
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS) || { rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest: no tests were collected"; else exit $$rc; fi; }
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
