@@ -15,15 +15,16 @@ The spec names the tuner (``module:function`` or ``/path/file.py:function``; tes
 job and the settings; the tuner returns ``{"launches": [...]}`` (see ``guard.core.tuneplan.decide`` for a
 launch's fields), and saves those it finished so far with ``save_partial`` as it goes.
 
-``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public
-function, and for each distinct (kernel, shape key) that no earlier job of the run tuned
-(``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches) runs Helion's
-autotuner (effort, recorded random seed, the job's budget split over its launches, warm-started from the
-committed config where the installed helion still accepts it and from the kernel's seed configs), then
-measures what the keep-or-reject decision needs: the public function's precision with the winner (against
-mamba-ssm and fp64, the bench's criterion) and the public function on the winner against it on the
-incumbent, interleaved (``guard.bench.timing.Timer``), so that host-side work the config changes counts.
-Each launch records the seconds of each phase (tune, precision, timing), the job those of its set-up.
+``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public function and
+times each on its current config; then, for each distinct (kernel, shape key) that no earlier job of the run
+tuned (``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches), the costliest first,
+it runs Helion's autotuner (effort, recorded random seed, the job's budget split by the launches' device
+times, warm-started from the committed config where the installed helion still accepts it and from the
+kernel's seed configs), then measures what the keep-or-reject decision needs: the public function's precision
+with the winner (against mamba-ssm and fp64, the bench's criterion) and the public function on the winner
+against it on the incumbent, interleaved (``guard.bench.timing.Timer``), so that host-side work the config
+changes counts. Each launch records its device time and the seconds of each phase (tune, precision, timing),
+the job those of its set-up.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     from guard.bench.run import graph_timed, precision_of, references
     from guard.bench.timing import Timer
     from guard.bench.worker import gpu_identity
+    from guard.core import tuneplan
     from kernels import config_store, registry, suites
     from kernels._runtime import capture_launches, pinned_config
 
@@ -147,6 +149,9 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     launches, tuned_elsewhere, had_config = to_search(captured, spec.get("tuned_elsewhere") or (), base,
                                                       bool(spec.get("missing_only")))
     timer = Timer(device)
+    device_ms = launch_device_ms(timer, launches, captured)
+    order = tuneplan.search_order(device_ms)
+    launches, device_ms = [launches[i] for i in order], [device_ms[i] for i in order]
     refs = None  # fp64 reference and mamba-ssm's outputs, computed once for every config judged
 
     def judge(kernel: Any, key: Any, config: dict[str, Any]) -> dict[str, Any]:
@@ -168,13 +173,14 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         save_partial(spec, out)
 
     for i, (tk, kargs, key) in enumerate(launches):
-        record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name}
+        record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name,
+                                  "device_ms": device_ms[i]}
         incumbent_kind, incumbent, why = incumbent_of(tk, kargs, base, key)
         if why is not None:
             record["committed_invalid"] = why
         default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
         record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
-        budget = max(10, int((deadline - time.monotonic()) / (len(launches) - i)))
+        budget = tuneplan.launch_budget(deadline - time.monotonic(), device_ms[i:])
         settings = search_settings(effort, seed, budget, bool(spec.get("helion_benchmark_subprocess")))
         record["settings"] = dict(settings)
         seeds = _unique(([incumbent] if incumbent is not None else []) + neighbour_seeds(tk, kargs, base, key)
@@ -256,6 +262,25 @@ def to_search(captured: Any, elsewhere: Any, base: Any, missing_only: bool
         else:
             launches.append((kernel, args, key))
     return launches, tuned_elsewhere, had_config
+
+
+def launch_device_ms(timer: Any, launches: list[tuple[Any, tuple, Any]], captured: list[tuple[Any, tuple]]
+                     ) -> list[float]:
+    """Each launch's device time per whole call in ms, on the config the call runs today: the median of 5
+    interleaved, L2-flushed runs of the launch, times how often the call launches its key (``captured``).
+    What orders the searches and splits the job's budget (``guard.core.tuneplan.search_order``,
+    ``launch_budget``)."""
+    import collections
+    import functools
+    import statistics
+
+    if not launches:
+        return []
+    per_call = collections.Counter((kernel.name, str(kernel.shape_key(*args))) for kernel, args in captured)
+    samples = timer.interleaved({str(i): functools.partial(kernel, *args)
+                                 for i, (kernel, args, _) in enumerate(launches)}, rounds=5, warmup=1)
+    return [statistics.median(samples[str(i)]) * per_call[(kernel.name, str(key))]
+            for i, (kernel, _, key) in enumerate(launches)]
 
 
 def run_on_config(module: str, name: str, config: dict[str, Any], *args: Any) -> Any:

@@ -529,3 +529,34 @@ def test_missing_only_skips_launches_whose_key_has_its_own_config():
     assert "chunk_state_passing" in [name for name, _ in searched]  # a config of another key is not its own
     launches, _, had_config = to_search(captured, [bmm], base, missing_only=False)
     assert had_config == [] and scan in [[kernel.name, str(key)] for kernel, _, key in launches]
+
+
+def test_each_launch_is_timed_per_whole_call_on_its_current_config():
+    """The device times that order a job's searches: each distinct launch run through its own dispatch (the
+    config the call runs today), its median counted once per launch of its key in the whole call."""
+    from guard.flows.autotune_worker import launch_device_ms
+
+    ran = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def shape_key(self, n):
+            return f"n={n}"
+
+        def __call__(self, n):
+            ran.append((self.name, n))
+
+    class Timer:
+        def interleaved(self, fns, rounds, warmup):
+            for fn in fns.values():
+                fn()
+            return {"0": [0.2, 0.3, 0.1], "1": [0.5, 0.5, 0.5], "2": [0.1, 0.4, 0.2]}
+
+    a, b = Kernel("a"), Kernel("b")
+    captured = [(a, (1,)), (b, (1,)), (a, (1,)), (a, (2,))]  # a at n=1 twice per call
+    launches = [(a, (1,), "n=1"), (b, (1,), "n=1"), (a, (2,), "n=2")]
+    assert launch_device_ms(Timer(), launches, captured) == pytest.approx([0.4, 0.5, 0.2])
+    assert ran == [("a", 1), ("b", 1), ("a", 2)]
+    assert launch_device_ms(Timer(), [], captured) == []

@@ -239,3 +239,27 @@ def test_failed_searches_name_the_kernel_key_and_error_of_the_last_attempts():
     ]
     assert tuneplan.failed_searches(entries) == [
         "dx[tokens=1]: validation", "norm_bwd[tokens=1]: NoConfigFound", "scan[tokens=2]: Boom"]
+
+
+def test_searches_go_costliest_first_and_unknown_times_last():
+    assert tuneplan.search_order([0.1, 0.4, float("nan"), 0.4, 0.2]) == [1, 3, 4, 0, 2]
+    assert tuneplan.search_order([]) == []
+
+
+def test_a_launch_gets_its_share_of_the_time_left():
+    # 60 s left over launches of 0.3, 0.2 and 0.1 ms per call: half of it for the first
+    assert tuneplan.launch_budget(60.0, [0.3, 0.2, 0.1]) == 30
+    assert tuneplan.launch_budget(60.0, [0.1]) == 60
+    # a cheap launch still gets the floor, and so does one searched after the deadline
+    assert tuneplan.launch_budget(60.0, [0.01, 0.99]) == 10
+    assert tuneplan.launch_budget(-5.0, [0.5, 0.5], floor=7) == 7
+
+
+@pytest.mark.parametrize("times", [[float("nan"), 0.2, 0.2], [0.0, 0.0, 0.0]])
+def test_without_times_the_budget_is_split_evenly(times):
+    assert tuneplan.launch_budget(90.0, times) == 30
+
+
+def test_a_budget_for_no_launch_is_an_error():
+    with pytest.raises(ValueError, match="at least one launch"):
+        tuneplan.launch_budget(10.0, [])
