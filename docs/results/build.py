@@ -5,7 +5,7 @@
 
 The rendering is ``guard.core.results_page`` (pure); this file reads the baselines, maps each case's
 ``recorded_at`` to the raw run in ``baselines/runs/`` whose ``started_at`` it is, reads the tuned shapes
-(suite ``default`` of ``kernels/suites.yaml``) and writes or compares the pages.
+(suites ``default`` and ``zoo-fit`` of ``kernels/suites.yaml``) and writes or compares the pages.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def run_files(runs_dir: Path, slug: str) -> dict[str, str]:
 
 
 def suite_shapes(root: Path, suite: str) -> list[str]:
-    """The shape names of a suite of ``kernels/suites.yaml`` (``default``: tuned; ``zoo-heldout``: held out)."""
+    """The shape names of a suite of ``kernels/suites.yaml`` (``default`` and ``zoo-fit``: tuned;
+    ``zoo-heldout``: held out)."""
     suites = root / "kernels" / "suites.yaml"
     if not suites.is_file():
         return []
@@ -50,7 +51,8 @@ def suite_shapes(root: Path, suite: str) -> list[str]:
 
 def pages(root: Path) -> dict[Path, str]:
     out: dict[Path, str] = {}
-    tuned, heldout = suite_shapes(root, "default"), suite_shapes(root, "zoo-heldout")
+    tuned = suite_shapes(root, "default") + suite_shapes(root, "zoo-fit")
+    heldout = suite_shapes(root, "zoo-heldout")
     for baseline in sorted((root / "baselines").glob("*.yaml")):
         slug = baseline.stem
         data = yaml.safe_load(baseline.read_text()) or {}

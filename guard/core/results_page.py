@@ -156,7 +156,7 @@ def _headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], order: lis
 def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | None = None,
            tuned_shapes: Iterable[str] = (), heldout_shapes: Iterable[str] = (), source: str | None = None) -> str:
     """The page. ``runs`` maps a case's ``recorded_at`` to the run file it came from; ``tuned_shapes`` are
-    the shapes the stored configs were tuned at, ``heldout_shapes`` those never tuned or fitted on (the
+    the shapes the stored configs may have been tuned at, ``heldout_shapes`` those never tuned or fitted on (the
     claim); ``source`` is the baseline's path as the page cites it."""
     runs = dict(runs or {})
     tuned = list(dict.fromkeys(tuned_shapes))
@@ -184,7 +184,7 @@ def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | 
     heldout = [g for g in all_groups if g[2]]
     out += ["## Which shapes are the claim", ""]
     if tuned:
-        out += ["The stored configs (`kernels/configs/" + slug + ".yaml`) were tuned at "
+        out += ["The stored configs (`kernels/configs/" + slug + ".yaml`) were tuned at shapes among "
                 + ", ".join(f"`{s}`" for s in tuned) + "."]
     if heldout:
         out += ["Held-out groups (" + ", ".join(f"`{g[1]}`" for g in heldout) + ") were not tuned on: they are "

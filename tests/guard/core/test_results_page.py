@@ -99,7 +99,8 @@ def _tree(tmp_path: Path) -> Path:
     shutil.copy(BUILD, tmp_path / "docs" / "results" / "build.py")
     (tmp_path / "baselines" / "runs").mkdir(parents=True)
     (tmp_path / "kernels").mkdir()
-    (tmp_path / "kernels" / "suites.yaml").write_text(yaml.safe_dump({"suites": {"default": ["s1"]}}))
+    (tmp_path / "kernels" / "suites.yaml").write_text(yaml.safe_dump({"suites": {"default": ["s1"],
+                                                                             "zoo-fit": ["grid1"]}}))
     results = {"k": {"s1": case(0.5, 1.0, "fwd_1", recorded="2026-03-03T00:00:00+00:00")}}
     (tmp_path / "baselines" / "test-gpu.yaml").write_text(yaml.safe_dump(baseline(results)))
     (tmp_path / "baselines" / "runs" / "test-gpu-2026-03-03-bench.json").write_text(
@@ -120,6 +121,7 @@ def test_build_writes_then_check_passes_and_catches_an_edit(tmp_path):
     done = _build(root)
     assert done.returncode == 0, done.stderr
     assert "test-gpu-2026-03-03-bench.json" in page.read_text()
+    assert "were tuned at shapes among `s1`, `grid1`." in page.read_text()  # the grid's points are tuned too
     fresh = _build(root, "--check")
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
     page.write_text(page.read_text().replace("2.00x", "2.10x"))
