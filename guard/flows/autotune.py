@@ -374,14 +374,15 @@ def with_decisions(launches: Any, opts: AutotuneOptions) -> list[dict[str, Any]]
 
 
 def describe(entry: dict[str, Any]) -> str:
-    """One progress line per finished job: what became of each launch (of a failed job: those it finished),
-    and the job's wall seconds."""
+    """One progress line per finished job: what became of each launch (of a failed job: those it finished)
+    with its device time per call where the tuner measured it, and the job's wall seconds."""
     head = f"{entry['job']} ({float(entry.get('seconds') or 0):.0f} s)"
     parts = []
     for launch in entry.get("launches") or ():
         d = launch.get("decision") or {}
         verb = "kept" if d.get("keep") else "kept the default" if d.get("store_default") else "kept old"
-        parts.append(f"{launch.get('kernel')}[{launch.get('key')}] {verb}: {d.get('reason')}")
+        per_call = f" ({launch['device_ms']:.3f} ms per call)" if isinstance(launch.get("device_ms"), float) else ""
+        parts.append(f"{launch.get('kernel')}[{launch.get('key')}]{per_call} {verb}: {d.get('reason')}")
     skipped = len(entry.get("tuned_elsewhere") or ())
     if skipped:
         parts.append(f"{skipped} launch(es) searched by an earlier job")

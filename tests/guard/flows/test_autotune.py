@@ -42,7 +42,7 @@ def test_a_job_killed_at_its_timeout_keeps_the_launches_it_finished_and_its_retr
                 "incumbent": "default", "incumbent_config": {"block_sizes": [16], "num_warps": 2},
                 "precision": {"ok": True}, "samples_ms": {"incumbent": BASE, "candidate": [0.9 * x for x in BASE]}}
 
-    launches = [launch("scan"), launch("dx"), launch("db")]
+    launches = [{**launch("scan"), "device_ms": 0.25}, launch("dx"), launch("db")]
     extra = {"default": {"launches": launches, "hang_after": 2}}
     messages = []
     outcome = run_autotune(options(tmp_path, kernels=["ssd_combined_fwd_bwd"], shapes=["smoke"], extra=extra,
@@ -52,7 +52,8 @@ def test_a_job_killed_at_its_timeout_keeps_the_launches_it_finished_and_its_retr
     assert [launch["kernel"] for launch in entry["launches"]] == ["scan", "dx"]
     assert all(launch["decision"]["keep"] for launch in entry["launches"])
     assert set(config_store.load(outcome.out).kernels) == {"scan", "dx"}
-    assert any("FAILED (timeout)" in m and "finished before: scan[shape=smoke] kept" in m for m in messages)
+    assert any("FAILED (timeout)" in m and "finished before: scan[shape=smoke] (0.250 ms per call) kept" in m
+               and "dx[shape=smoke] kept" in m for m in messages)
     # The retry (a rerun here: one attempt per run above) tunes only the launch the kill cut off.
     extra = {"default": {"launches": launches, "hang_after": 5}}
     again = run_autotune(options(tmp_path, kernels=["ssd_combined_fwd_bwd"], shapes=["smoke"], extra=extra,
