@@ -283,8 +283,13 @@ def key_distance(a: str, b: str, weights: Any) -> float:
 def fit_into(path: Path, measurements: Path) -> list[fitting.Fit]:
     """Fit the rule to a measurement file and write it, with the grid winners, into the config file ``path``
     (atomically). Raises ValueError naming the file that cannot be used."""
+    records = read_records(measurements)
+    if not path.is_file():
+        # On a machine without a GPU the default slug names no committed file: say which one to give.
+        raise ValueError(f"{path}: no such config file; the fit goes into the config file of the GPU that "
+                         "measured it: pass --gpu-slug (e.g. nvidia-h200) or --out")
     try:
-        new, fits = apply_fit(config_store.load(path), read_records(measurements))
+        new, fits = apply_fit(config_store.load(path), records)
     except config_store.ConfigFileError as exc:
         raise ValueError(str(exc)) from exc
     config_store.save(path, new)

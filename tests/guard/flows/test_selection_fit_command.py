@@ -41,3 +41,15 @@ def test_a_broken_measurement_file_exits_2_naming_it(tmp_path):
     done = _fit(tmp_path, measurements, out)
     assert done.returncode == 2 and "m.jsonl: line 1: not a JSON measurement record" in done.stderr
     assert "Traceback" not in done.stderr and config_store.load(out) == ConfigFile()
+
+
+def test_a_missing_config_file_exits_2_saying_which_to_give(tmp_path):
+    measurements = tmp_path / "m.jsonl"
+    measurements.write_text("")
+    done = _fit(tmp_path, measurements, tmp_path / "gpu-a.yaml")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "gpu-a.yaml: no such config file" in done.stderr and "--gpu-slug" in done.stderr
+    assert not (tmp_path / "gpu-a.yaml").exists()
+    # the measurements are named first when both are missing
+    missing = _fit(tmp_path, tmp_path / "none.jsonl", tmp_path / "gpu-a.yaml")
+    assert missing.returncode == 2 and "none.jsonl: cannot read the measurements" in missing.stderr
