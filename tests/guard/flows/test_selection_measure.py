@@ -59,3 +59,18 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
                              timer=timer) == []
     assert out.read_text() == lines and len(timer.ran) == 6
     assert "smoke: measured by an earlier run" in capsys.readouterr().out
+
+
+def test_the_command_names_bad_shapes_and_needs_a_gpu(tmp_path):
+    import subprocess
+    import sys
+
+    def run(*argv):
+        return subprocess.run([sys.executable, "-m", "guard", "dev", "measure-selection", "--out",
+                               str(tmp_path / "m.jsonl"), *argv], capture_output=True, text=True, timeout=120)
+
+    unknown = run("--shapes", "no-such-shape")
+    assert unknown.returncode == 2 and "no-such-shape" in unknown.stderr and "Traceback" not in unknown.stderr
+    no_gpu = run("--shapes", "smoke")
+    assert no_gpu.returncode == 2 and "needs a CUDA GPU" in no_gpu.stderr and "Traceback" not in no_gpu.stderr
+    assert not (tmp_path / "m.jsonl").exists()
