@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from pathlib import Path
 
 from guard.core import flags
@@ -126,8 +127,10 @@ def selected_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-slug", default="nvidia-h200", help="whose config file (default nvidia-h200)")
     parser.add_argument("--against", type=Path, help="another config file: name the launches that select "
                         "another config from it (e.g. the file before a re-tune)")
-    parser.add_argument("--seqlen", type=flags.integer(1), default=1024,
-                        help="the CPU run's sequence length (default 1024); keys take the shape's own tokens")
+    parser.add_argument("--seqlen", type=flags.integer(1),
+                        help="the CPU run's sequence length (default: two chunks); keys take the shape's own tokens")
+    parser.add_argument("--processes", type=flags.integer(1), default=os.cpu_count() or 1,
+                        help="parallel processes, one (shape, call) each (default: the CPU count)")
     parser.add_argument("--out", type=Path, help="also write the selections as JSON")
 
 

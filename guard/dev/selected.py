@@ -6,12 +6,13 @@ would from ``OLD``: which baseline rows a config change leaves measured on confi
     git show HEAD~1:kernels/configs/nvidia-h200.yaml > /tmp/old.yaml
     mamba2-guard dev selected --suite zoo-heldout --gpu-slug nvidia-h200 --against /tmp/old.yaml
 
-Each call runs once on CPU tensors in Helion's ref mode, at a short sequence (``--seqlen``), to capture its
-launches; a launch's key then takes the shape's own token count, the only key field the sequence length
-changes. Each key selects as the runtime selects (``kernels._runtime``): the nearest stored candidate,
-adapted to the call; the state passes run fused or chained by the file's chain rule. Two selections are the
-same when the adapted configs are equal. On the GPU the runtime also skips a candidate whose code does not
-generate under the installed helion: only drift does that, and ``mamba2-guard drift`` reports it.
+Each call runs once on CPU tensors in Helion's ref mode, at a short sequence (two chunks unless ``--seqlen``
+says otherwise), to capture its launches; a launch's key then takes the shape's own token count, the only key
+field the sequence length changes. The (shape, call) pairs run in parallel processes (``--processes``). Each
+key selects as the runtime selects (``kernels._runtime``): the nearest stored candidate, adapted to the call;
+the state passes run fused or chained by the file's chain rule. Two selections are the same when the adapted
+configs are equal. On the GPU the runtime also skips a candidate whose code does not generate under the
+installed helion: only drift does that, and ``mamba2-guard drift`` reports it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 from typing import Any
 
 from guard.adapters.state import write_json
@@ -64,11 +66,12 @@ def _paths_of(cf: config_store.ConfigFile, shape: suites.ShapeSpec):
         yield
 
 
-def launches(entry_name: str, shape: suites.ShapeSpec, cf: config_store.ConfigFile, seqlen: int
+def launches(entry_name: str, shape: suites.ShapeSpec, cf: config_store.ConfigFile, seqlen: int | None = None
              ) -> list[tuple[Any, tuple[Any, ...], config_store.ShapeKey]]:
-    """The distinct (kernel, args, key at the shape's tokens) that ``entry_name`` launches at ``shape``."""
+    """The distinct (kernel, args, key at the shape's tokens) that ``entry_name`` launches at ``shape``, run at
+    ``seqlen`` tokens (default: two chunks)."""
     entry = registry.get(entry_name)
-    short = shape.replace(seqlen=min(seqlen, shape.seqlen))
+    short = shape.replace(seqlen=min(seqlen or 2 * shape.chunk_size, shape.seqlen))
     with _paths_of(cf, shape), capture_launches() as captured:
         entry.run_helion(entry.inputs(short, 0, "cpu"))
     tokens = config_store.tokens_bucket(shape.batch * shape.seqlen)
@@ -88,25 +91,47 @@ def _line(now: Selection, before: Selection | None) -> str:
     return line
 
 
+def selections(entry_name: str, shape: suites.ShapeSpec, current: config_store.ConfigFile,
+               before: config_store.ConfigFile | None, seqlen: int | None
+               ) -> list[tuple[Selection, Selection | None]]:
+    """Each launch of ``entry_name`` at ``shape``: its selection from ``current`` and from ``before``. In a pool
+    process too, which inherits the execution mode through the environment (CPU tensors: Helion's ref mode, or
+    Triton's interpreter under ``TRITON_INTERPRET``, whose patches a spawned process must apply again)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from kernels.testing import enable_cpu_interpret
+
+        enable_cpu_interpret()
+    return [(select(current, kernel, call_args, key),
+             select(before, kernel, call_args, key) if before is not None else None)
+            for kernel, call_args, key in launches(entry_name, shape, current, seqlen)]
+
+
 def compare(shapes: list[suites.ShapeSpec], entries: list[str], current: config_store.ConfigFile,
-            before: config_store.ConfigFile | None, seqlen: int
+            before: config_store.ConfigFile | None, seqlen: int | None = None, processes: int = 1
             ) -> tuple[dict[str, dict[str, list[dict[str, Any]]]], dict[str, list[str]]]:
-    """Each launch's selection from ``current`` (and from ``before``), printed as it goes; returns them by
-    shape and entry, and per shape the launches (``entry: kernel``) whose config differs from ``before``."""
+    """Each launch's selection from ``current`` (and from ``before``), printed per shape and entry; returns them
+    by shape and entry, and per shape the launches (``entry: kernel``) whose config differs from ``before``.
+    With ``processes`` > 1 the (shape, entry) pairs run in that many spawned processes."""
+    jobs = [(entry_name, shape, current, before, seqlen) for shape in shapes for entry_name in entries]
+    if processes > 1 and len(jobs) > 1:
+        from guard.flows.selection import in_parallel
+
+        results = in_parallel(selections, jobs, min(processes, len(jobs)))
+    else:
+        results = (selections(*job) for job in jobs)
     report: dict[str, dict[str, list[dict[str, Any]]]] = {}
     changed: dict[str, list[str]] = {}
-    for shape in shapes:
-        for entry_name in entries:
-            print(f"== {entry_name} at {shape.name}", flush=True)
-            rows = []
-            for kernel, call_args, key in launches(entry_name, shape, current, seqlen):
-                now = select(current, kernel, call_args, key)
-                then = select(before, kernel, call_args, key) if before is not None else None
-                print(_line(now, then))
-                if then is not None and then.config != now.config:
-                    changed.setdefault(shape.name, []).append(f"{entry_name}: {now.kernel}")
-                rows.append({"now": dataclasses.asdict(now), "before": then and dataclasses.asdict(then)})
-            report.setdefault(shape.name, {})[entry_name] = rows
+    for (entry_name, shape, *_), pairs in zip(jobs, results, strict=True):
+        if isinstance(pairs, str):  # a pool process's exception, as in_parallel reports it
+            raise RuntimeError(f"{entry_name} at {shape.name}: {pairs}")
+        print(f"== {entry_name} at {shape.name}", flush=True)
+        rows = []
+        for now, then in pairs:
+            print(_line(now, then))
+            if then is not None and then.config != now.config:
+                changed.setdefault(shape.name, []).append(f"{entry_name}: {now.kernel}")
+            rows.append({"now": dataclasses.asdict(now), "before": then and dataclasses.asdict(then)})
+        report.setdefault(shape.name, {})[entry_name] = rows
     return report, changed
 
 
@@ -124,7 +149,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     before = config_store.load(args.against) if args.against is not None else None
     if before is not None and before.selection != current.selection:
         print(f"the selection rules differ from {args.against}: {before.selection} -> {current.selection}")
-    report, changed = compare(shapes, args.entries, current, before, args.seqlen)
+    report, changed = compare(shapes, args.entries, current, before, args.seqlen, args.processes)
     if before is not None:
         print("launches that select another config than before:" if changed else "every launch selects as before")
         for name, which in changed.items():

@@ -29,7 +29,9 @@ def _keys_at_full_length(shape: suites.ShapeSpec) -> set[tuple[str, str]]:
 
 def test_keys_captured_at_a_short_sequence_are_the_shapes_own(smoke):
     shape = smoke.replace(docs=2)  # packed documents: the seq_idx path, whose keys flag it
-    short = selected.launches(ENTRY, shape, config_store.ConfigFile(), seqlen=64)
+    short = selected.launches(ENTRY, shape, config_store.ConfigFile())  # two chunks of 32: 64 of 96 tokens
+    cumsum, args, _ = short[0]
+    assert cumsum.name == "chunk_cumsum" and args[0].shape[-1] == 64  # dt (b, h, L): the run was short
     assert {(kernel.name, str(key)) for kernel, _, key in short} == _keys_at_full_length(shape)
     assert all(dict(key.fields).get("tokens", 128) == 128 for _, _, key in short)  # 96 tokens: bucket 128
 
@@ -53,6 +55,11 @@ def test_against_names_only_the_launches_whose_config_moved(smoke, capsys):
 
     _, unchanged = selected.compare([smoke], [ENTRY], current, current, seqlen=64)
     assert unchanged == {}
+    # in two pool processes, one per shape: the same report, in the shapes' order
+    other = smoke.replace(name="smoke-docs", docs=2)
+    in_pool, moved = selected.compare([smoke, other], [ENTRY], current, before, seqlen=64, processes=2)
+    assert list(in_pool) == ["smoke", "smoke-docs"] and in_pool["smoke"] == report["smoke"]
+    assert moved["smoke"] == changed["smoke"]
 
 
 def test_the_state_passes_take_the_files_chain_rule(smoke):
