@@ -18,13 +18,13 @@ launch's fields), and saves those it finished so far with ``save_partial`` as it
 ``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public function and
 times each on its current config; then, for each distinct (kernel, shape key) that no earlier job of the run
 tuned (``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches), the costliest first,
-it runs Helion's autotuner (effort, recorded random seed, the job's budget split by the launches' device
-times, warm-started from the committed config where the installed helion still accepts it and from the
-kernel's seed configs), then measures what the keep-or-reject decision needs: the public function's precision
-with the winner (against mamba-ssm and fp64, the bench's criterion) and the public function on the winner
-against it on the incumbent, interleaved (``guard.bench.timing.Timer``), so that host-side work the config
-changes counts. Each launch records its device time and the seconds of each phase (tune, precision, timing),
-the job those of its set-up.
+it runs Helion's autotuner (effort, recorded random seed, the job's budget split by the launches' device times,
+warm-started from the committed config where the installed helion still accepts it, from it with its innermost
+tiles launched first, and from the kernel's seed configs), then measures what the keep-or-reject decision needs:
+the public function's precision with the winner (against mamba-ssm and fp64, the bench's criterion) and the
+public function on the winner against it on the incumbent, interleaved (``guard.bench.timing.Timer``), so that
+host-side work the config changes counts. Each launch records its device time and the seconds of each phase
+(tune, precision, timing), the job those of its set-up.
 """
 
 from __future__ import annotations
@@ -183,8 +183,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         budget = tuneplan.launch_budget(deadline - time.monotonic(), device_ms[i:])
         settings = search_settings(effort, seed, budget, bool(spec.get("helion_benchmark_subprocess")))
         record["settings"] = dict(settings)
-        seeds = _unique(([incumbent] if incumbent is not None else []) + neighbour_seeds(tk, kargs, base, key)
-                        + tk.seed_configs(kargs))
+        seeds = search_seeds(tk, kargs, base, key, incumbent)
         if seeds:
             settings["autotune_seed_configs"] = [helion.Config(**seed) for seed in seeds]
         if tk.partial_sums or tk.finish:  # Helion's own check would reject configs that split partials otherwise
@@ -343,6 +342,21 @@ def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any) -> 
         if validate_config(kernel, args, config, other_key=True) is None:
             out.append(complete_config(kernel, args, config, other_key=True) or dict(config))
     return out
+
+
+def search_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any,
+                 incumbent: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Where a launch's search starts: the incumbent, the incumbent launching its innermost tiles first
+    (``guard.core.tuneplan.innermost_first``), the neighbours' configs and the kernel's own seeds, each once
+    and each valid for ``args``."""
+    from guard.core import tuneplan
+    from kernels._runtime import validate_config
+
+    reordered = tuneplan.innermost_first(incumbent) if incumbent is not None else None
+    if reordered is not None and validate_config(kernel, args, reordered) is not None:
+        reordered = None
+    head = [config for config in (incumbent, reordered) if config is not None]
+    return _unique(head + neighbour_seeds(kernel, args, base, key) + kernel.seed_configs(args))
 
 
 def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:

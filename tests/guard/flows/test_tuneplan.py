@@ -263,3 +263,17 @@ def test_without_times_the_budget_is_split_evenly(times):
 def test_a_budget_for_no_launch_is_an_error():
     with pytest.raises(ValueError, match="at least one launch"):
         tuneplan.launch_budget(10.0, [])
+
+
+def test_a_seed_launches_the_innermost_tiles_first():
+    """On the H200 Helion's search had kept the default loop order, in which a chunk's row blocks are
+    launched thousands of programs apart, in every stored config; they ran up to 15 % faster with them
+    adjacent."""
+    config = {"block_sizes": [64, 64], "loop_orders": [[0, 1, 2, 3, 4]], "num_warps": 4}
+    seed = tuneplan.innermost_first(config)
+    assert seed == {"block_sizes": [64, 64], "loop_orders": [[4, 3, 2, 1, 0]], "num_warps": 4}
+    assert config["loop_orders"] == [[0, 1, 2, 3, 4]]  # not changed in place
+    assert tuneplan.innermost_first({"loop_orders": [[1, 0, 2], [0]]})["loop_orders"] == [[2, 1, 0], [0]]
+    for nothing_to_flip in ({"loop_orders": [[4, 3, 2, 1, 0]]}, {"loop_orders": [[0]]}, {"loop_orders": []},
+                            {"block_sizes": [8]}):
+        assert tuneplan.innermost_first(nothing_to_flip) is None
