@@ -160,6 +160,15 @@ TOOLS = {
 }
 
 
+def require_gpu(parser: argparse.ArgumentParser, why: str) -> None:
+    """One line and exit 2 where there is no CUDA GPU; ``why`` says what the tool needs it for. Tools call it
+    after checking their names, so that an unknown one is reported on any machine."""
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error(f"needs a CUDA GPU: {why}")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """``mamba2-guard dev <tool> ...`` under the CLI's subcommands ``sub``."""
     text = "developer tools: " + " | ".join(TOOLS)

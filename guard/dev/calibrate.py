@@ -35,6 +35,7 @@ from guard.bench.run import run_bench
 from guard.bench.timing import sleep_cycles_per_ms
 from guard.core.results import baseline_from_result, baseline_skip_reason, load_baseline
 from guard.core.verdicts import Policy
+from guard.dev import require_gpu
 from guard.flows.check import run_check
 from kernels import registry, suites
 from kernels.config_store import atomic_write
@@ -121,8 +122,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         entries = [e for e in registry.select(args.kernels) if e.has_helion]
     except (KeyError, ValueError) as exc:
         parser.error(str(exc.args[0] if exc.args else exc))
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU: it times kernels")
+    require_gpu(parser, "it times kernels")
     fp = fingerprint.collect()
     digest, policy = fp.digest(), Policy()
     out = {"gpu": fp.to_dict(), "shapes": [s.name for s in shapes], "kernels": [e.name for e in entries],

@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import torch
-
 from guard.adapters.state import write_json
 from guard.bench.kernel_profile import device_events
 from guard.core.kernel_times import per_call, table
+from guard.dev import require_gpu
 from kernels import registry, suites
 
 
@@ -22,8 +21,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     entry = registry.get(args.entry)  # names first, on any machine: an unknown one is one line, exit 2
     loaded = suites.load()
     shapes = [loaded.shape(name) for name in args.shapes] if args.shapes else loaded.suite(args.suite)
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU: it profiles kernels")
+    require_gpu(parser, "it profiles kernels")
     report = {}
     for shape in shapes:
         inputs = entry.inputs(shape, args.seed, "cuda")

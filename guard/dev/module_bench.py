@@ -32,6 +32,7 @@ from guard.adapters import fingerprint
 from guard.adapters.state import write_json
 from guard.bench.timing import Timer
 from guard.core import stats
+from guard.dev import require_gpu
 from kernels import _mamba_ssm, suites
 
 
@@ -146,8 +147,7 @@ def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int) ->
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shape = suites.load().shape(args.shape)
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU: it times the module")
+    require_gpu(parser, "it times the module")
     report = {"fingerprint": fingerprint.collect().to_dict(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
               "rounds": args.rounds, **measure(shape, args.d_model, rounds=args.rounds, seed=args.seed)}
     write_json(args.out, report)

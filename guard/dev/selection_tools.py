@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from guard.dev import require_gpu
 from guard.flows import selection
 from kernels import config_store, registry, suites
 
@@ -19,11 +20,8 @@ def _shape_names(args: argparse.Namespace) -> list[str]:
 
 
 def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import torch
-
     shapes = _shape_names(args)  # names first, on any machine: an unknown one is one line, exit 2
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU: it times the stored configs")
+    require_gpu(parser, "it times the stored configs")
     selection.measure(shapes, config=config_store.path_for(args.gpu_slug), seed=args.seed,
                       rounds=args.rounds, processes=args.processes, out=args.out)
     print(f"measurements in {args.out}; fit them with: mamba2-guard autotune --fit-selection {args.out}")
