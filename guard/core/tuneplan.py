@@ -219,12 +219,11 @@ def launch_budget(seconds_left: float, device_ms: Sequence[float], floor: int = 
 def innermost_first(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """``config`` with each tiled loop launching its last-declared dimension fastest, or None where it
     already does or has no loop of two or more dimensions. Our kernels declare a grid outermost first
-    ([batch, chunk, head, row block, column block]): the row and column blocks of one chunk and head load
-    the same states and inputs, and launched next to each other they find them in L2. Helion's default
-    order launches the first dimension fastest, and its search, which changes the order only by random
-    mutation, had kept the default in every stored config: on the H200 the stored chunk_scan and dx configs
-    ran 3-15 % faster in this order at chunk 256 and at falcon-h1-7b (and the dx kernel 10 % slower at
-    nemotron3-nano), so it is one more seed, for the search to measure."""
+    ([batch, chunk, head or group, row block, column block]): the blocks of one chunk load the same states
+    and inputs, and launched next to each other they find them in L2. Helion's default order launches the
+    first dimension fastest, and its search changes the order only by random mutation, so it seldom tries
+    this one. It is not faster everywhere (docs/kernels.md, "Launch order"): one more seed, for the search
+    to measure."""
     orders = [list(order) for order in config.get("loop_orders") or []]
     flipped = [sorted(order, reverse=True) for order in orders]
     if flipped == orders or not any(len(order) > 1 for order in orders):
