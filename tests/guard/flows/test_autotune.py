@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -497,7 +498,9 @@ def test_a_sharded_run_splits_longest_first_by_the_job_times_of_earlier_runs(tmp
     assert first.complete
     messages: list[str] = []
     second = run_autotune(options(tmp_path, budget_seconds=6, devices=("0", "1")), messages.append)
-    assert any(m.startswith("chunk_cumsum@smoke (0 s): chunk_cumsum_k[shape=smoke] kept") for m in messages)
+    # The job's wall seconds depend on the machine's load; the line's job, launch and verdict do not.
+    line = re.compile(r"chunk_cumsum@smoke \(\d+ s\): chunk_cumsum_k\[shape=smoke\] kept")
+    assert any(line.match(m) for m in messages)
     by_job = {e["job"]: e["worker"] for e in second.entries}
     # The slow job alone on one GPU, the five quick ones on the other (round-robin would give 3 and 3).
     assert sorted(by_job.values()).count(by_job["chunk_state@smoke"]) == 1
