@@ -23,7 +23,7 @@ def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shapes = _shape_names(args)  # names first, on any machine: an unknown one is one line, exit 2
     require_gpu(parser, "it times the stored configs")
     selection.measure(shapes, config=config_store.path_for(args.gpu_slug), seed=args.seed,
-                      rounds=args.rounds, processes=args.processes, out=args.out)
+                      rounds=args.rounds, processes=args.processes, out=args.out, paths_only=args.paths_only)
     print(f"measurements in {args.out}; fit them with: mamba2-guard autotune --fit-selection {args.out}")
     return 0
 

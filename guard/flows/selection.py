@@ -158,13 +158,13 @@ def in_parallel(worker: Any, jobs: Sequence[tuple], processes: int, fresh: bool 
 
 
 def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, processes: int, out: Path,
-            device: str = "cuda", timer: Any = None) -> list[dict]:
-    """Time every config stored in ``config`` for each kernel at each grid shape's keys, then the whole call
-    with each state pass forced fused and chained; append the records to ``out`` (JSON lines, one per kernel x
-    key and one per shape x state pass, as each finishes). Shape by shape, so that a run cut short
-    keeps what it measured, and a rerun with the same ``out`` measures only what is missing: a shape's
-    candidates compile in the pool's processes, then are timed here (``timer``: ``guard.bench.timing.Timer``
-    on ``device`` unless given). Returns the records this run added."""
+            device: str = "cuda", timer: Any = None, paths_only: bool = False) -> list[dict]:
+    """Time every config stored in ``config`` for each kernel at each grid shape's keys (not with
+    ``paths_only``), then the whole call with each state pass forced fused and chained; append the records to
+    ``out`` (JSON lines, one per kernel x key and one per shape x state pass, as each finishes). Shape by
+    shape, so that a run cut short keeps what it measured, and a rerun with the same ``out`` measures only what
+    is missing: a shape's candidates compile in the pool's processes, then are timed here (``timer``:
+    ``guard.bench.timing.Timer`` on ``device`` unless given). Returns the records this run added."""
     if timer is None:
         from guard.bench.timing import Timer
 
@@ -179,7 +179,8 @@ def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, proc
     with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
         for shape_name in shapes:
             launches = [(index, kernel, args)
-                        for index, (kernel, args) in enumerate(captured_launches(shape_name, seed, device))
+                        for index, (kernel, args) in enumerate([] if paths_only else
+                                                               captured_launches(shape_name, seed, device))
                         if (shape_name, kernel.name, str(kernel.shape_key(*args))) not in done]
             if launches:
                 jobs = [pool.submit(_compile_worker, shape_name, seed, str(config), index, device)
@@ -259,6 +260,11 @@ def _time_candidates(timer: Any, shape_name: str, kernel: Any, args: tuple, cf: 
             "configs": {source: candidates[source] for source in samples}}
 
 
+# The fields each kind of measurement record needs: a kernel's configs at one key, or a state pass both ways.
+RECORD_FIELDS = {"kernel": ("shape", "kernel", "key", "ms", "configs"),
+                 "stage": ("shape", "stage", "chunk_size", "state", "ms")}
+
+
 def read_records(path: Path) -> list[dict]:
     try:
         lines = path.read_text().splitlines()
@@ -269,9 +275,15 @@ def read_records(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: line {number}: not a JSON measurement record") from exc
+        kind = "kernel" if isinstance(record, dict) and "kernel" in record else "stage"
+        missing = [name for name in RECORD_FIELDS[kind] if not isinstance(record, dict) or name not in record]
+        if missing:
+            raise ValueError(f"{path}: line {number}: expected a {kind} record with {', '.join(RECORD_FIELDS[kind])}; "
+                             f"it lacks {', '.join(missing)}")
+        records.append(record)
     return records
 
 

@@ -65,8 +65,14 @@ def test_apply_fit_stores_grid_winners_without_replacing_tuned_configs(tmp_path)
 
 def test_a_broken_measurement_file_is_named(tmp_path):
     path = tmp_path / "m.jsonl"
-    path.write_text(json.dumps({"kernel": "k"}) + "\n{oops\n")
+    kernel = {"shape": "a", "kernel": "k", "key": "x=1", "ms": {}, "configs": {}}
+    path.write_text(json.dumps(kernel) + "\n{oops\n")
     with pytest.raises(ValueError, match=r"m\.jsonl: line 2: not a JSON measurement record"):
+        read_records(path)
+    # A record without a field the fit reads is named, not a KeyError's traceback.
+    path.write_text(json.dumps(kernel) + "\n" + json.dumps({"shape": "a", "stage": "s", "chunk_size": 256}) + "\n")
+    with pytest.raises(ValueError, match=r"m\.jsonl: line 2: expected a stage record with shape, stage, "
+                                         r"chunk_size, state, ms; it lacks state, ms"):
         read_records(path)
     with pytest.raises(ValueError, match="cannot read the measurements"):
         read_records(tmp_path / "missing.jsonl")

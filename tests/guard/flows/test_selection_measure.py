@@ -61,6 +61,21 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     assert "smoke: measured by an earlier run" in capsys.readouterr().out
 
 
+def test_paths_only_times_the_state_passes_and_no_stored_config(tmp_path):
+    config = tmp_path / "gpu-a.yaml"
+    config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
+        "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384": TILES}}))
+    out, timer = tmp_path / "m.jsonl", CallingTimer()
+    records = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
+                                timer=timer, paths_only=True)
+    assert [r["stage"] for r in records] == ["chunk_state_passing", "chunk_state_passing_bwd"]
+    assert timer.ran == ["chain", "fused"] * 2
+    # The candidates a later full run measures are still missing from the file, so it times them then.
+    full = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
+                             timer=timer)
+    assert full and all("kernel" in r for r in full)
+
+
 def test_the_command_names_bad_shapes_and_needs_a_gpu(tmp_path):
     import subprocess
     import sys
