@@ -21,10 +21,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-# The weights tried: each of the three from a small ladder. 0 for flags lets a kernel say flags do not matter.
-WEIGHT_LADDER = {"flag": (0.0, 0.25, 1.0, 4.0), "tile": (0.5, 2.0, 8.0), "size": (0.125, 0.5, 2.0)}
+# The weights tried: each of the three from a small ladder. The least flag weight lets a kernel say flags hardly
+# matter, yet still breaks ties: at 0, keys that differ in flags alone would tie and be ranked by their text.
+WEIGHT_LADDER = {"flag": (0.05, 0.25, 1.0, 4.0), "tile": (0.5, 2.0, 8.0), "size": (0.125, 0.5, 2.0)}
 DEFAULT_WEIGHTS = {"flag": 1.0, "tile": 2.0, "size": 0.5}  # kernels.config_store.Weights()
 # The rule's distance between two key texts under weights: kernels.config_store's, handed in by the caller.
 Distance = Callable[[str, str, Mapping[str, float]], float]
@@ -33,14 +34,20 @@ Distance = Callable[[str, str, Mapping[str, float]], float]
 @dataclass(frozen=True)
 class Measured:
     """One kernel at one grid key: the median milliseconds of each candidate, named by the stored key whose
-    config it is (a candidate that failed to compile or run is absent)."""
+    config it is (a candidate that failed to compile or run is absent), and ``aliases``: each other stored key
+    whose config became the same candidate at this key -> that candidate's name."""
 
     kernel: str
     key: str
     ms: Mapping[str, float]
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def best(self) -> str:
         return min(sorted(self.ms), key=lambda source: self.ms[source])
+
+    def time_of(self, source: str) -> float | None:
+        """The milliseconds of the config stored at ``source`` here, under its own name or its alias's."""
+        return self.ms.get(self.aliases.get(source, source))
 
 
 @dataclass(frozen=True)
@@ -103,8 +110,9 @@ def loo_regret(rows: list[Measured], weights: Mapping[str, float], distance: Dis
                    for other in rows if other.key != row.key]
         options += [(distance(row.key, text, weights), text, text) for text in stored]
         for _, _, source in sorted(options):
-            if source in row.ms:
-                logs.append(math.log(row.ms[source] / row.ms[row.best()]))
+            ms = row.time_of(source)
+            if ms is not None:
+                logs.append(math.log(ms / row.ms[row.best()]))
                 break
     return math.exp(sum(logs) / len(logs)) if logs else 1.0
 

@@ -1,11 +1,11 @@
 """The config-selection rule's evidence: measure how stored configs transfer across a grid of shapes, fit the
 rule (``guard.core.selection``) and write both into the config file; and warm the compile cache for shapes.
 
-``measure`` runs each grid shape's whole SSD call once in Helion's reference mode to capture every kernel
-launch with its real arguments, then times, for each launch's shape key, every config stored for that
-kernel at any key (adapted to the call, as the runtime adapts it). Compiles dominate: they run first in
-parallel child processes, each launching the configs once so that Triton's on-disk cache holds them, and the
-timing process then only loads them.
+``measure`` runs each grid shape's whole SSD call once to capture every kernel launch with its real
+arguments, then times, for each launch's shape key, every config stored for that kernel at any key (adapted
+to the call, as the runtime adapts it). Compiles dominate: they run first in parallel child processes, each
+launching the configs once on arguments of the launch's layout so that Triton's on-disk cache holds them,
+and the timing process then only loads them.
 
 It then times the whole call at the shape with each fused state pass forced fused and forced chained
 (``kernels.ssd.state_paths``), by CUDA-graph replays: the evidence of the stages' chain rules.
@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +51,17 @@ def _env(name: str, value: str | None) -> Iterator[None]:
 
 
 def captured_launches(shape_name: str, seed: int, device: str, entry_name: str = WHOLE_CALL) -> list[tuple[Any, tuple]]:
-    """The (kernel, args) of each distinct shape key the whole call launches at ``shape_name``, captured in
-    Helion's reference mode (no compile), in launch order."""
+    """The (kernel, args) of each distinct shape key the whole call launches at ``shape_name``, in launch order.
+    On a GPU the call runs as a job runs it, compiling the configs the runtime selects (candidates the measure
+    compiles anyway): Helion's reference mode would run every tile of a full-size grid shape in Python, which
+    takes longer than those compiles. On a CPU the reference mode is the faster."""
     from kernels import registry, suites
     from kernels._runtime import capture_launches
 
     entry = registry.get(entry_name)
     inputs = entry.inputs(suites.load().shape(shape_name), seed, device)
-    with _env("HELION_INTERPRET", "1"), capture_launches() as launches:
+    with _env("HELION_INTERPRET", "1" if device == "cpu" else os.environ.get("HELION_INTERPRET")), \
+            capture_launches() as launches:
         entry.run_helion(inputs)
     seen, distinct = set(), []
     for kernel, args in launches:
@@ -68,34 +72,76 @@ def captured_launches(shape_name: str, seed: int, device: str, entry_name: str =
     return distinct
 
 
-def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile) -> dict[str, dict[str, Any]]:
+def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile
+                      ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Stored key -> its config adapted to ``args``, for every stored config of the kernel that generates code
-    for ``args``; configs that adapt to the same thing are timed once, under their first key."""
+    for ``args``; configs that adapt to the same thing are timed once, under their first key. Also each other
+    stored key whose config adapted to a timed one -> that one's key: the fit must know that choosing it
+    chooses the timed config."""
     from kernels._runtime import _config_error, adapt_config
 
     bound = kernel.helion_kernel(None, "compiled").bind(args)
     out: dict[str, dict[str, Any]] = {}
+    aliases: dict[str, str] = {}
     for text, config in sorted(cf.kernels.get(kernel.name, {}).items()):
         adapted = adapt_config(bound, config, other_key=True)
-        if adapted in out.values() or _config_error(bound, adapted) is not None:
-            continue
-        out[text] = adapted
-    return out
+        same = next((timed for timed, candidate in out.items() if candidate == adapted), None)
+        if same is not None:
+            aliases[text] = same
+        elif _config_error(bound, adapted) is None:
+            out[text] = adapted
+    return out, aliases
 
 
-@functools.lru_cache(maxsize=1)
-def _launches_in_worker(shape_name: str, seed: int, device: str) -> list[tuple[Any, tuple]]:
-    """A pool process serves one shape's jobs in a row: it captures that shape's launches once."""
-    return captured_launches(shape_name, seed, _in_child(device))
+@dataclass(frozen=True)
+class TensorLayout:
+    """A launch argument's tensor as a compile needs it: its layout within its storage, its dtype, and the
+    storage's values where they are integers (seq_idx, chunk indices: they address memory). Floating values
+    only feed arithmetic, so a child process compiles on zeros and need not run the whole call to get them."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    storage: int  # elements
+    dtype: Any
+    values: Any  # the storage's integer values on the CPU, or None
+
+    @classmethod
+    def of(cls, tensor: Any) -> TensorLayout:
+        storage = tensor.untyped_storage().nbytes() // tensor.element_size()
+        integers = not (tensor.dtype.is_floating_point or tensor.dtype.is_complex)
+        return cls(tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), storage, tensor.dtype,
+                   tensor.as_strided((storage,), (1,), 0).cpu() if integers else None)
+
+    def build(self, device: str) -> Any:
+        import torch
+
+        base = torch.zeros(self.storage, dtype=self.dtype, device=device)
+        if self.values is not None:
+            base.copy_(self.values)
+        return base.as_strided(self.shape, self.stride, self.offset)
 
 
-def _compile_worker(shape_name: str, seed: int, config_path: str, index: int, device: str) -> int:
-    """Child process: launch every candidate of the ``index``-th distinct kernel launch of ``shape_name`` once
+def launch_layout(args: tuple) -> tuple:
+    """``args`` with each tensor replaced by its ``TensorLayout``: what a compile worker needs, small to send."""
+    import torch
+
+    return tuple(TensorLayout.of(a) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _compile_worker(kernel_name: str, layout: tuple, config_path: str, device: str) -> int:
+    """Child process: launch every candidate of one kernel launch (``layout``, from ``launch_layout``) once
     (Triton compiles on first launch and keeps the result in its on-disk cache). Returns how many ran."""
+    from kernels import registry
+    from kernels._runtime import TUNED_KERNELS
+
+    device = _in_child(device)
+    registry.tuned_kernel_names()  # imports every kernel's module
+    kernel = TUNED_KERNELS[kernel_name]
+    args = tuple(a.build(device) if isinstance(a, TensorLayout) else a for a in layout)
     cf = config_store.load(Path(config_path))
-    kernel, args = _launches_in_worker(shape_name, seed, device)[index]
     done = 0
-    for config in candidate_configs(kernel, args, cf).values():
+    for config in candidate_configs(kernel, args, cf)[0].values():
         with contextlib.suppress(Exception):  # a failing candidate is reported by the timing process
             kernel.helion_kernel(config, "compiled")(*args)
             done += 1
@@ -178,16 +224,15 @@ def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, proc
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
         for shape_name in shapes:
-            launches = [(index, kernel, args)
-                        for index, (kernel, args) in enumerate([] if paths_only else
-                                                               captured_launches(shape_name, seed, device))
+            launches = [(kernel, args) for kernel, args in ([] if paths_only else
+                                                           captured_launches(shape_name, seed, device))
                         if (shape_name, kernel.name, str(kernel.shape_key(*args))) not in done]
             if launches:
-                jobs = [pool.submit(_compile_worker, shape_name, seed, str(config), index, device)
-                        for index, _, _ in launches]
+                jobs = [pool.submit(_compile_worker, kernel.name, launch_layout(args), str(config), device)
+                        for kernel, args in launches]
                 concurrent.futures.wait(jobs)
                 print(f"{shape_name}: compiled in {time.monotonic() - started:.0f} s", flush=True)
-            for _, kernel, args in launches:
+            for kernel, args in launches:
                 record = _time_candidates(timer, shape_name, kernel, args, cf, rounds)
                 records.append(record)
                 _append(out, [record])
@@ -244,7 +289,7 @@ def _time_paths(timer: Any, shape_name: str, seed: int, device: str, rounds: int
 def _time_candidates(timer: Any, shape_name: str, kernel: Any, args: tuple, cf: config_store.ConfigFile,
                      rounds: int) -> dict:
     """One kernel launch's candidates, timed interleaved: its measurement record."""
-    candidates = candidate_configs(kernel, args, cf)
+    candidates, aliases = candidate_configs(kernel, args, cf)
     fns, errors = {}, {}
     for source, config in candidates.items():
         fn = kernel.helion_kernel(config, "compiled")
@@ -257,11 +302,13 @@ def _time_candidates(timer: Any, shape_name: str, kernel: Any, args: tuple, cf: 
     samples = timer.interleaved(fns, rounds=rounds) if fns else {}
     return {"shape": shape_name, "kernel": kernel.name, "key": str(kernel.shape_key(*args)),
             "ms": {source: sorted(s)[len(s) // 2] for source, s in samples.items()}, "errors": errors,
-            "configs": {source: candidates[source] for source in samples}}
+            "configs": {source: candidates[source] for source in samples}, "aliases": aliases}
 
 
 # The fields each kind of measurement record needs: a kernel's configs at one key, or a state pass both ways.
-RECORD_FIELDS = {"kernel": ("shape", "kernel", "key", "ms", "configs"),
+# A kernel record without aliases (written before they were recorded) would bias the fit: every stored key whose
+# config was timed under another key's name would look unmeasured there.
+RECORD_FIELDS = {"kernel": ("shape", "kernel", "key", "ms", "configs", "aliases"),
                  "stage": ("shape", "stage", "chunk_size", "state", "ms")}
 
 
@@ -337,7 +384,7 @@ def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_
     fits: list[fitting.Fit | fitting.ChainFit] = []
     kernel_records = [r for r in records if "kernel" in r]
     for kernel in sorted({r["kernel"] for r in kernel_records}):
-        rows = [fitting.Measured(kernel, r["key"], r["ms"])
+        rows = [fitting.Measured(kernel, r["key"], r["ms"], r["aliases"])
                 for r in kernel_records if r["kernel"] == kernel and r["ms"]]
         if not rows:
             continue

@@ -36,6 +36,18 @@ def test_weights_follow_the_field_that_decides_which_config_wins():
     assert math.isclose(selection.loo_regret(rows, result.weights, key_distance), result.regret)
 
 
+def test_a_stored_key_timed_under_another_name_counts_as_that_candidate():
+    """Configs that adapt to the same candidate at a grid key are timed once, under the first key's name. The
+    left-out key's nearest stored key here is such an alias: its time is the candidate's, not a gap that sends
+    the rule on to a farther key."""
+    near, far = _k(64, 2048), _k(64, 65536)
+    row = selection.Measured("k", _k(64, 1024), {"first": 1.0, far: 3.0}, aliases={near: "first"})
+    weights = selection.DEFAULT_WEIGHTS
+    assert selection.loo_regret([row], weights, key_distance, stored=[near, far]) == pytest.approx(1.0)
+    unaliased = selection.Measured("k", row.key, row.ms)
+    assert selection.loo_regret([unaliased], weights, key_distance, stored=[near, far]) == pytest.approx(3.0)
+
+
 def test_ties_keep_the_default_weights():
     rows = [selection.Measured("k", _k(64, t), {"a": 1.0}) for t in (1024, 4096)]
     assert selection.fit(rows, key_distance).weights == selection.DEFAULT_WEIGHTS
@@ -52,9 +64,9 @@ def test_apply_fit_stores_grid_winners_without_replacing_tuned_configs(tmp_path)
     cf = ConfigFile(kernels={"k": dict(tuned)})
     records = [
         {"kernel": "k", "key": _k(64, 8192), "ms": {_k(128, 16384): 1.0},
-         "configs": {_k(128, 16384): {"num_warps": 4}}},
+         "configs": {_k(128, 16384): {"num_warps": 4}}, "aliases": {}},
         {"kernel": "k", "key": _k(256, 8192), "ms": {_k(128, 16384): 2.0, _k(64, 8192): 1.0},
-         "configs": {_k(128, 16384): {"num_warps": 4}, _k(64, 8192): {"num_warps": 8}}},
+         "configs": {_k(128, 16384): {"num_warps": 4}, _k(64, 8192): {"num_warps": 8}}, "aliases": {}},
     ]
     new, fits = apply_fit(cf, records)
     assert new.kernels["k"][_k(64, 8192)] == {"num_warps": 8}  # tuned there: kept
@@ -65,7 +77,7 @@ def test_apply_fit_stores_grid_winners_without_replacing_tuned_configs(tmp_path)
 
 def test_a_broken_measurement_file_is_named(tmp_path):
     path = tmp_path / "m.jsonl"
-    kernel = {"shape": "a", "kernel": "k", "key": "x=1", "ms": {}, "configs": {}}
+    kernel = {"shape": "a", "kernel": "k", "key": "x=1", "ms": {}, "configs": {}, "aliases": {}}
     path.write_text(json.dumps(kernel) + "\n{oops\n")
     with pytest.raises(ValueError, match=r"m\.jsonl: line 2: not a JSON measurement record"):
         read_records(path)
@@ -73,6 +85,10 @@ def test_a_broken_measurement_file_is_named(tmp_path):
     path.write_text(json.dumps(kernel) + "\n" + json.dumps({"shape": "a", "stage": "s", "chunk_size": 256}) + "\n")
     with pytest.raises(ValueError, match=r"m\.jsonl: line 2: expected a stage record with shape, stage, "
                                          r"chunk_size, state, ms; it lacks state, ms"):
+        read_records(path)
+    # A kernel record written before aliases were recorded would bias the fit: refused, by name.
+    path.write_text(json.dumps({k: v for k, v in kernel.items() if k != "aliases"}) + "\n")
+    with pytest.raises(ValueError, match=r"m\.jsonl: line 1: expected a kernel record .*; it lacks aliases"):
         read_records(path)
     with pytest.raises(ValueError, match="cannot read the measurements"):
         read_records(tmp_path / "missing.jsonl")

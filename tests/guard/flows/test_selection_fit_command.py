@@ -25,7 +25,7 @@ def test_the_fit_writes_weights_and_grid_winners(tmp_path):
     config_store.save(out, ConfigFile(kernels={"chunk_scan": {tuned: {"num_warps": 4}}}))
     measurements = tmp_path / "m.jsonl"
     measurements.write_text(json.dumps({"shape": "s", "kernel": "chunk_scan", "key": grid, "ms": {tuned: 0.5},
-                                        "errors": {}, "configs": {tuned: {"num_warps": 4}}}) + "\n")
+                                        "errors": {}, "configs": {tuned: {"num_warps": 4}}, "aliases": {}}) + "\n")
     done = _fit(tmp_path, measurements, out)
     assert done.returncode == 0, done.stderr
     cf = config_store.load(out)

@@ -5,6 +5,9 @@ and a rerun that measures only what is missing."""
 from __future__ import annotations
 
 import json
+import pickle
+
+import torch
 
 from guard.flows import selection
 from kernels import config_store
@@ -34,8 +37,9 @@ class CallingTimer:
 
 def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_path, capsys):
     config = tmp_path / "gpu-a.yaml"
+    first, twin = (f"causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens={t}" for t in (16384, 65536))
     config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
-        "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384": TILES,
+        first: TILES, twin: dict(TILES),
         "causal=0,chunk_size=256,dtype=float32,k=128,out=float32,seq=0,tokens=16384": WIDER}}))
     out, timer = tmp_path / "m.jsonl", CallingTimer()
     records = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
@@ -47,6 +51,7 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     (bmm,) = [r for r in kernel_records if r["kernel"] == "bmm_chunk"]
     assert sorted(bmm["ms"]) == sorted(bmm["configs"]) and len(bmm["ms"]) == 2 and not bmm["errors"]
     assert sorted(bmm["ms"].values()) == [1.0, 2.0]
+    assert bmm["aliases"] == {twin: first}  # the same config stored twice is timed once, and the fit knows it
     assert all(not r["ms"] for r in kernel_records if r["kernel"] != "bmm_chunk")  # nothing stored for them
     # The whole call, each state pass forced both ways: smoke is b1 h4 p16 n16 at chunk 32.
     assert [(r["stage"], r["chunk_size"], r["state"], r["ms"]) for r in path_records] == [
@@ -74,6 +79,27 @@ def test_paths_only_times_the_state_passes_and_no_stored_config(tmp_path):
     full = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
                              timer=timer)
     assert full and all("kernel" in r for r in full)
+
+
+def test_a_layout_keeps_strides_offsets_and_integer_values_and_zeroes_floats():
+    ints = torch.arange(40, dtype=torch.int32).reshape(4, 10)[:, 2:5]  # seq_idx-like: its values address memory
+    rebuilt = pickle.loads(pickle.dumps(selection.TensorLayout.of(ints))).build("cpu")
+    assert torch.equal(rebuilt, ints) and rebuilt.stride() == (10, 1) and rebuilt.storage_offset() == 2
+    floats = torch.randn(4, 10)[:, 3:7]
+    zeros = selection.TensorLayout.of(floats).build("cpu")
+    assert zeros.shape == (4, 4) and zeros.stride() == (10, 1) and zeros.storage_offset() == 3 and not zeros.any()
+
+
+def test_a_compile_worker_launches_every_candidate_from_the_launch_layout_alone(tmp_path):
+    # The pool's children get a launch's layout, not its data, so none of them runs the whole call again.
+    config = tmp_path / "gpu-a.yaml"
+    config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
+        "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384": TILES,
+        "causal=0,chunk_size=256,dtype=float32,k=128,out=float32,seq=0,tokens=16384": WIDER}}))
+    kernel, args = next((k, a) for k, a in selection.captured_launches("smoke", 0, "cpu") if k.name == "bmm_chunk")
+    layout = pickle.loads(pickle.dumps(selection.launch_layout(args)))
+    assert not any(isinstance(a, torch.Tensor) for a in layout)
+    assert selection._compile_worker("bmm_chunk", layout, str(config), "cpu") == 2
 
 
 def test_the_command_names_bad_shapes_and_needs_a_gpu(tmp_path):
