@@ -192,12 +192,15 @@ def load(path: Path = SUITES_FILE) -> Suites:
     for name, members in suites_raw.items():
         if not isinstance(members, list) or not members:
             raise SuiteFileError(f"{path}: suites.{name}: expected a non-empty list of shape names")
+        expanded: list[str] = []
         for member in members:
-            if member not in shapes:
+            # A member names a shape or a suite listed above (the fit's grid is zoo-fit plus the tuned suite).
+            if member not in shapes and member not in suites:
                 raise SuiteFileError(
-                    f"{path}: suites.{name}: unknown shape {member!r}; valid shapes: {', '.join(sorted(shapes))}"
-                )
-        suites[name] = tuple(members)
+                    f"{path}: suites.{name}: unknown shape {member!r} (nor a suite listed above); valid shapes: "
+                    f"{', '.join(sorted(shapes))}")
+            expanded += [s for s in ((member,) if member in shapes else suites[member]) if s not in expanded]
+        suites[name] = tuple(expanded)
     seen_shapes, seen_keys = _seen_shapes()
     if seen_shapes:
         shapes.update(seen_shapes)

@@ -84,7 +84,7 @@ def _shape_arguments(parser: argparse.ArgumentParser, suite: str, processes: boo
 
 def measure_selection_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``mamba2-guard dev measure-selection`` ."""
-    _shape_arguments(parser, "zoo-fit")
+    _shape_arguments(parser, "selection-grid")
     parser.add_argument("--out", type=Path, required=True, help="measurements, JSON lines appended per kernel")
     parser.add_argument("--rounds", type=flags.integer(1), default=10, help="timed samples per config (default 10)")
     parser.add_argument("--seed", type=flags.integer(0), default=0)

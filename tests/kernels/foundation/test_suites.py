@@ -34,11 +34,18 @@ def test_the_zoo_holds_out_shapes_it_is_not_fitted_on():
     assert (packed.docs, packed.z, packed.dt_torch_dtype.is_floating_point) == (4, False, True)
 
 
+def test_a_suite_may_list_the_suites_above_it():
+    loaded = suites.load()
+    grid = [s.name for s in loaded.suite("selection-grid")]
+    assert grid == [s.name for s in loaded.suite("zoo-fit") + loaded.suite("default")]
+    assert not set(grid) & {s.name for s in loaded.suite("zoo-heldout")}
+
+
 def test_unknown_names_list_the_valid_ones():
     loaded = suites.load()
     with pytest.raises(KeyError, match="valid shapes: bamba-9b, .*, long-context, .*, zamba2-7b"):
         loaded.shape("nano")
-    with pytest.raises(KeyError, match="valid suites: default, smoke, zoo-fit, zoo-heldout"):
+    with pytest.raises(KeyError, match="valid suites: default, selection-grid, smoke, zoo-fit, zoo-heldout"):
         loaded.suite("nightly")
 
 
@@ -70,6 +77,8 @@ def test_unknown_names_list_the_valid_ones():
      "dtype: float32, norm: {group_size: 5}}}", "shapes.a.norm.group_size"),
     ("shapes: {a: {bach: 1}}", "shapes.a: unknown key(s) ['bach']"),
     ("shapes: {}\nsuites: {s: [nope]}", "suites.s: unknown shape 'nope'"),
+    ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32}}\nsuites: {s: [a, t], t: [a]}", "suites.s: unknown shape 't' (nor a suite listed above)"),
     ("shapes: [", "not valid YAML"),
 ])
 def test_malformed_suite_files_name_file_and_key(tmp_path, body, where):
