@@ -60,8 +60,8 @@ def captured_launches(shape_name: str, seed: int, device: str, entry_name: str =
 
     entry = registry.get(entry_name)
     inputs = entry.inputs(suites.load().shape(shape_name), seed, device)
-    with _env("HELION_INTERPRET", "1" if device == "cpu" else os.environ.get("HELION_INTERPRET")), \
-            capture_launches() as launches:
+    mode = _env("HELION_INTERPRET", "1") if device == "cpu" else contextlib.nullcontext()
+    with mode, capture_launches() as launches:
         entry.run_helion(inputs)
     seen, distinct = set(), []
     for kernel, args in launches:
