@@ -1,5 +1,5 @@
-"""Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench, restamp, measure-selection, warm,
-first-call, kernel-times, selected.
+"""Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench, restamp, record-results,
+measure-selection, warm, first-call, kernel-times, selected.
 
 Each tool's code is a ``function(args, parser)`` in a ``guard.dev`` module; its arguments are declared here, so that the
 CLI's one parser knows them without importing the tools (``sass`` changes the Triton environment at import,
@@ -72,6 +72,13 @@ def restamp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-slug", required=True, help="whose config file and baseline, e.g. nvidia-h200")
     parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
                         help="checkout holding kernels/configs and baselines (default: this one)")
+
+
+def record_results_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``mamba2-guard dev record-results`` ."""
+    parser.add_argument("results", nargs="+", type=Path, metavar="RESULT", help="bench result JSON files")
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
+                        help="checkout holding baselines/ (default: this one)")
 
 
 def _shape_arguments(parser: argparse.ArgumentParser, suite: str, processes: bool = True) -> None:
@@ -148,6 +155,8 @@ TOOLS = {
                      "the full mamba-ssm Mamba2 module, GEMMs included, on mamba-ssm's kernels and on ours"),
     "restamp": ("guard.dev.restamp:run", restamp_arguments,
                 "record the current sources of re-validated kernels in a GPU's config file and baseline"),
+    "record-results": ("guard.dev.record_results:run", record_results_arguments,
+                       "write bench results made elsewhere into this checkout's baselines"),
     "measure-selection": ("guard.dev.selection_tools:measure", measure_selection_arguments,
                           "time every stored config at each grid shape's keys, and each state pass fused and "
                           "chained, for the selection rule's fit"),

@@ -1,0 +1,39 @@
+"""``mamba2-guard dev record-results``: write bench results made elsewhere (a GPU runner, a lent machine whose
+checkout is thrown away) into this checkout's baselines, as ``bench --update-baseline`` would have there.
+
+Each result goes into ``baselines/<slug of its GPU>.yaml``; rows of other kernels and shapes keep theirs. The
+result files themselves belong in ``baselines/runs/`` while a row cites them (``docs/results/build.py`` names
+each row's file by its ``recorded_at``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from guard.core.results import BenchResult
+from guard.flows import baselines
+from kernels.config_store import slugify
+
+
+def read_result(path: Path) -> BenchResult:
+    """The bench result in ``path``; ValueError naming the file where it is none."""
+    try:
+        return BenchResult.from_dict(json.loads(path.read_text()))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the bench result: {exc.strerror}") from None
+    except ValueError as exc:  # JSONDecodeError and the schema's errors
+        raise ValueError(f"{path}: not a bench result: {exc}") from None
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    results = [(path, read_result(path)) for path in args.results]  # every file checked before any is written
+    for path, result in results:
+        gpu = result.fingerprint.get("gpu_name")
+        baseline = baselines.path_for(slugify(gpu) if gpu else "cpu", Path(args.root) / "baselines")
+        left_out = baselines.update(baseline, result)
+        cases = len(result.cases) - len(left_out)
+        print(f"{path}: {cases} case(s) into {baseline}" + (f"; left out: {', '.join(left_out)}" if left_out else ""))
+    print("then regenerate the results page: python docs/results/build.py")
+    return 0
