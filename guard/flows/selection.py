@@ -207,10 +207,11 @@ def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, proc
             device: str = "cuda", timer: Any = None, paths_only: bool = False) -> list[dict]:
     """Time every config stored in ``config`` for each kernel at each grid shape's keys (not with
     ``paths_only``), then the whole call with each state pass forced fused and chained; append the records to
-    ``out`` (JSON lines, one per kernel x key and one per shape x state pass, as each finishes). Shape by
-    shape, so that a run cut short keeps what it measured, and a rerun with the same ``out`` measures only what
-    is missing: a shape's candidates compile in the pool's processes, then are timed here (``timer``:
-    ``guard.bench.timing.Timer`` on ``device`` unless given). Returns the records this run added."""
+    ``out`` (JSON lines: a shape's launch keys when first captured, one per kernel x key and one per shape x
+    state pass, as each finishes). Shape by shape, so that a run cut short keeps what it measured, and a rerun
+    with the same ``out`` measures only what is missing: a shape's candidates compile in the pool's processes,
+    then are timed here (``timer``: ``guard.bench.timing.Timer`` on ``device`` unless given). Returns the
+    records this run added."""
     if timer is None:
         from guard.bench.timing import Timer
 
@@ -220,13 +221,16 @@ def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, proc
     earlier = read_records(out) if out.exists() else []
     done = {(r["shape"], r["kernel"], r["key"]) for r in earlier if "kernel" in r}
     paths_done = {(r["shape"], r["stage"]) for r in earlier if "stage" in r}
+    known_launches = {r["shape"]: r["launches"] for r in earlier if "launches" in r}
     records = []
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
         for shape_name in shapes:
-            launches = [(kernel, args) for kernel, args in ([] if paths_only else
-                                                           captured_launches(shape_name, seed, device))
-                        if (shape_name, kernel.name, str(kernel.shape_key(*args))) not in done]
+            launches, launch_record = ([], None) if paths_only else _launches_to_measure(
+                shape_name, seed, device, known_launches.get(shape_name), done)
+            if launch_record is not None:
+                records.append(launch_record)
+                _append(out, [launch_record])
             if launches:
                 jobs = [pool.submit(_compile_worker, kernel.name, launch_layout(args), str(config), device)
                         for kernel, args in launches]
@@ -249,6 +253,20 @@ def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, proc
 
                 torch.cuda.empty_cache()
     return records
+
+
+def _launches_to_measure(shape_name: str, seed: int, device: str, known: list | None, done: set
+                         ) -> tuple[list[tuple[Any, tuple]], dict | None]:
+    """The (kernel, args) of ``shape_name``'s launches not measured yet, and, at the shape's first capture, the
+    record of its launch keys. A shape whose recorded launch keys (``known``) are all in ``done`` is not captured
+    again: on a GPU the capture compiles the whole call."""
+    if known is not None and all((shape_name, name, key) in done for name, key in known):
+        return [], None
+    captured = captured_launches(shape_name, seed, device)
+    keys = [[kernel.name, str(kernel.shape_key(*args))] for kernel, args in captured]
+    missing = [(kernel, args) for (kernel, args), (name, key) in zip(captured, keys, strict=True)
+               if (shape_name, name, key) not in done]
+    return missing, None if known is not None else {"shape": shape_name, "launches": keys}
 
 
 def _append(out: Path, records: list[dict]) -> None:
@@ -305,10 +323,12 @@ def _time_candidates(timer: Any, shape_name: str, kernel: Any, args: tuple, cf: 
             "configs": {source: candidates[source] for source in samples}, "aliases": aliases}
 
 
-# The fields each kind of measurement record needs: a kernel's configs at one key, or a state pass both ways.
+# The fields each kind of measurement record needs: a kernel's configs at one key, a shape's launch keys, or a
+# state pass both ways.
 # A kernel record without aliases (written before they were recorded) would bias the fit: every stored key whose
 # config was timed under another key's name would look unmeasured there.
 RECORD_FIELDS = {"kernel": ("shape", "kernel", "key", "ms", "configs", "aliases"),
+                 "launches": ("shape", "launches"),  # a shape's launch keys: a rerun need not capture it again
                  "stage": ("shape", "stage", "chunk_size", "state", "ms")}
 
 
@@ -325,7 +345,7 @@ def read_records(path: Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: line {number}: not a JSON measurement record") from exc
-        kind = "kernel" if isinstance(record, dict) and "kernel" in record else "stage"
+        kind = next((kind for kind in ("kernel", "launches") if isinstance(record, dict) and kind in record), "stage")
         missing = [name for name in RECORD_FIELDS[kind] if not isinstance(record, dict) or name not in record]
         if missing:
             raise ValueError(f"{path}: line {number}: expected a {kind} record with {', '.join(RECORD_FIELDS[kind])}; "

@@ -35,7 +35,7 @@ class CallingTimer:
             return self.interleaved(fns, rounds)
 
 
-def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_path, capsys):
+def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_path, capsys, monkeypatch):
     config = tmp_path / "gpu-a.yaml"
     first, twin = (f"causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens={t}" for t in (16384, 65536))
     config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
@@ -45,8 +45,10 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     records = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
                                 timer=timer)
     launched = selection.captured_launches("smoke", 0, "cpu")
-    kernel_records, path_records = records[:-2], records[-2:]
-    assert [(r["kernel"], r["key"]) for r in kernel_records] == [(k.name, str(k.shape_key(*a))) for k, a in launched]
+    launch_record, kernel_records, path_records = records[0], records[1:-2], records[-2:]
+    keys = [[k.name, str(k.shape_key(*a))] for k, a in launched]
+    assert launch_record == {"shape": "smoke", "launches": keys}
+    assert [[r["kernel"], r["key"]] for r in kernel_records] == keys
     assert [json.loads(line) for line in out.read_text().splitlines()] == records
     (bmm,) = [r for r in kernel_records if r["kernel"] == "bmm_chunk"]
     assert sorted(bmm["ms"]) == sorted(bmm["configs"]) and len(bmm["ms"]) == 2 and not bmm["errors"]
@@ -58,8 +60,14 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
         (stage, 32, 1 * 4 * 16 * 16, {"chain": 1.0, "fused": 2.0})
         for stage in ("chunk_state_passing", "chunk_state_passing_bwd")]
     assert len(timer.ran) == 6 and timer.ran[2:] == ["chain", "fused"] * 2
-    # A rerun (a device call cut short, then called again) measures nothing twice.
+    # A rerun (a device call cut short, then called again) measures nothing twice, and does not capture a shape
+    # whose recorded launches are all measured: on a GPU that capture compiles the whole call.
     lines = out.read_text()
+
+    def no_capture(*args):
+        raise AssertionError("captured a shape the file already covers")
+
+    monkeypatch.setattr(selection, "captured_launches", no_capture)
     assert selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
                              timer=timer) == []
     assert out.read_text() == lines and len(timer.ran) == 6
@@ -78,7 +86,22 @@ def test_paths_only_times_the_state_passes_and_no_stored_config(tmp_path):
     # The candidates a later full run measures are still missing from the file, so it times them then.
     full = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
                              timer=timer)
-    assert full and all("kernel" in r for r in full)
+    assert full[0]["launches"] and full[1:] and all("kernel" in r for r in full[1:])
+
+
+def test_a_shape_cut_short_is_captured_again_for_what_is_missing(tmp_path):
+    config = tmp_path / "gpu-a.yaml"
+    config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
+        "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384": TILES}}))
+    out, timer = tmp_path / "m.jsonl", CallingTimer()
+    records = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
+                                timer=timer)
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:-3]) + "\n")  # the call ended before the last kernel and the state passes
+    again = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
+                              timer=timer)
+    assert [r.get("kernel", r.get("stage")) for r in again] == [
+        records[-3]["kernel"], "chunk_state_passing", "chunk_state_passing_bwd"]  # no second launches record
 
 
 def test_a_layout_keeps_strides_offsets_and_integer_values_and_zeroes_floats():
