@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import torch
 
@@ -35,15 +36,27 @@ class CallingTimer:
             return self.interleaved(fns, rounds)
 
 
+SMALL = "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384"
+LARGE = SMALL.replace("chunk_size=128", "chunk_size=256")
+
+
+def _config(tmp_path, configs: dict) -> Path:
+    path = tmp_path / "gpu-a.yaml"
+    config_store.save(path, ConfigFile(kernels={"bmm_chunk": configs}))
+    return path
+
+
+def _measure(config, out, timer, **options) -> list[dict]:
+    """The smoke shape measured on CPU, one compile process."""
+    return selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
+                             timer=timer, **options)
+
+
 def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_path, capsys, monkeypatch):
-    config = tmp_path / "gpu-a.yaml"
-    first, twin = (f"causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens={t}" for t in (16384, 65536))
-    config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
-        first: TILES, twin: dict(TILES),
-        "causal=0,chunk_size=256,dtype=float32,k=128,out=float32,seq=0,tokens=16384": WIDER}}))
+    first, twin = SMALL, SMALL.replace("tokens=16384", "tokens=65536")
+    config = _config(tmp_path, {first: TILES, twin: dict(TILES), LARGE: WIDER})
     out, timer = tmp_path / "m.jsonl", CallingTimer()
-    records = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
-                                timer=timer)
+    records = _measure(config, out, timer)
     launched = selection.captured_launches("smoke", 0, "cpu")
     launch_record, kernel_records, path_records = records[0], records[1:-2], records[-2:]
     keys = [[k.name, str(k.shape_key(*a))] for k, a in launched]
@@ -68,38 +81,27 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
         raise AssertionError("captured a shape the file already covers")
 
     monkeypatch.setattr(selection, "captured_launches", no_capture)
-    assert selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
-                             timer=timer) == []
+    assert _measure(config, out, timer) == []
     assert out.read_text() == lines and len(timer.ran) == 6
     assert "smoke: measured by an earlier run" in capsys.readouterr().out
 
 
 def test_paths_only_times_the_state_passes_and_no_stored_config(tmp_path):
-    config = tmp_path / "gpu-a.yaml"
-    config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
-        "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384": TILES}}))
-    out, timer = tmp_path / "m.jsonl", CallingTimer()
-    records = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
-                                timer=timer, paths_only=True)
+    config, out, timer = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl", CallingTimer()
+    records = _measure(config, out, timer, paths_only=True)
     assert [r["stage"] for r in records] == ["chunk_state_passing", "chunk_state_passing_bwd"]
     assert timer.ran == ["chain", "fused"] * 2
     # The candidates a later full run measures are still missing from the file, so it times them then.
-    full = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
-                             timer=timer)
+    full = _measure(config, out, timer)
     assert full[0]["launches"] and full[1:] and all("kernel" in r for r in full[1:])
 
 
 def test_a_shape_cut_short_is_captured_again_for_what_is_missing(tmp_path):
-    config = tmp_path / "gpu-a.yaml"
-    config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
-        "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384": TILES}}))
-    out, timer = tmp_path / "m.jsonl", CallingTimer()
-    records = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
-                                timer=timer)
+    config, out, timer = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl", CallingTimer()
+    records = _measure(config, out, timer)
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:-3]) + "\n")  # the call ended before the last kernel and the state passes
-    again = selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
-                              timer=timer)
+    again = _measure(config, out, timer)
     assert [r.get("kernel", r.get("stage")) for r in again] == [
         records[-3]["kernel"], "chunk_state_passing", "chunk_state_passing_bwd"]  # no second launches record
 
@@ -115,10 +117,7 @@ def test_a_layout_keeps_strides_offsets_and_integer_values_and_zeroes_floats():
 
 def test_a_compile_worker_launches_every_candidate_from_the_launch_layout_alone(tmp_path):
     # The pool's children get a launch's layout, not its data, so none of them runs the whole call again.
-    config = tmp_path / "gpu-a.yaml"
-    config_store.save(config, ConfigFile(kernels={"bmm_chunk": {
-        "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384": TILES,
-        "causal=0,chunk_size=256,dtype=float32,k=128,out=float32,seq=0,tokens=16384": WIDER}}))
+    config = _config(tmp_path, {SMALL: TILES, LARGE: WIDER})
     kernel, args = next((k, a) for k, a in selection.captured_launches("smoke", 0, "cpu") if k.name == "bmm_chunk")
     layout = pickle.loads(pickle.dumps(selection.launch_layout(args)))
     assert not any(isinstance(a, torch.Tensor) for a in layout)
