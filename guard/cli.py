@@ -198,7 +198,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     from guard.flows import baselines
     from guard.flows.check import run_check
     from guard.flows.nightly import write_reports
-    from kernels.config_store import slugify
 
     state = Path(args.state_dir)
     baseline_path = _existing("--baseline", args.baseline) if args.baseline else None
@@ -214,8 +213,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         result = BenchResult.from_dict(json.loads(result_path.read_text()))
     except ValueError as exc:
         raise ValueError(f"--result: {result_path} is not a bench result: {exc}") from None
-    gpu = result.fingerprint.get("gpu_name")
-    baseline_path = baseline_path or baselines.path_for(slugify(gpu) if gpu else "cpu")
+    baseline_path = baseline_path or baselines.path_for_result(result)
     baseline = baselines.load(baseline_path)
     policy = Policy()
     with History(state / "history.sqlite") as history:

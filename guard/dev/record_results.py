@@ -14,7 +14,6 @@ from pathlib import Path
 
 from guard.core.results import BenchResult
 from guard.flows import baselines
-from kernels.config_store import slugify
 
 
 def read_result(path: Path) -> BenchResult:
@@ -30,8 +29,7 @@ def read_result(path: Path) -> BenchResult:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     results = [(path, read_result(path)) for path in args.results]  # every file checked before any is written
     for path, result in results:
-        gpu = result.fingerprint.get("gpu_name")
-        baseline = baselines.path_for(slugify(gpu) if gpu else "cpu", Path(args.root) / "baselines")
+        baseline = baselines.path_for_result(result, Path(args.root) / "baselines")
         left_out = baselines.update(baseline, result)
         cases = len(result.cases) - len(left_out)
         print(f"{path}: {cases} case(s) into {baseline}" + (f"; left out: {', '.join(left_out)}" if left_out else ""))

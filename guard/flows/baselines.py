@@ -17,7 +17,7 @@ from guard.core.results import (
     baseline_from_result,
     load_baseline,
 )
-from kernels.config_store import atomic_write
+from kernels.config_store import atomic_write, slugify
 
 BASELINE_DIR = PROJECT_ROOT / "baselines"
 
@@ -28,6 +28,12 @@ class BaselineFileError(ValueError):
 
 def path_for(slug: str, directory: Path | None = None) -> Path:
     return (directory or BASELINE_DIR) / f"{slug}.yaml"
+
+
+def path_for_result(result: BenchResult, directory: Path | None = None) -> Path:
+    """The baseline of the GPU that produced ``result`` (``cpu``'s where its fingerprint names none)."""
+    gpu = result.fingerprint.get("gpu_name")
+    return path_for(slugify(gpu) if gpu else "cpu", directory)
 
 
 def read_document(path: Path) -> dict[str, Any] | None:
