@@ -5,7 +5,7 @@ File layout (stable: keys sorted, one config per line, so that config-update PRs
     fingerprint: {...}          # the environment the configs were tuned in
     tuned: {date: ..., effort: ..., seed: ..., budget_s: ...}
     selection:                  # the fitted rule that picks configs for keys nobody tuned (optional)
-      chunk_scan: {flag: 1.0, size: 0.5, tile: 2.0, fitted_on: 9, regret: 1.03}
+      chunk_scan: {flag: 0.05, headdim: 2.0, size: 0.125, tile: 0.5, fitted_on: 11, regret: 1.0}
       chunk_state_passing: {chain: {min_chunk: 256, max_state: 828972, fitted_on: 8}}
     kernels:
       chunk_state:
@@ -21,8 +21,10 @@ A shape key's fields are of three kinds (``docs/config-selection.md`` lists them
 Lookup rule, the same for every kernel (``candidates``):
   1. the exact shape key;
   2. else every other stored key of the kernel, nearest first by the kernel's fitted ``Weights``: the sum of
-     ``flag`` per differing flag, ``tile`` per doubling of a tile field and ``size`` per doubling of a size
-     field. The runtime takes the first of them that validates for the call (``kernels._runtime``);
+     ``flag`` per differing flag, ``tile`` per doubling of a tile field (``tile_doublings``: half of it
+     counted between the powers of two the tiles span; headdim has its own weight, ``headdim``) and ``size``
+     per doubling of a size field. The runtime takes the first of them that validates for the call
+     (``kernels._runtime``);
   3. else the kernel's default config (``None`` here; the runtime then asks Helion for its default).
 A fallback (2 or 3) is logged once per kernel and key, and counted in ``FALLBACKS``.
 
@@ -112,28 +114,49 @@ class ShapeKey:
             a, b = mine.get(name), theirs.get(name)
             if a == b:
                 continue
-            if name in SCALED_FIELDS and isinstance(a, int) and isinstance(b, int):
-                total += (w.size if name in SIZE_FIELDS else w.tile) * abs(math.log2(a / b))
+            if name in SIZE_FIELDS and isinstance(a, int) and isinstance(b, int):
+                total += w.size * abs(math.log2(a / b))
+            elif name in TILE_FIELDS and isinstance(a, int) and isinstance(b, int):
+                total += (w.headdim if name == "headdim" else w.tile) * tile_doublings(a, b)
             else:
                 total += w.flag
         return total
 
 
+def tile_doublings(a: int, b: int) -> float:
+    """How many doublings apart two extents of a tile field are, for the tiles that cover them. A tile spans a
+    power of two, so headdim 80 runs in the 128-wide tiles of headdim 128, not in those of 64: half the
+    distance is that of the padded extents, half that of the extents themselves (80 still masks a part of
+    its tile that 128 fills). Powers of two are as far apart as their ratio says."""
+    padded = abs(math.log2(_next_power_of_two(a) / _next_power_of_two(b)))
+    return (padded + abs(math.log2(a / b))) / 2
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+WEIGHT_NAMES = ("flag", "tile", "size", "headdim")
+
+
 @dataclass(frozen=True)
 class Weights:
     """The nearest-key rule's weights: per differing flag, per doubling of a tile field, per doubling of a
-    size field. The defaults hold until ``mamba2-guard autotune --fit-selection`` fits a kernel's own."""
+    size field. Headdim, a tile field, has its own: it is the extent of the output tile of the kernels that
+    multiply by x or dout (chunk_scan, dx), whose configs fit it far more tightly than they fit the chunk
+    size or dstate. The defaults hold until ``mamba2-guard autotune --fit-selection`` fits a kernel's own."""
 
     flag: float = 1.0
     tile: float = 2.0
     size: float = 0.5
+    headdim: float = 2.0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Weights:
-        return cls(**{name: float(raw[name]) for name in ("flag", "tile", "size") if name in raw})
+        return cls(**{name: float(raw[name]) for name in WEIGHT_NAMES if name in raw})
 
     def as_dict(self) -> dict[str, float]:
-        return {"flag": self.flag, "tile": self.tile, "size": self.size}
+        return {name: getattr(self, name) for name in WEIGHT_NAMES}
 
 
 @dataclass(frozen=True)
@@ -241,8 +264,8 @@ def load(path: Path) -> ConfigFile:
 def _check_selection(path: Path, kernel: str, rule: Any) -> dict[str, Any]:
     where = f"{path}: selection.{kernel}"
     if not isinstance(rule, dict):
-        raise ConfigFileError(f"{where}: expected a mapping with flag, tile and size weights")
-    for name in ("flag", "tile", "size"):
+        raise ConfigFileError(f"{where}: expected a mapping with flag, tile, size and headdim weights")
+    for name in WEIGHT_NAMES:
         value = rule.get(name, getattr(Weights(), name))
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise ConfigFileError(f"{where}.{name}: expected a weight >= 0, got {value!r}")
@@ -313,14 +336,15 @@ def save(path: Path, cf: ConfigFile) -> None:
 
 def candidates(cf: ConfigFile, kernel: str, key: ShapeKey) -> list[Lookup]:
     """The lookup rule of this module's docstring, on one loaded file: the exact key's config (if stored),
-    then every other key's of ``kernel``, nearest first (ties: the key text), each with its source."""
+    then every other key's of ``kernel``, nearest first (ties: the key text), each with its source. The exact
+    key comes first even where zero weights put another at distance 0 too."""
     weights = cf.weights(kernel)
     found = []
     for text, config in cf.kernels.get(kernel, {}).items():
         other = ShapeKey.parse(text)
         source = "exact" if other == key else "nearest" if other.code() == key.code() else "related"
         found.append((key.distance(other, weights), text, Lookup(config, source, text)))
-    return [lookup for _, _, lookup in sorted(found, key=lambda c: (c[0], c[1]))]
+    return [lookup for _, _, lookup in sorted(found, key=lambda c: (c[2].source != "exact", c[0], c[1]))]
 
 
 def find(cf: ConfigFile, kernel: str, key: ShapeKey) -> Lookup:

@@ -23,10 +23,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-# The weights tried: each of the three from a small ladder. The least flag weight lets a kernel say flags hardly
+# The weights tried: each of the four from a small ladder. The least flag weight lets a kernel say flags hardly
 # matter, yet still breaks ties: at 0, keys that differ in flags alone would tie and be ranked by their text.
-WEIGHT_LADDER = {"flag": (0.05, 0.25, 1.0, 4.0), "tile": (0.5, 2.0, 8.0), "size": (0.125, 0.5, 2.0)}
-DEFAULT_WEIGHTS = {"flag": 1.0, "tile": 2.0, "size": 0.5}  # kernels.config_store.Weights()
+WEIGHT_LADDER = {"flag": (0.05, 0.25, 1.0, 4.0), "tile": (0.5, 2.0, 8.0), "size": (0.125, 0.5, 2.0),
+                 "headdim": (0.5, 2.0, 8.0)}
+DEFAULT_WEIGHTS = {"flag": 1.0, "tile": 2.0, "size": 0.5, "headdim": 2.0}  # kernels.config_store.Weights()
 # The rule's distance between two key texts under weights: kernels.config_store's, handed in by the caller.
 Distance = Callable[[str, str, Mapping[str, float]], float]
 

@@ -36,6 +36,20 @@ def test_weights_follow_the_field_that_decides_which_config_wins():
     assert math.isclose(selection.loo_regret(rows, result.weights, key_distance), result.regret)
 
 
+def test_headdim_is_weighed_apart_from_the_other_tile_fields():
+    """Configs here fit their headdim and transfer across chunk sizes. With headdim weighed as the other tile
+    fields, a left-out key takes the config of the other headdim at its own chunk size (one doubling) over
+    that of its own headdim at a chunk size two doublings away, and loses time; the fit weighs headdim more."""
+    def key(headdim: int, chunk: int) -> str:
+        return f"chunk_size={chunk},headdim={headdim},tokens=8192"
+    rows = [selection.Measured("k", key(headdim, chunk), {"64": 1.0, "128": 2.0} if headdim == 64 else
+                               {"64": 2.0, "128": 1.0}) for headdim in (64, 128) for chunk in (64, 256)]
+    assert selection.loo_regret(rows, selection.DEFAULT_WEIGHTS, key_distance) == pytest.approx(2.0)
+    result = selection.fit(rows, key_distance)
+    assert result.regret == pytest.approx(1.0)
+    assert result.weights["headdim"] > 2 * result.weights["tile"]
+
+
 def test_a_stored_key_timed_under_another_name_counts_as_that_candidate():
     """Configs that adapt to the same candidate at a grid key are timed once, under the first key's name. The
     left-out key's nearest stored key here is such an alias: its time is the candidate's, not a gap that sends
@@ -71,7 +85,7 @@ def test_apply_fit_stores_grid_winners_without_replacing_tuned_configs(tmp_path)
     new, fits = apply_fit(cf, records)
     assert new.kernels["k"][_k(64, 8192)] == {"num_warps": 8}  # tuned there: kept
     assert new.kernels["k"][_k(256, 8192)] == {"num_warps": 8}  # the grid key's winner
-    assert set(new.selection["k"]) == {"flag", "tile", "size", "fitted_on", "regret"}
+    assert set(new.selection["k"]) == {"flag", "tile", "size", "headdim", "fitted_on", "regret"}
     assert [f.kernel for f in fits] == ["k"]
 
 

@@ -14,8 +14,8 @@ from kernels.config_store import ConfigFile, ConfigFileError, ShapeKey
 names = st.sampled_from(["chunk_state", "chunk_scan", "state_passing", "gated_rmsnorm_bwd"])
 exact_fields = st.fixed_dictionaries({
     "dtype": st.sampled_from(["bfloat16", "float16", "float32"]),
-    "headdim": st.sampled_from([32, 64, 128]),
-    "dstate": st.sampled_from([16, 64, 128]),
+    "headdim": st.sampled_from([32, 64, 80, 128]),
+    "dstate": st.sampled_from([16, 64, 96, 128]),
 })
 keys = st.builds(lambda exact, tokens: ShapeKey.of(**exact, tokens=tokens), exact_fields,
                  st.sampled_from([2 ** k for k in range(4, 20)]))
@@ -27,7 +27,8 @@ configs = st.fixed_dictionaries({
 })
 weights = st.fixed_dictionaries({"flag": st.sampled_from([0.0, 0.5, 1.0, 4.0]), "tile": st.sampled_from([0.5, 2.0]),
                                  "size": st.sampled_from([0.25, 0.5, 1.0])},
-                                optional={"fitted_on": st.integers(1, 40), "regret": st.floats(1.0, 3.0)})
+                                optional={"headdim": st.sampled_from([0.5, 2.0, 8.0]),
+                                          "fitted_on": st.integers(1, 40), "regret": st.floats(1.0, 3.0)})
 files = st.builds(
     ConfigFile,
     fingerprint=st.fixed_dictionaries({"gpu_name": st.just("NVIDIA H200"), "helion": st.sampled_from(["1.5.0"])}),
@@ -68,7 +69,9 @@ def _oracle_distance(a: ShapeKey, b: ShapeKey, w: config_store.Weights) -> float
         if name in sizes and both:
             total += w.size * abs(math.log2(da[name] / db[name]))
         elif name in tiles and both:
-            total += w.tile * abs(math.log2(da[name] / db[name]))
+            padded = abs(math.ceil(math.log2(da[name])) - math.ceil(math.log2(db[name])))
+            weight = w.headdim if name == "headdim" else w.tile
+            total += weight * (padded + abs(math.log2(da[name] / db[name]))) / 2
         else:
             total += w.flag
     return total
@@ -98,6 +101,25 @@ def test_distance_is_symmetric_and_zero_only_for_the_same_key(a, b, rule):
     w = config_store.Weights.from_dict(rule)
     assert math.isclose(a.distance(b, w), b.distance(a, w))
     assert (a.distance(b, config_store.Weights()) == 0) == (a == b)
+
+
+def test_a_tile_extent_is_nearest_the_one_whose_padded_tiles_it_shares():
+    # headdim 80 runs in 128-wide tiles: the config of headdim 128 is nearer than that of 64, though 80 / 64 is
+    # the smaller ratio; between powers of two the ratio alone counts
+    stored = {ShapeKey.of(dtype="bfloat16", headdim=h, tokens=8192): {"block_sizes": [h]} for h in (64, 128)}
+    cf = ConfigFile(kernels={"k": {str(k): c for k, c in stored.items()}})
+    assert config_store.find(cf, "k", ShapeKey.of(dtype="bfloat16", headdim=80, tokens=8192)).config == {
+        "block_sizes": [128]}
+    assert config_store.tile_doublings(80, 128) < config_store.tile_doublings(80, 64)
+    assert config_store.tile_doublings(64, 256) == 2.0
+
+
+def test_the_exact_key_comes_first_when_zero_weights_tie_it_with_another():
+    stored = {str(ShapeKey.of(dtype=dtype, headdim=32, tokens=16)): {"block_sizes": [size]}
+              for dtype, size in (("bfloat16", 16), ("float16", 32))}
+    cf = ConfigFile(kernels={"k": stored}, selection={"k": {"flag": 0.0, "tile": 2.0, "size": 0.5}})
+    found = config_store.find(cf, "k", ShapeKey.of(dtype="float16", headdim=32, tokens=16))
+    assert (found.source, found.config) == ("exact", {"block_sizes": [32]})
 
 
 def test_size_fields_do_not_change_the_code_part_of_a_key():
