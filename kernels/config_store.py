@@ -120,7 +120,9 @@ class ShapeKey:
                 total += (w.headdim if name == "headdim" else w.tile) * tile_doublings(a, b)
             else:
                 total += w.flag
-        return total
+        # Keys equally far by the formula must tie exactly, whatever the rounding of its terms, so that the
+        # key text breaks the tie, here and in the fit's replay of this rule (guard.core.selection).
+        return round(total, 9)
 
 
 def tile_doublings(a: int, b: int) -> float:
