@@ -120,8 +120,9 @@ class ShapeKey:
                 total += (w.headdim if name == "headdim" else w.tile) * tile_doublings(a, b)
             else:
                 total += w.flag
-        # Keys equally far by the formula must tie exactly, whatever the rounding of its terms, so that the
-        # key text breaks the tie, here and in the fit's replay of this rule (guard.core.selection).
+        # Keys equally far by the formula must tie exactly so that the key text breaks the tie, here and in the
+        # fit's replay of this rule (guard.core.selection): the terms are summed in set order, which varies
+        # with the process's hash seed, and so would the last bit of the sum.
         return round(total, 9)
 
 

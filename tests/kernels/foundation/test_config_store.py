@@ -139,6 +139,9 @@ _TIED_CONFIG = {"block_sizes": [16], "num_warps": 1, "num_stages": 1, "pid_type"
 @example({ShapeKey.of(dstate=16, dtype="bfloat16", headdim=32, tokens=16): _TIED_CONFIG,
           ShapeKey.of(dstate=16, dtype="float16", headdim=64, tokens=64): _TIED_CONFIG},
          ShapeKey.of(dstate=96, dtype="bfloat16", headdim=80, tokens=16))
+@example({ShapeKey.of(dstate=ds, dtype="bfloat16", headdim=80, tokens=t): _TIED_CONFIG
+          for ds, t in ((16, 2048), (64, 524288))},
+         ShapeKey.of(dstate=64, dtype="bfloat16", headdim=128, tokens=32))
 def test_candidates_are_every_stored_key_nearest_first(stored, query):
     cf = ConfigFile(kernels={"k": {str(k): c for k, c in stored.items()}})
     ranked = config_store.candidates(cf, "k", query)
