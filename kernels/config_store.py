@@ -131,12 +131,8 @@ def tile_doublings(a: int, b: int) -> float:
     power of two, so headdim 80 runs in the 128-wide tiles of headdim 128, not in those of 64: half the
     distance is that of the padded extents, half that of the extents themselves (80 still masks a part of
     its tile that 128 fills). Powers of two are as far apart as their ratio says."""
-    padded = abs(math.log2(_next_power_of_two(a) / _next_power_of_two(b)))
+    padded = abs(math.log2(next_power_of_two(a) / next_power_of_two(b)))
     return (padded + abs(math.log2(a / b))) / 2
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 WEIGHT_NAMES = ("flag", "tile", "size", "headdim")
@@ -175,9 +171,14 @@ class ChainRule:
         return chunk_size >= self.min_chunk and state_elements <= self.max_state
 
 
+def next_power_of_two(n: int) -> int:
+    """The least power of two at or above ``n`` (for n >= 1)."""
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
 def tokens_bucket(n: int) -> int:
     """Power-of-two bucket of a token count (batch x seqlen), the scaled field of SSD shape keys."""
-    return 1 << max(0, (int(n) - 1).bit_length())
+    return next_power_of_two(n)
 
 
 @dataclass

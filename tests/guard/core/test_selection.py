@@ -62,6 +62,12 @@ def test_a_stored_key_timed_under_another_name_counts_as_that_candidate():
     assert selection.loo_regret([unaliased], weights, key_distance, stored=[near, far]) == pytest.approx(3.0)
 
 
+def test_the_fit_knows_the_rule_s_weights_and_their_defaults():
+    """guard.core stays pure, so it writes the rule's weights out again; they must be the config store's."""
+    assert config_store.Weights().as_dict() == selection.DEFAULT_WEIGHTS
+    assert tuple(selection.WEIGHT_LADDER) == config_store.WEIGHT_NAMES
+
+
 def test_ties_keep_the_default_weights():
     rows = [selection.Measured("k", _k(64, t), {"a": 1.0}) for t in (1024, 4096)]
     assert selection.fit(rows, key_distance).weights == selection.DEFAULT_WEIGHTS
