@@ -193,7 +193,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Verdicts for a saved bench result against the baseline and the history."""
     from guard.adapters.history import History
     from guard.core import report
-    from guard.core.results import BenchResult
     from guard.core.verdicts import Policy, exit_code
     from guard.flows import baselines
     from guard.flows.check import run_check
@@ -210,9 +209,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                              "or `mamba2-guard nightly`")
         result_path = saved[-1]
     try:
-        result = BenchResult.from_dict(json.loads(result_path.read_text()))
+        result = baselines.read_result(result_path)
     except ValueError as exc:
-        raise ValueError(f"--result: {result_path} is not a bench result: {exc}") from None
+        raise ValueError(f"--result: {exc}") from None
     baseline_path = baseline_path or baselines.path_for_result(result)
     baseline = baselines.load(baseline_path)
     policy = Policy()

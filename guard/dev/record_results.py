@@ -9,25 +9,13 @@ each row's file by its ``recorded_at``).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from guard.core.results import BenchResult
 from guard.flows import baselines
 
 
-def read_result(path: Path) -> BenchResult:
-    """The bench result in ``path``; ValueError naming the file where it is none."""
-    try:
-        return BenchResult.from_dict(json.loads(path.read_text()))
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the bench result: {exc.strerror}") from None
-    except ValueError as exc:  # JSONDecodeError and the schema's errors
-        raise ValueError(f"{path}: not a bench result: {exc}") from None
-
-
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    results = [(path, read_result(path)) for path in args.results]  # every file checked before any is written
+    results = [(path, baselines.read_result(path)) for path in args.results]  # every file checked before any is written
     for path, result in results:
         baseline = baselines.path_for_result(result, Path(args.root) / "baselines")
         left_out = baselines.update(baseline, result)

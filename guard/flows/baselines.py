@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,16 @@ def path_for_result(result: BenchResult, directory: Path | None = None) -> Path:
     """The baseline of the GPU that produced ``result`` (``cpu``'s where its fingerprint names none)."""
     gpu = result.fingerprint.get("gpu_name")
     return path_for(slugify(gpu) if gpu else "cpu", directory)
+
+
+def read_result(path: Path) -> BenchResult:
+    """The bench result in ``path``; ValueError naming the file where it is none."""
+    try:
+        return BenchResult.from_dict(json.loads(path.read_text()))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the bench result: {exc.strerror}") from None
+    except ValueError as exc:  # JSONDecodeError and the schema's errors
+        raise ValueError(f"{path}: not a bench result: {exc}") from None
 
 
 def read_document(path: Path) -> dict[str, Any] | None:

@@ -76,6 +76,10 @@ def test_check_names_a_missing_file(tmp_path):
                    "--baseline: no such file", "nope.yaml")
     one_line_error(guard("check", "--result", "nope.json", "--state-dir", str(tmp_path)),
                    "--result: no such file: nope.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    one_line_error(guard("check", "--result", str(broken), "--state-dir", str(tmp_path)),
+                   f"--result: {broken}: not a bench result")
 
 
 def test_daemon_rejects_unknown_options_at_once(tmp_path):
