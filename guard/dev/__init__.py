@@ -116,6 +116,9 @@ def first_call_arguments(parser: argparse.ArgumentParser) -> None:
                         help="registry entries whose first call is timed (default: the SSD forward + backward)")
     parser.add_argument("--sides", nargs="+", choices=["helion", "mamba_ssm"], default=["helion", "mamba_ssm"],
                         help="ours, mamba-ssm's, or both (default), each in its own fresh process")
+    parser.add_argument("--empty-caches", action="store_true",
+                        help="give each process new, empty Triton, Helion and Inductor caches (removed after), "
+                             "as on a machine that never ran the shape (default: the environment's caches)")
 
 
 def kernel_times_arguments(parser: argparse.ArgumentParser) -> None:

@@ -38,7 +38,8 @@ def warm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def first_call(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    seconds = selection.first_call_seconds(_shape_names(args), _entry_names(args), args.sides)
+    seconds = selection.first_call_seconds(_shape_names(args), _entry_names(args), args.sides,
+                                           args.empty_caches)
     for shape, by_side in seconds.items():
         print(shape, " ".join(f"{side} {value:.1f} s" if isinstance(value, float) else f"{side} {value}"
                               for side, value in by_side.items()))

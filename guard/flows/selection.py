@@ -22,6 +22,7 @@ import functools
 import json
 import multiprocessing
 import os
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -167,30 +168,54 @@ def _synchronize(device: str) -> None:
 
 SIDES = ("helion", "mamba_ssm")
 
+# Where Triton, Helion and Inductor keep what they compiled (Helion's Triton cache defaults to a directory
+# under Inductor's): all empty on a machine that never ran anything.
+COMPILE_CACHE_VARIABLES = ("TRITON_CACHE_DIR", "HELION_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 
-def _first_calls(shape_name: str, seed: int, entries: Sequence[str], sides: Sequence[str]) -> float:
+
+@contextlib.contextmanager
+def empty_compile_caches() -> Iterator[Path]:
+    """Point this process's compile caches at new, empty directories under one root, removed afterwards with
+    the variables restored. Each library reads its variable when it looks a cache up, not at import."""
+    saved = {name: os.environ.get(name) for name in COMPILE_CACHE_VARIABLES}
+    with tempfile.TemporaryDirectory(prefix="mamba2-guard-caches-") as root:
+        os.environ.update({name: os.path.join(root, name.lower()) for name in COMPILE_CACHE_VARIABLES})
+        try:
+            yield Path(root)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def _first_calls(shape_name: str, seed: int, entries: Sequence[str], sides: Sequence[str],
+                 empty_caches: bool = False) -> float:
     """Child process: run each entry once at ``shape_name``, ours on the configs the runtime selects (compiling
-    them, or loading them from Triton's on-disk cache) and, with "mamba_ssm" in ``sides``, mamba-ssm's (its
-    first call autotunes). Returns the seconds of those calls: the inputs and the process's CUDA start are not
-    counted, since a training job pays them either way."""
-    import torch
+    them, or loading them from the on-disk caches; with ``empty_caches`` always compiling, into new caches)
+    and, with "mamba_ssm" in ``sides``, mamba-ssm's (its first call autotunes). Returns the seconds of those
+    calls: the inputs and the process's CUDA start are not counted, since a training job pays them either
+    way."""
+    with empty_compile_caches() if empty_caches else contextlib.nullcontext():
+        import torch
 
-    from kernels import registry, suites
+        from kernels import registry, suites
 
-    device = _in_child("cuda" if torch.cuda.is_available() else "cpu")
-    shape = suites.load().shape(shape_name)
-    runs = []
-    for name in entries:
-        entry = registry.get(name)
-        inputs = entry.inputs(shape, seed, device)
-        runs += [functools.partial(entry.run_helion if side == "helion" else entry.run_baseline, inputs)
-                 for side in sides]
-    _synchronize(device)
-    started = time.monotonic()
-    for run in runs:
-        run()
-    _synchronize(device)
-    return time.monotonic() - started
+        device = _in_child("cuda" if torch.cuda.is_available() else "cpu")
+        shape = suites.load().shape(shape_name)
+        runs = []
+        for name in entries:
+            entry = registry.get(name)
+            inputs = entry.inputs(shape, seed, device)
+            runs += [functools.partial(entry.run_helion if side == "helion" else entry.run_baseline, inputs)
+                     for side in sides]
+        _synchronize(device)
+        started = time.monotonic()
+        for run in runs:
+            run()
+        _synchronize(device)
+        return time.monotonic() - started
 
 
 def in_parallel(worker: Any, jobs: Sequence[tuple], processes: int, fresh: bool = False) -> list[Any]:
@@ -384,13 +409,14 @@ def warm(shapes: Sequence[str], entries: Sequence[str], processes: int, baseline
     return dict(zip(shapes, in_parallel(_first_calls, jobs, processes), strict=True))
 
 
-def first_call_seconds(shapes: Sequence[str], entries: Sequence[str], sides: Sequence[str] = SIDES
-                       ) -> dict[str, dict[str, Any]]:
+def first_call_seconds(shapes: Sequence[str], entries: Sequence[str], sides: Sequence[str] = SIDES,
+                       empty_caches: bool = False) -> dict[str, dict[str, Any]]:
     """The cold start of a training job at each of ``shapes``: per side, the seconds of the first call of
     ``entries`` in a fresh process, one process at a time (compiles would compete for the CPU otherwise).
-    What is cached on disk (Triton's cache, ``dev warm``'s precompiles) is the caller's setting. Returns
-    {shape: {side: seconds, or the error's text}}."""
-    jobs = [(name, 0, tuple(entries), (side,)) for name in shapes for side in sides]
+    The on-disk caches (``dev warm``'s precompiles among them) are the caller's, or with ``empty_caches``
+    new and empty for each process, as on a machine that never ran the shape. Returns {shape: {side:
+    seconds, or the error's text}}."""
+    jobs = [(name, 0, tuple(entries), (side,), empty_caches) for name in shapes for side in sides]
     results = iter(in_parallel(_first_calls, jobs, 1, fresh=True))
     return {name: {side: next(results) for side in sides} for name in shapes}
 

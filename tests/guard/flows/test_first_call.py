@@ -19,12 +19,51 @@ def test_fresh_runs_every_job_in_a_new_process():
     assert len(set(selection.in_parallel(os.getpid, [(), (), ()], 1))) == 1
 
 
-def test_the_tool_times_both_sides_at_a_shape(tmp_path):
+def first_call(tmp_path: Path, *args: str) -> tuple[dict, Path]:
+    """Run the console script at the smoke shape with its own Inductor cache (where Helion's generated code goes
+    on a CPU) and temporary directory; returns the seconds it printed and that cache."""
+    cache, scratch = tmp_path / "inductor-cache", tmp_path / "tmp"
+    scratch.mkdir()
     done = subprocess.run([sys.executable, "-m", "guard", "dev", "first-call", "--shapes", "smoke", "--entries",
-                           "ssd_combined_fwd"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "MAMBA2_GUARD_STATE": str(tmp_path)})
+                           "ssd_combined_fwd", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MAMBA2_GUARD_STATE": str(tmp_path / "state"),
+                               "TORCHINDUCTOR_CACHE_DIR": str(cache), "TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stderr
-    seconds = json.loads(done.stdout.splitlines()[-1])
+    assert done.stdout.startswith("smoke helion ")
+    return json.loads(done.stdout.splitlines()[-1]), cache
+
+
+def files_under(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_file()]
+
+
+def test_the_tool_times_both_sides_at_a_shape_on_the_environments_caches(tmp_path):
+    seconds, cache = first_call(tmp_path)
     assert set(seconds) == {"smoke"} and set(seconds["smoke"]) == {"helion", "mamba_ssm"}
     assert all(isinstance(value, float) and value > 0 for value in seconds["smoke"].values()), seconds
-    assert done.stdout.startswith("smoke helion ")
+    assert files_under(cache), "the compiled kernels went elsewhere than the environment's cache"
+
+
+def test_empty_caches_compile_into_new_directories_and_remove_them(tmp_path):
+    seconds, cache = first_call(tmp_path, "--sides", "helion", "--empty-caches")
+    assert set(seconds["smoke"]) == {"helion"} and isinstance(seconds["smoke"]["helion"], float), seconds
+    assert not files_under(cache), "the environment's cache was used"
+    assert not list((tmp_path / "tmp").iterdir()), "the new caches were left behind"
+
+
+def test_empty_compile_caches_are_where_each_library_looks_and_the_environment_is_restored(monkeypatch, tmp_path):
+    from helion.autotuner.local_cache import get_helion_cache_dir
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from triton import knobs
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.delenv("HELION_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with selection.empty_compile_caches() as root:
+        assert not list(root.iterdir())
+        for found in (knobs.cache.dir, get_helion_cache_dir(), cache_dir()):
+            assert Path(found).parent == root, found
+    assert not root.exists()
+    # Inductor writes its variable back when it looks its cache up; the variables are the caller's again.
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
+    assert "HELION_CACHE_DIR" not in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
