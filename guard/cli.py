@@ -14,11 +14,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guard import EnvironmentProblem, __version__, check_kernels_package
 from guard.adapters.state import default_state_dir
 from guard.core import flags
+
+if TYPE_CHECKING:  # the CLI imports its commands' modules when they run
+    from guard.core.results import BenchResult
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 DESCRIPTION = """Benchmark, check and re-tune the Helion Mamba-2 kernels against mamba-ssm on this machine,
@@ -151,6 +154,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from guard.flows.nightly import selection
     from kernels.config_store import atomic_write
 
+    if args.resume and not args.json:
+        raise ValueError("--resume: needs --json PATH, the result file to continue")
     progress = _progress()
     options = _options(args)
     if _use_cpu_interpret():
@@ -160,13 +165,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     suite, entries, shapes = selection(options, progress)
     fp = fingerprint.collect()
     state = Path(args.state_dir)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = Path(args.json) if args.json else state / RESULTS_DIR / f"{stamp}{RESULT_SUFFIX}"
+    resumed = _resumed(args, out, fp.to_dict()) if args.resume else None
+
+    def write(result: BenchResult) -> None:  # after every case too: a killed run keeps what it measured
+        atomic_write(out, json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
+
     result = shard.bench(entries, shapes, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), state_dir=state,
                          suite=suite, seed=args.seed, rounds=args.rounds, progress=progress,
                          cuda_graphs=args.cuda_graphs, workers=args.workers, bench_fn=args.bench_fn,
-                         case_timeout_s=args.case_timeout)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    out = Path(args.json) if args.json else state / RESULTS_DIR / f"{stamp}{RESULT_SUFFIX}"
-    atomic_write(out, json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
+                         case_timeout_s=args.case_timeout, resumed=resumed, checkpoint=write)
+    write(result)
     from guard.core import report
 
     _console().print(report.bench_table(result))
@@ -177,6 +187,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"baseline: {path}" + (f" (left out: {', '.join(left_out)})" if left_out else ""))
     bad = [c for c in result.cases if c.error or (c.precision is not None and c.precision.ok is False)]
     return EXIT_FAIL if bad else EXIT_OK
+
+
+def _resumed(args: argparse.Namespace, out: Path, fingerprint: dict[str, Any]) -> BenchResult | None:
+    """``bench --resume``: the cases of ``out`` that this run keeps (None where the file is not there yet)."""
+    import dataclasses
+
+    from guard.bench.timing import measured_under
+    from guard.core.results import kept_on_resume
+    from guard.flows import baselines
+
+    if not out.exists():
+        return None
+    try:
+        prior = baselines.read_result(out)
+    except ValueError as exc:
+        raise ValueError(f"--resume: {exc}") from None
+    try:
+        kept = kept_on_resume(prior, measured_under(fingerprint),
+                              {"seed": args.seed, "rounds": args.rounds, "cuda_graphs": args.cuda_graphs})
+    except ValueError as exc:
+        raise ValueError(f"--resume: {out}: {exc}") from None
+    return dataclasses.replace(prior, cases=kept)
 
 
 # Where bench and nightly save results and where check finds the latest: <state>/reports/<stamp>-result.json.
@@ -223,6 +255,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     paths = write_reports(state, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), result, verdicts, baseline, policy)
     _console().print(report.rich_table(result, verdicts, baseline))
     print(f"report: {paths['report_md']}")
+    if isinstance(partial := result.extra.get("partial"), dict):
+        print(f"note: {result_path} holds {partial.get('cases')} of the {partial.get('planned')} planned cases: "
+              f"its bench stopped early; the same command with --resume --json {result_path} measures the rest")
     return code
 
 
@@ -581,7 +616,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("bench", "precision and interleaved timing of kernels x shapes")
     selection(p, "default")
     run_options(p)
-    p.add_argument("--json", metavar="PATH", help="where to write the result (default: the state dir)")
+    p.add_argument("--json", metavar="PATH", help="where to write the result (default: the state dir); with "
+                   "one worker it is rewritten after every case")
+    p.add_argument("--resume", action="store_true", help="continue --json PATH where a stopped run left it: keep "
+                   "its cases (same environment, GPU, seed, rounds and timing) and measure the rest")
     p.add_argument("--update-baseline", action="store_true", help="write baselines/<gpu-slug>.yaml")
     p.set_defaults(func=cmd_bench)
 

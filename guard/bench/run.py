@@ -163,37 +163,58 @@ def plain_progress(message: str) -> None:
 def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fingerprint: dict[str, Any],
               fingerprint_digest: str, state_dir: Path, suite: str | None, seed: int = 0, rounds: int = 30,
               warmup: int = 3, progress: Progress = plain_progress, cuda_graphs: bool = False,
-              check_precision: bool = True) -> BenchResult:
+              check_precision: bool = True, done: Sequence[CaseResult] = (), started_at: str | None = None,
+              checkpoint: Callable[[BenchResult], None] | None = None) -> BenchResult:
+    """Every entry x shape, shape-major. ``done``: cases of this plan measured before (a resumed run, which
+    keeps its ``started_at``), not measured again. ``checkpoint`` gets the result so far after each case,
+    marked ``extra["partial"]`` until the last, so that a run killed midway keeps what it measured."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    cases: list[CaseResult] = []
-    total = len(entries) * len(shapes)
+    started = started_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    plan = [(shape, entry) for shape in shapes for entry in entries]
+    order = {(shape.name, entry.name): i for i, (shape, entry) in enumerate(plan)}
+    cases = [case for case in done if (case.shape, case.kernel) in order]
+    measured = {(case.shape, case.kernel) for case in cases}
+    todo = [(shape, entry) for shape, entry in plan if (shape.name, entry.name) not in measured]
+    total = len(todo)
+    peaks: dict[str, Any] = {}
+
+    def result() -> BenchResult:
+        extra: dict[str, Any] = {"seed": seed, "rounds": rounds, "device": str(device), "cuda_graphs": cuda_graphs}
+        if len(cases) < len(plan):
+            extra["partial"] = {"cases": len(cases), "planned": len(plan)}
+        ordered = sorted(cases, key=lambda c: order[(c.shape, c.kernel)])
+        return BenchResult(fingerprint=measured_under(fingerprint), cases=tuple(with_layer_shares(ordered)),
+                           device_peaks=peaks, suite=suite, started_at=started, extra=extra)
+
+    def record(i: int, case: CaseResult, seconds: float) -> None:
+        progress(_line(i, total, case, seconds))
+        cases.append(case)
+        if checkpoint is not None:
+            checkpoint(result())
+
+    if cases:
+        progress(f"resumed: {len(cases)} of {len(plan)} case(s) measured before, {total} to go")
     if device.type == "cuda":
         index = torch.cuda.current_device()
         lock = gpu_lock(state_dir, fingerprint.get("gpu_uuid") or str(index))
         progress(f"waiting for the GPU lock {lock.lock_file}")
         with lock:
-            peaks = peaks_mod.cached(state_dir, fingerprint_digest)
+            peaks.update(peaks_mod.cached(state_dir, fingerprint_digest))
             timer, nvml = Timer(device), Nvml(index, uuid=fingerprint.get("gpu_uuid"))
-            for i, (shape, entry) in enumerate(_with_bar(((s, e) for s in shapes for e in entries), total)):
+            for i, (shape, entry) in enumerate(_with_bar(todo, total)):
                 t0 = time.monotonic()
                 case = bench_case(entry, shape, seed=seed, device=device, rounds=rounds, warmup=warmup,
                                   timer=timer, nvml=nvml, peaks=peaks, cuda_graphs=cuda_graphs,
                                   check_precision=check_precision)
-                progress(_line(i, total, case, time.monotonic() - t0))
-                cases.append(case)
+                record(i, case, time.monotonic() - t0)
     else:
-        peaks = {}
         progress("no GPU: CPU interpret mode; precision is checked, timings mean nothing")
-        for i, (shape, entry) in enumerate(_with_bar(((s, e) for s in shapes for e in entries), total)):
+        for i, (shape, entry) in enumerate(_with_bar(todo, total)):
             t0 = time.monotonic()
             case = bench_case(entry, shape, seed=seed, device=device, rounds=1, warmup=0, timer=None, nvml=None,
                               peaks=peaks)
-            progress(_line(i, total, case, time.monotonic() - t0))
-            cases.append(case)
-    return BenchResult(fingerprint=measured_under(fingerprint), cases=tuple(with_layer_shares(cases)),
-                       device_peaks=peaks, suite=suite, started_at=started,
-                       extra={"seed": seed, "rounds": rounds, "device": str(device), "cuda_graphs": cuda_graphs})
+            record(i, case, time.monotonic() - t0)
+    return result()
 
 
 def _with_bar(cases: Iterable[tuple[ShapeSpec, KernelEntry]], total: int) -> Iterable[tuple[ShapeSpec, KernelEntry]]:

@@ -379,16 +379,21 @@ def _peaks(state_dir: Path, digest: str, device: str) -> dict[str, Any]:
 def bench(entries: Sequence[Any], shapes: Sequence[Any], *, fingerprint: dict[str, Any], fingerprint_digest: str,
           state_dir: Path, suite: str | None, seed: int = 0, rounds: int = 30, progress: Progress,
           cuda_graphs: bool = False, workers: Any = 1, bench_fn: str | None = None,
-          case_timeout_s: float = DEFAULT_CASE_TIMEOUT_S) -> BenchResult:
-    """``run_bench`` in this process for one worker and the real bench (today's behaviour), else
-    ``run_sharded``."""
+          case_timeout_s: float = DEFAULT_CASE_TIMEOUT_S, resumed: BenchResult | None = None,
+          checkpoint: Callable[[BenchResult], None] | None = None) -> BenchResult:
+    """``run_bench`` in this process for one worker and the real bench (today's behaviour), continuing
+    ``resumed``'s cases and start and giving ``checkpoint`` the result after each case; else ``run_sharded``,
+    whose workers keep their finished cases in their shard files (it continues no result)."""
     from guard.bench.run import run_bench
 
     n = resolve_workers(workers)
     if n == 1 and bench_fn is None and not os.environ.get(BENCH_ENV):
         return run_bench(entries, shapes, fingerprint=fingerprint, fingerprint_digest=fingerprint_digest,
                          state_dir=state_dir, suite=suite, seed=seed, rounds=rounds, progress=progress,
-                         cuda_graphs=cuda_graphs)
+                         cuda_graphs=cuda_graphs, done=resumed.cases if resumed else (),
+                         started_at=resumed.started_at if resumed else None, checkpoint=checkpoint)
+    if resumed is not None:
+        raise ValueError("--resume: continues a run of one worker (--workers 1)")
     asked = parse_workers(workers)
     if asked != AUTO and n < asked:  # type: ignore[operator]
         progress(f"--workers {asked}: capped to the {n} visible GPU(s)")

@@ -387,6 +387,23 @@ class BenchResult:
         )
 
 
+def kept_on_resume(prior: BenchResult, fingerprint: Mapping[str, Any], settings: Mapping[str, Any]
+                   ) -> tuple[CaseResult, ...]:
+    """The cases of ``prior`` that a run continuing it keeps (those that neither failed nor lacked a kernel),
+    when that run has ``prior``'s environment (``fingerprint``, as a result records it), GPU and ``settings``
+    (seed, rounds, ...: keys of a result's ``extra``); otherwise ValueError saying what differs."""
+    if prior.fingerprint_hash != fingerprint_hash(fingerprint):
+        raise ValueError(f"measured in another environment (fingerprint {prior.fingerprint_hash[:12]}, "
+                         f"this one {fingerprint_hash(fingerprint)[:12]})")
+    if prior.fingerprint.get("gpu_uuid") != fingerprint.get("gpu_uuid"):
+        raise ValueError(f"measured on GPU {prior.fingerprint.get('gpu_uuid')}, this run is on "
+                         f"{fingerprint.get('gpu_uuid')}")
+    for name, value in settings.items():
+        if prior.extra.get(name) != value:
+            raise ValueError(f"measured with {name} {prior.extra.get(name)!r}, this run has {value!r}")
+    return tuple(case for case in prior.cases if not case.error and not case.missing)
+
+
 # ----------------------------------------------------------------------------------------------
 # History points (what the history store hands back to ``judge``)
 
