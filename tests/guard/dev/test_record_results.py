@@ -4,6 +4,7 @@ written. The real console script runs in a subprocess, on a copy of the committe
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -12,8 +13,24 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
-RUN = ROOT / "baselines" / "runs" / "nvidia-h200-2026-12-04-refit-bamba-9b.json"  # two rows of the baseline
-ROWS = ("ssd_combined_fwd_bwd", "mamba2_layer_fwd_bwd")
+BASELINE = ROOT / "baselines" / "nvidia-h200.yaml"
+SHAPE = "bamba-9b"
+
+
+def _cited_run() -> tuple[Path, tuple[str, ...]]:
+    """A committed run file whose every case is a row of the baseline at SHAPE, and those rows' kernels. Found
+    through the rows' recorded_at, since run files are removed once no row cites them."""
+    rows = yaml.safe_load(BASELINE.read_text())["results"]
+    cited = {kernel: str(by_shape[SHAPE]["recorded_at"]) for kernel, by_shape in rows.items() if SHAPE in by_shape}
+    for path in sorted((ROOT / "baselines" / "runs").glob("nvidia-h200-*.json")):
+        result = json.loads(path.read_text())
+        cases = {(case["kernel"], case["shape"]) for case in result["cases"]}
+        if cases and all(shape == SHAPE and cited.get(kernel) == result["started_at"] for kernel, shape in cases):
+            return path, tuple(sorted(kernel for kernel, _ in cases))
+    raise AssertionError(f"no committed run file holds only rows of the baseline at {SHAPE}")
+
+
+RUN, ROWS = _cited_run()
 
 
 def _record(root: Path, *results: Path) -> subprocess.CompletedProcess:
@@ -24,9 +41,9 @@ def _record(root: Path, *results: Path) -> subprocess.CompletedProcess:
 def _checkout_without_the_rows(tmp_path: Path) -> Path:
     (tmp_path / "baselines").mkdir()
     baseline = tmp_path / "baselines" / "nvidia-h200.yaml"
-    doc = yaml.safe_load((ROOT / "baselines" / "nvidia-h200.yaml").read_text())
+    doc = yaml.safe_load(BASELINE.read_text())
     for kernel in ROWS:
-        del doc["results"][kernel]["bamba-9b"]
+        del doc["results"][kernel][SHAPE]
     baseline.write_text(yaml.safe_dump(doc))
     return baseline
 
@@ -35,10 +52,10 @@ def test_a_result_from_elsewhere_restores_its_rows_and_keeps_the_others(tmp_path
     baseline = _checkout_without_the_rows(tmp_path)
     done = _record(tmp_path, RUN)
     assert done.returncode == 0, done.stderr
-    assert f"{RUN}: 2 case(s) into {baseline}" in done.stdout
-    committed = yaml.safe_load((ROOT / "baselines" / "nvidia-h200.yaml").read_text())["results"]
+    assert f"{RUN}: {len(ROWS)} case(s) into {baseline}" in done.stdout
+    committed = yaml.safe_load(BASELINE.read_text())["results"]
     recorded = yaml.safe_load(baseline.read_text())["results"]
-    assert recorded == committed  # the two rows as the device wrote them, every other row as it was
+    assert recorded == committed  # the rows as the device wrote them, every other row as it was
 
 
 def test_a_file_that_is_no_result_is_named_and_nothing_is_written(tmp_path):
