@@ -23,9 +23,9 @@ FINGERPRINT = {"gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-1", "driver_version":
 SETTINGS = {"seed": 0, "rounds": 20, "cuda_graphs": False}
 
 
-def prior(*cases: CaseResult, fingerprint=FINGERPRINT, **settings) -> BenchResult:
-    return BenchResult(fingerprint=dict(fingerprint), cases=cases, started_at="2026-12-04T10:00:00+00:00",
-                       extra={**SETTINGS, **settings})
+def prior(*cases: CaseResult) -> BenchResult:
+    return BenchResult(fingerprint=dict(FINGERPRINT), cases=cases, started_at="2026-12-04T10:00:00+00:00",
+                       extra=dict(SETTINGS))
 
 
 def case(kernel: str, **fields) -> CaseResult:
