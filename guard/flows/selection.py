@@ -177,17 +177,10 @@ COMPILE_CACHE_VARIABLES = ("TRITON_CACHE_DIR", "HELION_CACHE_DIR", "TORCHINDUCTO
 def empty_compile_caches() -> Iterator[Path]:
     """Point this process's compile caches at new, empty directories under one root, removed afterwards with
     the variables restored. Each library reads its variable when it looks a cache up, not at import."""
-    saved = {name: os.environ.get(name) for name in COMPILE_CACHE_VARIABLES}
-    with tempfile.TemporaryDirectory(prefix="mamba2-guard-caches-") as root:
-        os.environ.update({name: os.path.join(root, name.lower()) for name in COMPILE_CACHE_VARIABLES})
-        try:
-            yield Path(root)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    with tempfile.TemporaryDirectory(prefix="mamba2-guard-caches-") as root, contextlib.ExitStack() as variables:
+        for name in COMPILE_CACHE_VARIABLES:
+            variables.enter_context(_env(name, os.path.join(root, name.lower())))
+        yield Path(root)
 
 
 def _first_calls(shape_name: str, seed: int, entries: Sequence[str], sides: Sequence[str],
