@@ -619,7 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="where to write the result (default: the state dir); with "
                    "one worker it is rewritten after every case")
     p.add_argument("--resume", action="store_true", help="continue --json PATH where a stopped run left it: keep "
-                   "its cases (same environment, GPU, seed, rounds and timing) and measure the rest")
+                   "its cases (same environment, GPU, seed, rounds and timing) and measure the rest, and again "
+                   "those that failed or ran throttled")
     p.add_argument("--update-baseline", action="store_true", help="write baselines/<gpu-slug>.yaml")
     p.set_defaults(func=cmd_bench)
 

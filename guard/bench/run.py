@@ -241,4 +241,6 @@ def _line(i: int, total: int, case: CaseResult, seconds: float) -> str:
     else:
         what = (f"precision {'ok' if case.precision.ok else 'FAIL'} "
                 f"(max rel err vs fp64 {case.precision.max_rel_err_vs_fp64:.1e})")
+    if case.throttled:
+        what += "; throttled, so no baseline row (--resume measures it again)"
     return f"[{i + 1}/{total}] {case.shape} {case.kernel}: {what} ({seconds:.1f}s)"

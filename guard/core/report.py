@@ -397,6 +397,9 @@ def bench_table(result: BenchResult) -> Table:
         else:
             err = f" (rel err {_f(prec.max_rel_err_vs_fp64, '.1e')})"
             precision = Text(("ok" if prec.ok else "FAIL") + err, style=_STYLE["ok" if prec.ok else "precision-fail"])
+        speedup = Text(_f(case.speedup, ".2f") + ("x" if case.speedup is not None else ""))
+        if case.throttled:
+            speedup.append(" throttled", style=_STYLE["no-baseline"])
         table.add_row(case.kernel, case.shape, _ms(case.helion_median_ms), _ms(case.mamba_ssm_median_ms),
-                      _f(case.speedup, ".2f") + ("x" if case.speedup is not None else ""), precision)
+                      speedup, precision)
     return table

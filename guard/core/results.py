@@ -389,9 +389,10 @@ class BenchResult:
 
 def kept_on_resume(prior: BenchResult, fingerprint: Mapping[str, Any], settings: Mapping[str, Any]
                    ) -> tuple[CaseResult, ...]:
-    """The cases of ``prior`` that a run continuing it keeps (those that neither failed nor lacked a kernel),
-    when that run has ``prior``'s environment (``fingerprint``, as a result records it), GPU and ``settings``
-    (seed, rounds, ...: keys of a result's ``extra``); otherwise ValueError saying what differs."""
+    """The cases of ``prior`` that a run continuing it keeps (those that neither failed, lacked a kernel nor
+    ran throttled: a throttled case is no baseline row, and throttling passes), when that run has ``prior``'s
+    environment (``fingerprint``, as a result records it), GPU and ``settings`` (seed, rounds, ...: keys of a
+    result's ``extra``); otherwise ValueError saying what differs."""
     if prior.fingerprint_hash != fingerprint_hash(fingerprint):
         raise ValueError(f"measured in another environment (fingerprint {prior.fingerprint_hash[:12]}, "
                          f"this one {fingerprint_hash(fingerprint)[:12]})")
@@ -401,7 +402,7 @@ def kept_on_resume(prior: BenchResult, fingerprint: Mapping[str, Any], settings:
     for name, value in settings.items():
         if prior.extra.get(name) != value:
             raise ValueError(f"measured with {name} {prior.extra.get(name)!r}, this run has {value!r}")
-    return tuple(case for case in prior.cases if not case.error and not case.missing)
+    return tuple(case for case in prior.cases if not (case.error or case.missing or case.throttled))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.bench.run import run_bench
+from guard.bench.run import _line, run_bench
 from guard.core.results import BenchResult, CaseResult, kept_on_resume
 from kernels import registry
 
@@ -33,8 +33,14 @@ def case(kernel: str, **fields) -> CaseResult:
 
 
 def test_a_resumed_run_keeps_the_cases_that_were_measured():
-    good, failed, missing = case("a"), case("b", error="boom"), case("c", missing=True)
-    assert kept_on_resume(prior(good, failed, missing), FINGERPRINT, SETTINGS) == (good,)
+    good, failed, missing, throttled = case("a"), case("b", error="boom"), case("c", missing=True), case(
+        "d", throttled=True)
+    assert kept_on_resume(prior(good, failed, missing, throttled), FINGERPRINT, SETTINGS) == (good,)
+
+
+def test_the_progress_line_says_a_throttled_case_is_measured_again():
+    assert "throttled, so no baseline row (--resume measures it again)" in _line(0, 1, case("a", throttled=True), 1.0)
+    assert "throttled" not in _line(0, 1, case("a"), 1.0)
 
 
 @pytest.mark.parametrize(("changed", "says"), [

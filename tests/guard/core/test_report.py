@@ -13,6 +13,7 @@ from rich.console import Console
 
 from guard.core.report import (
     REPORT_SCHEMA_VERSION,
+    bench_table,
     layer_shares,
     parse_json,
     render_json,
@@ -158,3 +159,13 @@ def test_rich_table(big):
     console.print(table)
     text = console.export_text()
     assert "precision-fail" in text and text.index("precision-fail") < text.index("ok")
+
+
+def test_bench_table_says_which_cases_ran_throttled():
+    rng = np.random.default_rng(0)
+    result = BenchResult(fingerprint=FINGERPRINT, cases=(make_case(rng, kernel="cool"),
+                                                         make_case(rng, kernel="hot", throttled=True)))
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(bench_table(result))
+    rows = {line.split()[1]: line for line in console.export_text().splitlines() if " s " in line}
+    assert "throttled" in rows["hot"] and "throttled" not in rows["cool"]
