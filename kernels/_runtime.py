@@ -74,6 +74,20 @@ def device_slug(device: torch.device) -> str:
     return _cuda_slug(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _cuda_capability(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"{major}.{minor}"
+
+
+def device_capability(device: torch.device) -> str | None:
+    """A CUDA device's compute capability as fingerprints record it ("9.0"): which other GPUs' config files
+    may serve it (``config_store.borrowable_files``). None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def ensure_triton_allocator() -> None:
     """Give Triton its scratch allocator in this thread. A config with device-side tensor descriptors needs
     one; Triton keeps it in a context variable, which a new thread starts without (autograd runs the backward
@@ -179,7 +193,9 @@ class TunedKernel:
         default; also when ``MAMBA2_GUARD_AUTOTUNE`` asks Helion to tune)."""
         if _env_true(AUTOTUNE_ENV):
             return []
-        return config_store.stored_candidates(self.name, self.shape_key(*args), device_slug(_first_device(args)))
+        device = _first_device(args)
+        return config_store.stored_candidates(self.name, self.shape_key(*args), device_slug(device),
+                                              capability=device_capability(device))
 
     def lookup(self, *args: Any) -> config_store.Lookup:
         """The first candidate for ``args`` (what a tool reports as the stored config), or the default."""
@@ -242,7 +258,7 @@ class TunedKernel:
                                 self.name, found.key, exc)
                 continue
             if found.source != "exact":
-                config_store.note_fallback(self.name, str(key), slug, reason or found.source, found.key)
+                config_store.note_fallback(self.name, str(key), slug, reason or found.source, found.used)
             return result, kernel, False
         config_store.note_fallback(self.name, str(key), slug, reason or "default", None)
         kernel = self.helion_kernel(None, mode)

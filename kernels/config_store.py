@@ -28,6 +28,11 @@ Lookup rule, the same for every kernel (``candidates``):
   3. else the kernel's default config (``None`` here; the runtime then asks Helion for its default).
 A fallback (2 or 3) is logged once per kernel and key, and counted in ``FALLBACKS``.
 
+A GPU whose own file holds no config of a kernel (no file at all: a model nobody tuned yet, such as an H100
+beside the committed H200 file) takes the rule's candidates from the file of a GPU of the same architecture
+(``borrowable_files``: the same compute capability first, then the same major version), each with the source
+``other-gpu``. Configs do not carry across architectures, so another major version gets the default.
+
 A fused stage's ``chain`` rule (``ChainRule``) says at which calls the stage runs as the two kernels it
 fuses instead (``kernels.ssd.state_paths``); without one, the fused kernel runs everywhere.
 """
@@ -43,6 +48,7 @@ import re
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,8 +66,9 @@ TILE_FIELDS = frozenset({"headdim", "dstate", "k", "chunk_size", "group_size", "
 SCALED_FIELDS = SIZE_FIELDS | TILE_FIELDS  # positive ints, compared by the log of their ratio
 TOP_LEVEL_KEYS = ("fingerprint", "tuned", "selection", "kernels")
 # Where each fallback source stands in the lookup rule: "nearest" differs in size fields only, "related"
-# in tile fields or flags too, "invalid" is a stored exact config this helion rejects.
-FALLBACK_SOURCES = ("nearest", "related", "default", "invalid")
+# in tile fields or flags too, "invalid" is a stored exact config this helion rejects, "other-gpu" any key's
+# config from another GPU's file of the same architecture.
+FALLBACK_SOURCES = ("nearest", "related", "default", "invalid", "other-gpu")
 
 FALLBACKS: Counter[tuple[str, str]] = Counter()
 # (gpu slug, kernel, shape key) -> why the installed helion rejected that stored config: drift, which the
@@ -208,6 +215,12 @@ class Lookup:
     config: dict[str, Any] | None
     source: str  # "exact", or one of FALLBACK_SOURCES
     key: str | None  # the key whose config was used
+    gpu: str | None = None  # the slug of the file it comes from, where that is another GPU's
+
+    @property
+    def used(self) -> str | None:
+        """The key whose config serves, named with its GPU where that is another: how fallbacks are logged."""
+        return f"{self.gpu}:{self.key}" if self.gpu and self.key else self.key
 
 
 def slugify(gpu_name: str) -> str:
@@ -357,11 +370,6 @@ def find(cf: ConfigFile, kernel: str, key: ShapeKey) -> Lookup:
     return ranked[0] if ranked else Lookup(None, "default", None)
 
 
-def neighbours(cf: ConfigFile, kernel: str, key: ShapeKey) -> list[dict[str, Any]]:
-    """The configs of the other keys that the lookup could fall back to for ``key``, nearest first."""
-    return [found.config for found in candidates(cf, kernel, key) if found.key != str(key)]
-
-
 _cache: dict[Path, tuple[float, ConfigFile | None]] = {}
 
 
@@ -380,10 +388,58 @@ def load_cached(slug: str, config_dir: Path | None = None) -> ConfigFile | None:
         return hit[1]
 
 
-def stored_candidates(kernel: str, key: ShapeKey, slug: str, config_dir: Path | None = None) -> list[Lookup]:
-    """``candidates`` on the file for ``slug`` (none when there is no file)."""
-    cf = load_cached(slug, config_dir)
-    return candidates(cf, kernel, key) if cf is not None else []
+def borrowable_files(slug: str, capability: str | None, config_dir: Path | None = None) -> list[tuple[str, ConfigFile]]:
+    """The config files of the other GPUs of ``slug``'s architecture, as (slug, file): those whose fingerprint's
+    ``compute_capability`` is ``capability`` ("9.0") first, then those of the same major version, each by slug;
+    none without a capability. Another GPU's file that cannot be read is skipped with a warning: it must not
+    stop this GPU's job."""
+    if not capability:
+        return []
+    major = capability.split(".")[0]
+    found = []
+    for path in sorted((config_dir or CONFIG_DIR).glob("*.yaml")):
+        if path.stem == slug:
+            continue
+        try:
+            cf = load_cached(path.stem, config_dir)
+        except (OSError, ConfigFileError) as exc:
+            log.warning("config file of another GPU skipped: %s", exc)
+            continue
+        theirs = str((cf.fingerprint if cf else {}).get("compute_capability") or "")
+        if cf is not None and theirs.split(".")[0] == major:
+            found.append((theirs != capability, path.stem, cf))
+    return [(other, cf) for _, other, cf in sorted(found, key=lambda f: f[:2])]
+
+
+def serving_candidates(own: ConfigFile | None, borrowed: Sequence[tuple[str, ConfigFile]], kernel: str,
+                       key: ShapeKey) -> list[Lookup]:
+    """``candidates`` on a GPU's own file where it holds a config of ``kernel``; else on the first of
+    ``borrowed`` (``borrowable_files``) that does, each with the source "other-gpu"; else none."""
+    if own is not None and own.kernels.get(kernel):
+        return candidates(own, kernel, key)
+    for owner, cf in borrowed:
+        if cf.kernels.get(kernel):
+            return [Lookup(found.config, "other-gpu", found.key, owner) for found in candidates(cf, kernel, key)]
+    return []
+
+
+def stored_candidates(kernel: str, key: ShapeKey, slug: str, config_dir: Path | None = None,
+                      capability: str | None = None) -> list[Lookup]:
+    """``serving_candidates`` from the files in ``config_dir`` for the GPU ``slug`` of compute ``capability``
+    (other GPUs' files are read only where its own has no config of ``kernel``)."""
+    own = load_cached(slug, config_dir)
+    borrowed = [] if own is not None and own.kernels.get(kernel) else borrowable_files(slug, capability, config_dir)
+    return serving_candidates(own, borrowed, kernel, key)
+
+
+def serving_file(slug: str, capability: str | None, config_dir: Path | None = None) -> ConfigFile | None:
+    """The file whose selection rules (the state passes' chain rules) a GPU follows: its own, else the first
+    of ``borrowable_files``, else None."""
+    own = load_cached(slug, config_dir)
+    if own is not None:
+        return own
+    borrowed = borrowable_files(slug, capability, config_dir)
+    return borrowed[0][1] if borrowed else None
 
 
 def note_fallback(kernel: str, key: str, slug: str, source: str, used: str | None) -> None:

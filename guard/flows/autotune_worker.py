@@ -36,7 +36,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     from guard.bench.worker import gpu_identity
     from guard.core import tuneplan
     from kernels import config_store, registry, suites
-    from kernels._runtime import capture_launches, pinned_config
+    from kernels._runtime import capture_launches, device_capability, device_slug, pinned_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("helion_tuner needs a CUDA GPU")
@@ -142,6 +142,8 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     deadline = time.monotonic() + float(spec["budget_seconds"])
     base_path = spec.get("base_configs")
     base = config_store.load(Path(base_path)) if base_path and Path(base_path).exists() else config_store.ConfigFile()
+    # What serves the kernels that base has no config of, on a GPU nobody tuned yet: the incumbent to beat.
+    borrowed = config_store.borrowable_files(device_slug(device), device_capability(device))
 
     inputs = entry.inputs(shape, seed, device)
     with capture_launches() as captured:
@@ -175,7 +177,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     for i, (tk, kargs, key) in enumerate(launches):
         record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name,
                                   "device_ms": device_ms[i]}
-        incumbent_kind, incumbent, why = incumbent_of(tk, kargs, base, key)
+        incumbent_kind, incumbent, why = incumbent_of(tk, kargs, base, key, borrowed)
         if why is not None:
             record["committed_invalid"] = why
         default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
@@ -183,7 +185,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         budget = tuneplan.launch_budget(deadline - time.monotonic(), device_ms[i:])
         settings = search_settings(effort, seed, budget, bool(spec.get("helion_benchmark_subprocess")))
         record["settings"] = dict(settings)
-        seeds = search_seeds(tk, kargs, base, key, incumbent)
+        seeds = search_seeds(tk, kargs, base, key, incumbent, borrowed)
         if seeds:
             settings["autotune_seed_configs"] = [helion.Config(**seed) for seed in seeds]
         if tk.partial_sums or tk.finish:  # Helion's own check would reject configs that split partials otherwise
@@ -309,19 +311,21 @@ def search_settings(effort: str, seed: int, budget: int, benchmark_subprocess: b
             "autotune_benchmark_subprocess": benchmark_subprocess, "autotune_best_available_max_configs": 0}
 
 
-def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any
+def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any, borrowed: Sequence[Any] = ()
                  ) -> tuple[str, dict[str, Any] | None, str | None]:
-    """What the call runs on today, as the runtime serves it from ``base``: (kind, config adapted to ``args``,
-    why the stored config is invalid). A config of another key takes this call's per-load lists (a flag such
-    as initial states adds loads); judged unadapted it would be invalid, and the search would be measured
-    against Helion's default config, which a slow winner beats."""
+    """What the call runs on today, as the runtime serves it from ``base`` (or, for a kernel ``base`` has no
+    config of, from ``borrowed``, another GPU's files: ``config_store.serving_candidates``): (kind, config
+    adapted to ``args``, why the stored config is invalid). A config of another key takes this call's per-load
+    lists (a flag such as initial states adds loads); judged unadapted it would be invalid, and the search
+    would be measured against Helion's default config, which a slow winner beats."""
     from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
     from kernels import config_store
     from kernels._runtime import complete_config, validate_config
 
-    found = config_store.find(base, kernel.name, key)
-    if found.config is None:
+    ranked = config_store.serving_candidates(base, borrowed, kernel.name, key)
+    if not ranked:
         return DEFAULT, None, None
+    found = ranked[0]
     other_key = found.source != "exact"
     why = validate_config(kernel, args, found.config, other_key)
     if why is not None:
@@ -330,22 +334,24 @@ def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any
     return (NEAREST if other_key else COMMITTED), config, None
 
 
-def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any) -> list[dict[str, Any]]:
-    """The committed configs of the kernel's other shapes that fit ``args``: a neighbour's config can beat
-    the nearest one. On the H200, long-context's chunk_scan ran in 1.27 ms on nemotron3-nano's new config
-    and in 1.78 ms on the old one, the nearest config it was tuned against."""
+def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any,
+                    borrowed: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """The stored configs of the kernel's other shapes (from ``base``, or ``borrowed`` as the runtime would
+    serve them) that fit ``args``, nearest first: a neighbour's config can beat the nearest one. On the H200,
+    long-context's chunk_scan ran in 1.27 ms on nemotron3-nano's new config and in 1.78 ms on the old one, the
+    nearest config it was tuned against."""
     from kernels import config_store
     from kernels._runtime import complete_config, validate_config
 
     out = []
-    for config in config_store.neighbours(base, kernel.name, key):
-        if validate_config(kernel, args, config, other_key=True) is None:
-            out.append(complete_config(kernel, args, config, other_key=True) or dict(config))
+    for found in config_store.serving_candidates(base, borrowed, kernel.name, key):
+        if found.source != "exact" and validate_config(kernel, args, found.config, other_key=True) is None:
+            out.append(complete_config(kernel, args, found.config, other_key=True) or dict(found.config))
     return out
 
 
 def search_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any,
-                 incumbent: dict[str, Any] | None) -> list[dict[str, Any]]:
+                 incumbent: dict[str, Any] | None, borrowed: Sequence[Any] = ()) -> list[dict[str, Any]]:
     """Where a launch's search starts: the incumbent, the incumbent launching its innermost tiles first
     (``guard.core.tuneplan.innermost_first``), the neighbours' configs and the kernel's own seeds, each once
     and each valid for ``args``."""
@@ -356,7 +362,7 @@ def search_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any,
     if reordered is not None and validate_config(kernel, args, reordered) is not None:
         reordered = None
     head = [config for config in (incumbent, reordered) if config is not None]
-    return _unique(head + neighbour_seeds(kernel, args, base, key) + kernel.seed_configs(args))
+    return _unique(head + neighbour_seeds(kernel, args, base, key, borrowed) + kernel.seed_configs(args))
 
 
 def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:

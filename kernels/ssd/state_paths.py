@@ -5,8 +5,9 @@ per (batch, head, headdim block, dstate block): they never write the per-chunk s
 work is only the state's elements. At long chunks and small states (few heads, batch 1) the walk leaves most
 of the GPU idle, and mamba-ssm's two kernels, parallel over chunks too (``kernels.ssd.parity``: chunk states,
 then an associative scan over chunks), are faster despite the states they write and read back. Which one runs
-is the GPU's fitted ``ChainRule`` (the config file's ``selection.<stage>.chain``, ``kernels.config_store``);
-without a rule the fused kernel runs. ``docs/config-selection.md`` says how the rule is measured and fitted.
+is the GPU's fitted ``ChainRule`` (the config file's ``selection.<stage>.chain``, ``kernels.config_store``;
+a GPU without a file of its own takes that of the GPU whose file serves its configs); without a rule the fused
+kernel runs. ``docs/config-selection.md`` says how the rule is measured and fitted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 import torch
 
 from kernels import config_store
-from kernels._runtime import device_slug
+from kernels._runtime import device_capability, device_slug
 from kernels.ssd import compose
 from kernels.ssd.chunk_state_passing import chunk_state_passing_fwd as fused_fwd
 from kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd as fused_bwd
@@ -58,7 +59,7 @@ def chained(stage: str, x: torch.Tensor, dstate: int, chunk_size: int) -> bool:
     path = getattr(_forced, stage, None)
     if path is not None:
         return path == "chain"
-    cf = config_store.load_cached(device_slug(x.device))
+    cf = config_store.serving_file(device_slug(x.device), device_capability(x.device))
     batch, _, nheads, headdim = x.shape
     return cf is not None and chains_by_rule(cf, stage, batch, nheads, headdim, dstate, chunk_size)
 

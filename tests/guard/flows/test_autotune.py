@@ -485,6 +485,29 @@ def test_a_config_of_another_key_is_the_incumbent_as_the_runtime_serves_it(cumsu
     assert incumbent_of(kernel, args, ConfigFile(), key) == (DEFAULT, None, None)
 
 
+def test_on_a_gpu_nobody_tuned_the_incumbent_is_the_same_architecture_gpus_config(cumsum_launch):
+    """A first tune on an H100 beside the H200's file: its calls run on the H200's configs today, so a winner
+    must beat those, not Helion's default; and they seed the search. Never counted as its own committed
+    config, even at the same key."""
+    from guard.core.tuneplan import DEFAULT, NEAREST
+    from guard.flows.autotune_worker import incumbent_of, search_seeds
+    from kernels.config_store import ConfigFile, ShapeKey
+
+    kernel, args, key = cumsum_launch
+    far = ShapeKey.of(**{**dict(key.fields), "tokens": dict(key.fields)["tokens"] * 2})
+    h200 = ConfigFile(kernels={kernel.name: {str(key): {"block_sizes": [2], "num_warps": 2},
+                                             str(far): {"block_sizes": [1], "num_warps": 1}}})
+    borrowed = [("nvidia-h200", h200)]
+    kind, config, why = incumbent_of(kernel, args, ConfigFile(), key, borrowed)
+    assert (kind, why, config["block_sizes"], config["num_warps"]) == (NEAREST, None, [2], 2)
+    seeds = search_seeds(kernel, args, ConfigFile(), key, config, borrowed)
+    assert seeds[0] == config
+    assert ([1], 1) in [(s["block_sizes"], s["num_warps"]) for s in seeds]  # its other key's config seeds too
+    own = ConfigFile(kernels={kernel.name: {str(far): {"block_sizes": [4], "num_warps": 8}}})
+    assert incumbent_of(kernel, args, own, key, borrowed)[1]["block_sizes"] == [4]  # its own file first
+    assert incumbent_of(kernel, args, ConfigFile(), key)[0] == DEFAULT
+
+
 @pytest.mark.parametrize("field, value", [("budget_seconds", 0), ("total_budget_seconds", -5),
                                           ("job_timeout_seconds", "soon"), ("effort", "medium")])
 def test_bad_options_are_refused_by_name(tmp_path, field, value):

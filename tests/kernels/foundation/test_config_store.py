@@ -155,7 +155,6 @@ def test_candidates_are_every_stored_key_nearest_first(stored, query):
             assert str(near) < str(far)
         else:
             assert d_near < d_far
-    assert config_store.neighbours(cf, "k", query) == [found.config for found in ranked if found.key != str(query)]
     assert config_store.candidates(cf, "other", query) == []
     assert config_store.find(cf, "other", query) == config_store.Lookup(None, "default", None)
 
@@ -176,6 +175,46 @@ def test_stored_candidates_and_fallbacks_counted_always_logged_once(tmp_path, ca
             config_store.note_fallback("k", str(key), "test-gpu", "nearest", ranked[0].key)
     assert config_store.FALLBACKS[("k", "nearest")] == before + 2
     assert sum("no tuned config" in r.message for r in caplog.records) == 1  # logged once, counted always
+
+
+def _gpu_file(config_dir, slug, capability, kernels):
+    config_store.save(config_store.path_for(slug, config_dir),
+                      ConfigFile(fingerprint={"compute_capability": capability}, kernels=kernels))
+
+
+def test_a_gpu_without_configs_of_a_kernel_takes_a_same_architecture_gpus(tmp_path):
+    """An H100 beside the H200's file: the H200's configs, marked other-gpu, rather than Helion's default;
+    among several, the same compute capability first; another architecture's never; its own file first."""
+    config_store._cache.clear()
+    key = ShapeKey.of(dtype="bfloat16", headdim=64, tokens=16384)
+    _gpu_file(tmp_path, "a-gpu-90", "9.0", {"k": {str(key): {"num_warps": 4}}})
+    _gpu_file(tmp_path, "b-gpu-9a", "9.1", {"k": {str(key): {"num_warps": 8}}})
+    _gpu_file(tmp_path, "c-gpu-100", "10.0", {"k": {str(key): {"num_warps": 2}}})
+
+    def served(capability, slug="new-gpu"):
+        return [(found.source, found.gpu, found.used, found.config["num_warps"])
+                for found in config_store.stored_candidates("k", key, slug, tmp_path, capability=capability)]
+
+    assert served("9.0") == [("other-gpu", "a-gpu-90", f"a-gpu-90:{key}", 4)]
+    assert served("9.1") == [("other-gpu", "b-gpu-9a", f"b-gpu-9a:{key}", 8)]
+    assert served("10.0") == [("other-gpu", "c-gpu-100", f"c-gpu-100:{key}", 2)]
+    assert served("8.0") == served(None) == []
+    assert [slug for slug, _ in config_store.borrowable_files("new-gpu", "9.1", tmp_path)] == ["b-gpu-9a", "a-gpu-90"]
+    assert served("9.0", slug="b-gpu-9a") == [("exact", None, str(key), 8)]  # its own file comes first
+    _gpu_file(tmp_path, "new-gpu", "9.0", {"other": {str(key): {"num_warps": 1}}})
+    config_store._cache.clear()
+    assert served("9.0") == [("other-gpu", "a-gpu-90", f"a-gpu-90:{key}", 4)]  # its file lacks the kernel
+
+
+def test_an_unreadable_file_of_another_gpu_is_skipped_with_a_warning(tmp_path, caplog):
+    config_store._cache.clear()
+    key = ShapeKey.of(dtype="bfloat16", tokens=16384)
+    (tmp_path / "broken-gpu.yaml").write_text("kernels: [not, a, mapping]\n")
+    _gpu_file(tmp_path, "good-gpu", "9.0", {"k": {str(key): {"num_warps": 4}}})
+    with caplog.at_level("WARNING"):
+        found = config_store.stored_candidates("k", key, "new-gpu", tmp_path, capability="9.0")
+    assert [f.gpu for f in found] == ["good-gpu"]
+    assert any("broken-gpu.yaml" in r.message for r in caplog.records)
 
 
 def test_channels_are_a_size_field_so_another_channel_count_finds_the_nearest_config():

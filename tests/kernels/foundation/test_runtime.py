@@ -10,7 +10,7 @@ import pytest
 import torch
 from helion.autotuner import EnumFragment
 
-from kernels import config_store
+from kernels import _runtime, config_store
 from kernels._runtime import (
     TunedKernel,
     capture_launches,
@@ -295,6 +295,26 @@ def test_a_key_nobody_tuned_runs_on_a_related_config_not_the_default(store):
     assert config_store.FALLBACKS[("toy_exp_add", "default")] == before.get(("toy_exp_add", "default"), 0)
     kernel, on_default = next(iter(toy_exp_add._dispatch.values()))
     assert not on_default and kernel.configs[0]["block_sizes"] == [16, 8]
+
+
+def test_a_gpu_nobody_tuned_runs_on_a_same_architecture_gpus_configs(store, monkeypatch):
+    """No file of its own, and the file of a GPU of the same compute capability beside it: the call runs on
+    that GPU's config, counted as other-gpu; on another architecture it runs on Helion's default."""
+    x = torch.randn(100, 33)
+    cf = ConfigFile(fingerprint={"compute_capability": "9.0"},
+                    kernels={"toy_exp_add": {str(_key(x, x)): {"block_sizes": [16, 8], "num_warps": 2}}})
+    config_store.save(config_store.path_for("tuned-gpu", store), cf)
+    config_store._cache.clear()
+    for capability, on_default_expected, source in (("9.0", False, "other-gpu"), ("8.0", True, "default")):
+        monkeypatch.setattr(_runtime, "device_capability", lambda _device, c=capability: c)
+        toy_exp_add._dispatch.clear()
+        before = config_store.FALLBACKS[("toy_exp_add", source)]
+        with execution_mode("triton"):
+            torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
+        assert config_store.FALLBACKS[("toy_exp_add", source)] == before + 1
+        kernel, on_default = next(iter(toy_exp_add._dispatch.values()))
+        assert on_default == on_default_expected
+        assert on_default or kernel.configs[0]["block_sizes"] == [16, 8]
 
 
 def test_a_related_config_that_does_not_generate_code_is_skipped_for_the_next(store):

@@ -84,6 +84,20 @@ def test_the_rule_picks_each_pass_by_chunk_size_and_state(rule_file, rules, chai
         assert (stage in launched) == (not chain <= chained)
 
 
+def test_a_gpu_without_a_file_of_its_own_takes_the_chain_rule_of_the_gpu_serving_its_configs(
+        rule_file, tmp_path, monkeypatch):
+    """The configs and the chain rule come from the same file: a GPU of the same architecture's."""
+    config_store.save(tmp_path / "tuned-gpu.yaml", config_store.ConfigFile(
+        fingerprint={"compute_capability": "9.0"},
+        selection={"chunk_state_passing": {"chain": {"min_chunk": 32, "max_state": 2048}}}))
+    config_store._cache.clear()
+    tensors, options = _call()
+    monkeypatch.setattr(state_paths, "device_capability", lambda _device: "9.0")
+    assert _launched_kernels(tensors, options) & CHAIN_KERNELS == CHAINS["chunk_state_passing"]
+    monkeypatch.setattr(state_paths, "device_capability", lambda _device: "8.0")
+    assert not _launched_kernels(tensors, options) & CHAIN_KERNELS
+
+
 def test_the_chain_gives_the_fused_results_forward_and_backward():
     """Packed documents, initial states and final states: every output and gradient agrees."""
     tensors, options = _call()
