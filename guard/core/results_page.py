@@ -14,6 +14,7 @@ caller maps the case's ``recorded_at`` to one, else the ``recorded_at`` itself.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -135,10 +136,14 @@ def _table(items: Iterable[tuple[str, Mapping[str, Any]]], runs: Mapping[str, st
     return [HEADER, RULE, *(row(kernel, case, runs) for kernel, case in sorted(items, key=_order))]
 
 
+def _composite_kernels(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """The whole calls and the layer among the baseline's kernels, by phase."""
+    composite = {k for k, by_shape in results.items() if any(is_composite(c.get("phase")) for c in by_shape.values())}
+    return sorted(composite, key=lambda k: (str(next(iter(results[k].values())).get("phase")), k))
+
+
 def _headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], order: list[str]) -> list[str]:
-    composite = sorted({k for k, by_shape in results.items()
-                        if any(is_composite(c.get("phase")) for c in by_shape.values())},
-                       key=lambda k: (str(next(iter(results[k].values())).get("phase")), k))
+    composite = _composite_kernels(results)
     shapes = sorted({shape for by_shape in results.values() for shape in by_shape}, key=_rank(order))
     if not composite or not shapes:
         return []
@@ -151,6 +156,26 @@ def _headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], order: lis
             cells.append(f"{speedup:.2f}x" if speedup is not None else "n/a")
         lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
     return lines
+
+
+def _group_means(results: Mapping[str, Mapping[str, Mapping[str, Any]]], tuned: list[str],
+                 heldout_shapes: Iterable[str]) -> list[str]:
+    """Per whole call and layer, the geometric mean of the speedups over the held-out shapes and over the
+    tuned ones, each with its range and the number of shapes with a row: the claim and what tuning reaches."""
+    heldout = set(heldout_shapes)
+    columns = [("held out", lambda shape: shape in heldout), ("tuned", lambda shape: shape in tuned)]
+    lines = []
+    for kernel in _composite_kernels(results):
+        cells = []
+        for _, member in columns:
+            speedups = [x for shape, c in results[kernel].items() if member(shape) and (x := _speedup(c)) is not None]
+            cells.append(f"{statistics.geometric_mean(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}x; "
+                         f"{len(speedups)})" if speedups else "n/a")
+        lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
+    if not lines or not heldout:
+        return []
+    return ["| geometric mean of the speedups (range; shapes) | " + " | ".join(name for name, _ in columns) + " |",
+            "|---|" + "--:|" * len(columns), *lines]
 
 
 def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | None = None,
@@ -196,6 +221,9 @@ def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | 
     headline = _headline(results, tuned)
     if headline:
         out += ["## Whole calls and the layer", "", *headline, ""]
+        means = _group_means(results, tuned, heldout_shapes)
+        if means:
+            out += [*means, ""]
     for kind, name, is_held, items in all_groups:
         label = f"{kind} `{name}`" + (" (held out)" if is_held else (" (tuned)" if name in tuned else ""))
         out += [f"## {label[0].upper()}{label[1:]}", ""]

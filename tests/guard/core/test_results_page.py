@@ -139,3 +139,17 @@ def test_shapes_of_the_held_out_suite_come_first_as_the_claim():
     assert "Held-out groups (`bamba-9b`)" in page
     assert page.index("## Shape `bamba-9b` (held out)") < page.index("## Shape `nemotron3-nano` (tuned)")
     assert "no held-out shapes yet" in results_page.render(baseline, "gpu", tuned_shapes=["nemotron3-nano"])
+
+
+def test_the_whole_calls_geometric_means_over_held_out_and_tuned_shapes():
+    from guard.core import results_page
+
+    call = {shape: case(1.0, theirs, "call_fwd_bwd")
+            for shape, theirs in (("held-a", 1.2), ("held-b", 1.5), ("tuned-a", 2.0), ("other", 9.0))}
+    results = {"ssd_combined_fwd_bwd": call, "chunk_scan": {"held-a": case(1.0, 3.0, "fwd")}}
+    page = results_page.render(baseline(results), "gpu", tuned_shapes=["tuned-a"], heldout_shapes=["held-a", "held-b"])
+    rows = [line for line in page.splitlines() if line.startswith("| `")]
+    # sqrt(1.2 * 1.5) = 1.34; a shape in neither group and a single kernel count nowhere
+    assert "| `ssd_combined_fwd_bwd` | 1.34x (1.20-1.50x; 2) | 2.00x (2.00-2.00x; 1) |" in rows
+    assert not any(line.startswith("| `chunk_scan` | 3.00x") for line in rows)
+    assert "geometric mean" not in results_page.render(baseline(results), "gpu", tuned_shapes=["tuned-a"])
