@@ -178,11 +178,29 @@ def _group_means(results: Mapping[str, Mapping[str, Mapping[str, Any]]], tuned: 
             "|---|" + "--:|" * len(columns), *lines]
 
 
+def _first_call_table(first_calls: Mapping[str, Mapping[str, Any]], tuned: list[str],
+                      heldout_shapes: Iterable[str]) -> list[str]:
+    """The first calls (``guard.core.first_calls``), held-out shapes first."""
+    heldout = list(heldout_shapes)
+    lines = ["| shape | entries | ours s | mamba-ssm s | ours / mamba-ssm | compile caches | measured | run |",
+             "|---|---|--:|--:|--:|---|---|---|"]
+    for shape in sorted(first_calls, key=lambda name: (name not in heldout, _rank(heldout + tuned)(name))):
+        rec = first_calls[shape]
+        label = f"`{shape}`" + (" (held out)" if shape in heldout else " (tuned)" if shape in tuned else "")
+        log = rec.get("log")
+        lines.append(f"| {label} | {', '.join(rec['entries'])} | {rec['helion_s']:.1f} | {rec['mamba_ssm_s']:.1f} | "
+                     f"{rec['helion_s'] / rec['mamba_ssm_s']:.2f} | {rec['caches']} | {str(rec['measured_at'])[:10]} | "
+                     + (f"[`{log}`](../../baselines/runs/{log})" if log else "n/a") + " |")
+    return lines
+
+
 def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | None = None,
-           tuned_shapes: Iterable[str] = (), heldout_shapes: Iterable[str] = (), source: str | None = None) -> str:
+           tuned_shapes: Iterable[str] = (), heldout_shapes: Iterable[str] = (), source: str | None = None,
+           first_calls: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The page. ``runs`` maps a case's ``recorded_at`` to the run file it came from; ``tuned_shapes`` are
     the shapes the stored configs may have been tuned at, ``heldout_shapes`` those never tuned or fitted on (the
-    claim); ``source`` is the baseline's path as the page cites it."""
+    claim); ``source`` is the baseline's path as the page cites it; ``first_calls`` the GPU's first-call records
+    (``guard.core.first_calls``), if any."""
     runs = dict(runs or {})
     tuned = list(dict.fromkeys(tuned_shapes))
     source = source or f"baselines/{slug}.yaml"
@@ -224,6 +242,12 @@ def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | 
         means = _group_means(results, tuned, heldout_shapes)
         if means:
             out += [*means, ""]
+    if first_calls:
+        out += ["## First call at a shape", "",
+                "The seconds of a training job's first call of the entries, each side in a fresh process, ours "
+                "compiling the configs it selects and mamba-ssm's autotuning (`mamba2-guard dev first-call "
+                f"--record`, kept in `baselines/first-call/{slug}.yaml`); `empty` compile caches are a machine that "
+                "never ran the shape.", "", *_first_call_table(first_calls, tuned, heldout_shapes), ""]
     for kind, name, is_held, items in all_groups:
         label = f"{kind} `{name}`" + (" (held out)" if is_held else (" (tuned)" if name in tuned else ""))
         out += [f"## {label[0].upper()}{label[1:]}", ""]

@@ -119,6 +119,9 @@ def first_call_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--empty-caches", action="store_true",
                         help="give each process new, empty Triton, Helion and Inductor caches (removed after), "
                              "as on a machine that never ran the shape (default: the environment's caches)")
+    parser.add_argument("--record", action="store_true",
+                        help="keep each shape's seconds in baselines/first-call/<gpu-slug>.yaml (the results "
+                             "page shows them)")
 
 
 def kernel_times_arguments(parser: argparse.ArgumentParser) -> None:

@@ -90,3 +90,32 @@ def update(path: Path, result: BenchResult) -> list[str]:
     atomic_write(path, yaml.safe_dump(merged, sort_keys=True, default_flow_style=False, width=120))
     return [f"{c.kernel}/{c.shape}" for c in result.cases
             if c.kernel not in new["results"] or c.shape not in new["results"][c.kernel]]
+
+
+def first_call_path(slug: str, directory: Path | None = None) -> Path:
+    """``baselines/first-call/<slug>.yaml``: the first calls measured on a GPU model (``guard.core.first_calls``)."""
+    return (directory or BASELINE_DIR) / "first-call" / f"{slug}.yaml"
+
+
+def read_first_calls(path: Path) -> dict[str, dict[str, Any]]:
+    """The records of a first-call file (empty where there is none); ValueError naming the file otherwise."""
+    from guard.core import first_calls
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: not a readable first-call file ({exc})") from None
+    return first_calls.parse(doc, str(path))
+
+
+def record_first_calls(path: Path, seconds: dict[str, dict[str, Any]], **measured: Any) -> list[str]:
+    """Merge ``dev first-call``'s ``seconds`` into the file at ``path`` (``guard.core.first_calls.recorded``;
+    ``measured``: its entries, caches, measured_at and gpu_uuid), atomically. Returns the shapes left out."""
+    from guard.core import first_calls
+
+    records, left_out = first_calls.recorded(read_first_calls(path), seconds, **measured)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, yaml.safe_dump(dict(sorted(records.items())), sort_keys=True, width=120))
+    return left_out

@@ -49,6 +49,8 @@ USAGE = [
     ("dev-runs-0", lambda t: ["dev", "calibrate", "--json", "x", "--runs", "0"], {}, "--runs"),
     ("first-call-unknown-entry", lambda t: ["dev", "first-call", "--shapes", "smoke", "--entries", "nope"], {},
      "unknown kernel 'nope'"),
+    ("first-call-record-without-a-gpu", lambda t: ["dev", "first-call", "--shapes", "smoke", "--record"], {},
+     "--record"),
     ("warm-unknown-entry", lambda t: ["dev", "warm", "--shapes", "smoke", "--entries", "nope"], {},
      "unknown kernel 'nope'"),
     ("state-env-under-a-file", lambda t: ["list"], {"MAMBA2_GUARD_STATE": "/etc/hostname/state"},

@@ -153,3 +153,21 @@ def test_the_whole_calls_geometric_means_over_held_out_and_tuned_shapes():
     assert "| `ssd_combined_fwd_bwd` | 1.34x (1.20-1.50x; 2) | 2.00x (2.00-2.00x; 1) |" in rows
     assert not any(line.startswith("| `chunk_scan` | 3.00x") for line in rows)
     assert "geometric mean" not in results_page.render(baseline(results), "gpu", tuned_shapes=["tuned-a"])
+
+
+def test_first_calls_are_shown_held_out_first_with_their_ratio_and_run():
+    from guard.core import results_page
+
+    record = {"entries": ["ssd_combined_fwd_bwd"], "caches": "empty", "measured_at": "2026-12-04T20:09:35+00:00"}
+    first_calls = {"tuned-a": {**record, "helion_s": 30.0, "mamba_ssm_s": 60.0},
+                   "held-a": {**record, "helion_s": 40.0, "mamba_ssm_s": 100.0, "log": "gpu-run.log"}}
+    results = {"ssd_combined_fwd_bwd": {"held-a": case(1.0, 1.2, "call_fwd_bwd")}}
+    page = results_page.render(baseline(results), "gpu", tuned_shapes=["tuned-a"], heldout_shapes=["held-a"],
+                               first_calls=first_calls)
+    table = table_rows(page, "## First call at a shape")
+    assert len(table) == 2
+    assert table[0].startswith(
+        "| `held-a` (held out) | ssd_combined_fwd_bwd | 40.0 | 100.0 | 0.40 | empty | 2026-12-04 |")
+    assert "[`gpu-run.log`](../../baselines/runs/gpu-run.log)" in table[0]
+    assert table[1].startswith("| `tuned-a` (tuned) | ssd_combined_fwd_bwd | 30.0 | 60.0 | 0.50 |")
+    assert "## First call" not in results_page.render(baseline(results), "gpu")

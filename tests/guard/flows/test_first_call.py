@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from guard.flows import selection
+import pytest
+import yaml
+
+from guard.flows import baselines, selection
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -67,3 +70,28 @@ def test_empty_compile_caches_are_where_each_library_looks_and_the_environment_i
     # Inductor writes its variable back when it looks its cache up; the variables are the caller's again.
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
     assert "HELION_CACHE_DIR" not in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
+MEASURED = {"entries": ["ssd_combined_fwd_bwd"], "caches": "empty", "measured_at": "2026-12-04T20:09:35+00:00",
+            "gpu_uuid": "GPU-1"}
+
+
+def test_recording_twice_merges_the_shapes_into_one_file(tmp_path):
+    path = baselines.first_call_path("test-gpu", tmp_path)
+    assert baselines.record_first_calls(path, {"a": {"helion": 40.0, "mamba_ssm": 90.0}}, **MEASURED) == []
+    left_out = baselines.record_first_calls(path, {"b": {"helion": 30.0, "mamba_ssm": "Error: boom"},
+                                                   "c": {"helion": 20.0, "mamba_ssm": 80.0}}, **MEASURED)
+    assert left_out == ["b"]
+    assert path == tmp_path / "first-call" / "test-gpu.yaml"
+    assert sorted(yaml.safe_load(path.read_text())) == ["a", "c"]
+    assert baselines.read_first_calls(path)["a"]["helion_s"] == 40.0
+
+
+def test_an_unreadable_file_is_named_and_left_as_it_was(tmp_path):
+    path = baselines.first_call_path("test-gpu", tmp_path)
+    path.parent.mkdir()
+    path.write_text("a: {helion_s: fast}\n")
+    with pytest.raises(ValueError, match=f"{path}: a: missing"):
+        baselines.record_first_calls(path, {"b": {"helion": 1.0, "mamba_ssm": 2.0}}, **MEASURED)
+    assert path.read_text() == "a: {helion_s: fast}\n"
+    assert baselines.read_first_calls(tmp_path / "none.yaml") == {}
