@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from guard.core.first_calls import parse as parse_first_calls  # noqa: E402
 from guard.core.results_page import render  # noqa: E402
+from guard.flows.baselines import read_first_calls  # noqa: E402
 
 STARTED_AT = re.compile(r'"started_at":\s*"([^"]+)"')
 
@@ -58,9 +58,7 @@ def pages(root: Path) -> dict[Path, str]:
     for baseline in sorted((root / "baselines").glob("*.yaml")):
         slug = baseline.stem
         data = yaml.safe_load(baseline.read_text()) or {}
-        first_call_file = root / "baselines" / "first-call" / baseline.name
-        first_calls = (parse_first_calls(yaml.safe_load(first_call_file.read_text()), str(first_call_file))
-                       if first_call_file.is_file() else {})
+        first_calls = read_first_calls(root / "baselines" / "first-call" / baseline.name)
         out[root / "docs" / "results" / f"{slug}.md"] = render(
             data, slug, runs=run_files(root / "baselines" / "runs", slug), tuned_shapes=tuned, heldout_shapes=heldout,
             source=f"baselines/{baseline.name}", first_calls=first_calls)
