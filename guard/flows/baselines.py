@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from guard import PROJECT_ROOT
+from guard.core import first_calls
 from guard.core.fingerprint import fingerprint_hash
 from guard.core.results import (
     Baseline,
@@ -99,8 +100,6 @@ def first_call_path(slug: str, directory: Path | None = None) -> Path:
 
 def read_first_calls(path: Path) -> dict[str, dict[str, Any]]:
     """The records of a first-call file (empty where there is none); ValueError naming the file otherwise."""
-    from guard.core import first_calls
-
     try:
         doc = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -113,8 +112,6 @@ def read_first_calls(path: Path) -> dict[str, dict[str, Any]]:
 def record_first_calls(path: Path, seconds: dict[str, dict[str, Any]], **measured: Any) -> list[str]:
     """Merge ``dev first-call``'s ``seconds`` into the file at ``path`` (``guard.core.first_calls.recorded``;
     ``measured``: its entries, caches, measured_at and gpu_uuid), atomically. Returns the shapes left out."""
-    from guard.core import first_calls
-
     records, left_out = first_calls.recorded(read_first_calls(path), seconds, **measured)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, yaml.safe_dump(dict(sorted(records.items())), sort_keys=True, width=120))
