@@ -182,9 +182,10 @@ def _first_call_table(first_calls: Mapping[str, Mapping[str, Any]], tuned: list[
                       heldout_shapes: Iterable[str]) -> list[str]:
     """The first calls (``guard.core.first_calls``), held-out shapes first."""
     heldout = list(heldout_shapes)
+    rank = _rank(heldout + tuned)
     lines = ["| shape | entries | ours s | mamba-ssm s | ours / mamba-ssm | compile caches | measured | run |",
              "|---|---|--:|--:|--:|---|---|---|"]
-    for shape in sorted(first_calls, key=lambda name: (name not in heldout, _rank(heldout + tuned)(name))):
+    for shape in sorted(first_calls, key=lambda name: (name not in heldout, rank(name))):
         rec = first_calls[shape]
         label = f"`{shape}`" + (" (held out)" if shape in heldout else " (tuned)" if shape in tuned else "")
         log = rec.get("log")
