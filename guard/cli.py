@@ -455,10 +455,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.path is None and not path.exists():
         print(f"{path}: no such file; the embedded defaults apply")
         return EXIT_OK
-    try:
-        guard_config.load(path)
-    except guard_config.GuardConfigError as exc:
-        raise EnvironmentProblem(" ".join(str(exc).split())) from None
+    guard_config.load(path)  # a GuardConfigError is a ValueError: main() prints it, exit 2
     print(f"{path}: ok")
     return EXIT_OK
 
@@ -783,15 +780,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_kernels_package()
         return args.func(args)
     except (EnvironmentProblem, HistoryError) as exc:
-        print(f"mamba2-guard: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(exc)
     except OSError as exc:  # disk full, read-only, a path under a file, a host that does not answer
-        print(f"mamba2-guard: {_os_error(exc)}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(_os_error(exc))
     except (KeyError, ValueError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"mamba2-guard: {message}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+
+
+def _usage_error(message: object) -> int:
+    """Print ``message`` on one line (a YAML parser's, for one, spans several with a caret) and return 2."""
+    print(f"mamba2-guard: {' '.join(str(message).split())}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _os_error(exc: OSError) -> str:

@@ -22,6 +22,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from guard import EXIT_BUSY
+from guard import config as guard_config
 from guard.adapters import fingerprint
 from guard.adapters.files import check_writable, clean_stale_temp_files
 from guard.adapters.history import History
@@ -229,6 +230,7 @@ def run_cycle(state_dir: Path, options: CycleOptions | None = None, progress: Pr
               job: str = "nightly") -> CycleOutcome:
     options = options or CycleOptions()
     check_writable(state_dir)
+    cfg = guard_config.load(options.config, state_dir)  # a bad file stops the cycle before it prints or locks
     lock = FileLock(str(state_dir / "nightly.lock"), timeout=0)
     try:
         lock.acquire()
@@ -239,12 +241,13 @@ def run_cycle(state_dir: Path, options: CycleOptions | None = None, progress: Pr
         for folder, recursive in ((state_dir, True), (configs.parent, False), (baseline.parent, False)):
             for path in clean_stale_temp_files(folder, recursive=recursive):
                 progress(f"removed {path}, left by an interrupted write")
-        return _cycle(state_dir, options, progress, job)
+        return _cycle(state_dir, options, cfg, progress, job)
     finally:
         lock.release()
 
 
-def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str) -> CycleOutcome:
+def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig, progress: Progress,
+           job: str) -> CycleOutcome:
     started = _now()
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     if not torch.cuda.is_available():
@@ -258,11 +261,9 @@ def _cycle(state_dir: Path, options: CycleOptions, progress: Progress, job: str)
     suite, entries, shapes = selection(options, progress)
     progress(f"suite {suite}: {len(entries)} kernels x {len(shapes)} shapes "
              f"({sum(not e.has_helion for e in entries)} kernels not implemented yet)")
-    from guard import config as guard_config
     from guard.bench import shard
 
-    # Before any GPU work: the config, the baseline and the history (the state dir is checked by run_cycle).
-    cfg = guard_config.load(options.config, state_dir)
+    # Before any GPU work: the baseline and the history (run_cycle checked the state dir and the config).
     policy = cfg.verdict_policy if options.policy == Policy() else options.policy
     baseline_path = recorded_paths(slug, options.root)[1]
     baseline = baselines.load(baseline_path)

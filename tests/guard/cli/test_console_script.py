@@ -99,6 +99,16 @@ def test_config_check(tmp_path):
     one_line_error(guard("config", "check", str(tmp_path / "nope.yaml")), "nope.yaml", "no such file")
 
 
+def test_a_yaml_error_is_one_line(tmp_path):
+    """PyYAML's message spans lines (a caret under the column): every command prints it on one."""
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("github: [\n")
+    one_line_error(guard("nightly", "--config", str(bad), "--state-dir", str(tmp_path / "state")),
+                   "broken.yaml: not valid YAML", "line 2, column 1")
+    one_line_error(guard("dev", "selected", "--shapes", "smoke", "--against", str(bad)),
+                   "broken.yaml: not valid YAML")
+
+
 def test_pr_dry_run_changes_nothing(tmp_path):
     state = tmp_path / "state"
     done = guard("pr", "--dry-run", "--state-dir", str(state))
