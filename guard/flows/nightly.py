@@ -129,7 +129,14 @@ def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | No
                     "`mamba2-guard list`'s Helion kernels)", configs_path, ", ".join(unknown))
     baseline_doc = baselines.read_document(baseline_path)
     baseline_fp = (baseline_doc or {}).get("fingerprint")
-    return drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(slug), policy)
+    report = drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(slug), policy)
+    borrowed = [] if configs is not None else config_store.borrowable_files(slug, fp.compute_capability,
+                                                                            configs_path.parent)
+    if borrowed:  # "no configs" would read as Helion's defaults: say what the jobs run on meanwhile
+        report = dataclasses.replace(report, notes=report.notes + (
+            f"until this GPU's configs are tuned, its jobs run on {borrowed[0][0]}'s (same architecture, "
+            f"compute capability {fp.compute_capability})",))
+    return report
 
 
 def rerun_on_device(options: CycleOptions, gpu_uuid: str | None = None) -> Any:

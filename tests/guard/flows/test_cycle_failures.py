@@ -106,3 +106,26 @@ def test_an_unknown_kernel_name_in_a_config_file_is_named(tmp_path, caplog):
         detect_drift(fingerprint.collect(), root=tmp_path, slug="gpu-a")
     (warning,) = [r.message for r in caplog.records if "unknown kernel name" in r.message]
     assert "gpu-a.yaml: kernels: unknown kernel name(s) chunk_scna," in warning and "chunk_scan," not in warning
+
+
+def test_drift_names_the_configs_an_untuned_gpu_borrows(tmp_path):
+    """An H100 beside only the H200's file: drift finds a new GPU and says its jobs run on the H200's configs
+    (the runtime's other-gpu rule), not on Helion's defaults; another architecture borrows nothing."""
+    import dataclasses
+
+    from guard.adapters import fingerprint
+    from guard.flows.nightly import detect_drift
+    from kernels import config_store
+    from kernels.config_store import ConfigFile
+
+    config_store.save(tmp_path / "kernels" / "configs" / "nvidia-h200.yaml", ConfigFile(
+        fingerprint={"gpu_name": "NVIDIA H200", "compute_capability": "9.0"},
+        kernels={"chunk_scan": {"t=1": {"num_warps": 4}}}))
+    h100 = dataclasses.replace(fingerprint.collect(), gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+    report = detect_drift(h100, root=tmp_path)
+    assert report.classes == ("new-gpu",)
+    assert [n for n in report.notes if "nvidia-h200's" in n] == [
+        "until this GPU's configs are tuned, its jobs run on nvidia-h200's (same architecture, compute capability 9.0)"]
+    a100 = dataclasses.replace(h100, gpu_name="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
+    assert not [n for n in detect_drift(a100, root=tmp_path).notes if "jobs run on" in n]
+    assert not [n for n in detect_drift(h100, root=tmp_path, slug="nvidia-h200").notes if "jobs run on" in n]
