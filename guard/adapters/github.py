@@ -63,16 +63,6 @@ class PrOutcome:
     reopened: bool = False
     detail: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "action": self.action,
-            "number": self.number,
-            "url": self.url,
-            "superseded": list(self.superseded),
-            "reopened": self.reopened,
-            "detail": self.detail,
-        }
-
 
 def _err(what: str, e: GithubException) -> GitHubError:
     data = e.data if isinstance(e.data, dict) else {}
@@ -325,22 +315,3 @@ def client_from_config(section: dict[str, Any] | None = None) -> PrClient:
         base_url=section.get("base_url", DEFAULT_BASE_URL),
     )
 
-
-def open_or_update_pr(
-    repo_full_name: str,
-    branch: str,
-    base: str,
-    title: str,
-    body: str,
-    labels: Sequence[str],
-    gpu_slug: str,
-    fingerprint_hash: str,
-    force: bool = False,
-    *,
-    client: PrClient | None = None,
-) -> PrOutcome:
-    """Module-level shortcut for :meth:`PrClient.open_or_update_pr` (client from the environment)."""
-    client = client or PrClient()
-    return client.open_or_update_pr(
-        repo_full_name, branch, base, title, body, labels, gpu_slug, fingerprint_hash, force=force
-    )

@@ -162,15 +162,6 @@ class HumanCommit:
     committer_email: str
     summary: str
 
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "sha": self.sha,
-            "author": self.author,
-            "author_email": self.author_email,
-            "committer_email": self.committer_email,
-            "summary": self.summary,
-        }
-
 
 @dataclass(frozen=True)
 class GitResult:
@@ -198,20 +189,6 @@ class GitResult:
     @property
     def remote_branch_exists(self) -> bool:
         return self.remote_sha is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "branch": self.branch,
-            "base": self.base,
-            "base_sha": self.base_sha,
-            "sha": self.sha,
-            "remote_sha": self.remote_sha,
-            "changed_files": list(self.changed_files),
-            "human_commits": [c.to_dict() for c in self.human_commits],
-            "forced": self.forced,
-            "detail": self.detail,
-        }
 
 
 # ----------------------------------------------------------------------------------------------

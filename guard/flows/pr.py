@@ -18,7 +18,7 @@ import difflib
 import os
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,7 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
                         f"nothing to propose: {' and '.join(paths)} do not differ from the base branch")
         return outcome
     result = repo.update(root, gpu_slug, text.fingerprint_hash, trigger=drift.summary(), branch=text.branch)
-    outcome.git = result.to_dict()
+    outcome.git = asdict(result)
     messages.append(f"git: {result.status}: {result.detail}")
     if result.status == "noop":
         messages.append("GitHub step skipped: nothing differs from the base branch")
@@ -179,6 +179,6 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
     else:
         pr = client.open_or_update_pr(cfg.github_repo, result.branch, base_branch, text.title, text.body, labels,
                                       gpu_slug, text.fingerprint_hash)
-    outcome.github = pr.to_dict()
+    outcome.github = asdict(pr)
     messages.append(f"GitHub: {pr.detail or pr.action}" + (f" {pr.url}" if pr.url else ""))
     return outcome
