@@ -4,7 +4,7 @@
     python dashboards/build.py --check   # exit 1 when the committed JSON is stale (CI)
     python dashboards/build.py --stdout  # print it
 
-Every PromQL expression lives in this file. ``tests/infra/test_prometheus.py`` runs each one, with the
+Every PromQL expression lives in this file. ``tests/guard/infra/test_prometheus.py`` runs each one, with the
 template variables set to "All", against a real Prometheus scraping a guard and fails on any that
 returns no data, so a renamed metric cannot leave a dead panel behind.
 """

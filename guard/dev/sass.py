@@ -6,7 +6,7 @@ its exact arguments, looks up each kernel's stored config for ``--gpu-slug`` (He
 stored), generates the Triton code, and compiles it for ``--arch`` with the installed Triton's own compiler
 and ``nvdisasm``. The counts are this machine's Triton's, which may differ from the GPU host's.
 
-How exp2/rsqrt replaced libdevice's exp and the IEEE division in the hot loops was found this way (README,
+How exp2/rsqrt replaced libdevice's exp and the IEEE division in the hot loops was found this way (docs/kernels.md,
 "exp2 and rsqrt in the hot loops"); the dx kernel shows that fewer instructions are not always faster.
 
     mamba2-guard dev sass chunk_scan causal_conv1d_bwd --shape nemotron3-nano --seqlen 512

@@ -2,7 +2,7 @@
 
 Helion's autotuner samples a huge space within a time budget. On the H200 it had left chunk_scan 20 % and
 the dx kernel 16 % short of configs found by timing a few hand-picked variants (4 warps, the dstate and
-chunk loops in different blocks; README, "Configs the autotuner missed"). For each job of a spec this times,
+chunk loops in different blocks; docs/kernels.md, "Configs the autotuner missed"). For each job of a spec this times,
 interleaved with L2 flushed before each call (guard's Timer, device time): mamba-ssm's function, ours on the
 stored configs, and the job's kernel alone on its stored config and on each variant (the stored config with
 the variant's keys laid over it). Each variant's public outputs are compared with the stored config's
