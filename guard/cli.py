@@ -225,11 +225,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Verdicts for a saved bench result against the baseline and the history."""
     from guard.adapters.history import History
     from guard.core import report
-    from guard.core.verdicts import Policy, exit_code
+    from guard.core.verdicts import exit_code
     from guard.flows import baselines
     from guard.flows.check import run_check
     from guard.flows.nightly import write_reports
 
+    policy = _guard_config(args).verdict_policy  # as the nightly judges; a bad file stops here, before reading
     state = Path(args.state_dir)
     baseline_path = _existing("--baseline", args.baseline) if args.baseline else None
     if args.result:
@@ -246,7 +247,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise ValueError(f"--result: {exc}") from None
     baseline_path = baseline_path or baselines.path_for_result(result)
     baseline = baselines.load(baseline_path)
-    policy = Policy()
     with History(state / "history.sqlite") as history:
         result, verdicts = run_check(result, baseline, history, policy)
         code = exit_code(verdicts, missing_fails=args.strict)
@@ -626,6 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", metavar="PATH", help="default: baselines/<gpu-slug>.yaml")
     p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
     p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the check")
+    p.add_argument("--config", metavar="PATH", help="guard config whose policy judges (default: "
+                   "<state-dir>/guard.yaml if present)")
     p.set_defaults(func=cmd_check)
 
     p = command("nightly", "one nightly cycle: bench, check, drift, re-tune and PR where due, reports")

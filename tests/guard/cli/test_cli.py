@@ -84,3 +84,32 @@ def test_calibration_script_names_the_bad_argument():
     assert unknown.returncode == 2 and "no-such-shape" in unknown.stderr
     no_gpu = run("--kernels", "chunk_state", "--json", "x.json")
     assert no_gpu.returncode == 2 and "needs a CUDA GPU" in no_gpu.stderr
+
+
+def test_check_judges_by_the_guard_configs_policy(tmp_path, capsys):
+    """A 10 % slower kernel is a regression at the default 5 % threshold, and not under a guard.yaml that
+    sets 30 %, as the nightly would judge it; a bad policy key exits 2 before anything is read."""
+    from guard.core.results import BenchResult
+    from guard.flows import baselines
+    from tests.guard.infra import sample
+
+    baselines.update(tmp_path / "baseline.yaml", BenchResult.from_dict(sample.result()))
+    doc = sample.result("2026-09-02T03:17:00+00:00")
+    slower = next(c for c in doc["cases"] if c["kernel"] == "ssd_chunk_state_fwd")
+    slower["samples_ms"]["helion"] = [ms * 1.10 for ms in slower["samples_ms"]["helion"]]
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps(BenchResult.from_dict(doc).to_dict()))
+
+    def check(state, *extra):
+        return cli.main(["check", "--result", str(result), "--baseline", str(tmp_path / "baseline.yaml"),
+                         "--state-dir", str(tmp_path / state), *extra])
+
+    assert check("default") == cli.EXIT_FAIL
+    (tmp_path / "relaxed").mkdir()
+    (tmp_path / "relaxed" / "guard.yaml").write_text("policy: {threshold: 0.30}\n")
+    assert check("relaxed") == cli.EXIT_OK
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: {threshhold: 0.30}\n")
+    capsys.readouterr()
+    assert check("bad", "--config", str(bad)) == cli.EXIT_USAGE
+    assert "policy.threshhold" in capsys.readouterr().err and not (tmp_path / "bad").exists()
