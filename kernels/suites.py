@@ -98,6 +98,12 @@ class Suites:
         return self.shapes[name]
 
     def suite(self, name: str) -> list[ShapeSpec]:
+        if name == SEEN_SUITE and name not in self.suites:
+            from kernels import seen
+
+            file = seen.path()
+            why = f"{file} records no call that fell back" if file else f"${seen.SEEN_ENV} is off"
+            raise KeyError(f"suite {name!r} is empty: {why}")
         if name not in self.suites:
             raise KeyError(f"unknown suite {name!r}; valid suites: {', '.join(sorted(self.suites))}")
         return [self.shapes[s] for s in self.suites[name]]

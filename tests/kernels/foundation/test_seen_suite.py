@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kernels import config_store, suites
 from kernels.config_store import ConfigFile
 
@@ -34,3 +36,14 @@ def test_an_unreadable_seen_file_leaves_the_suite_out(seen_file, write_seen, cap
     with caplog.at_level("WARNING"):
         assert suites.SEEN_SUITE not in suites.load().suites
     assert any("the seen suite is empty" in r.message for r in caplog.records)
+
+
+def test_an_empty_seen_suite_says_so_rather_than_unknown(seen_file, monkeypatch):
+    """`list --suite seen` before any fallback: the suite is named empty, with the file it reads."""
+    with pytest.raises(KeyError, match=rf"suite 'seen' is empty: {seen_file} records no call that fell back"):
+        suites.load().suite(suites.SEEN_SUITE)
+    monkeypatch.setenv("MAMBA2_GUARD_SEEN", "off")
+    with pytest.raises(KeyError, match=r"suite 'seen' is empty: \$MAMBA2_GUARD_SEEN is off"):
+        suites.load().suite(suites.SEEN_SUITE)
+    with pytest.raises(KeyError, match="unknown suite 'sean'; valid suites: default"):
+        suites.load().suite("sean")
