@@ -95,7 +95,7 @@ def measure_selection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="measurements, JSON lines appended per kernel")
     parser.add_argument("--rounds", type=flags.integer(1), default=10, help="timed samples per config (default 10)")
     parser.add_argument("--seed", type=flags.integer(0), default=0)
-    parser.add_argument("--gpu-slug", default="nvidia-h200", help="whose configs (default nvidia-h200)")
+    parser.add_argument("--gpu-slug", help="whose config file's configs are timed (default: this GPU's)")
     parser.add_argument("--paths-only", action="store_true",
                         help="time only the whole call with each state pass fused and chained (the chain rule's "
                              "evidence), not every stored config")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from guard.adapters import fingerprint
 from guard.dev import require_gpu
 from guard.flows import selection
 from kernels import config_store, registry, suites
@@ -22,9 +23,11 @@ def _shape_names(args: argparse.Namespace) -> list[str]:
 def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shapes = _shape_names(args)  # names first, on any machine: an unknown one is one line, exit 2
     require_gpu(parser, "it times the stored configs")
-    selection.measure(shapes, config=config_store.path_for(args.gpu_slug), seed=args.seed,
+    slug = args.gpu_slug or fingerprint.gpu_slug(fingerprint.collect())
+    selection.measure(shapes, config=config_store.path_for(slug), seed=args.seed,
                       rounds=args.rounds, processes=args.processes, out=args.out, paths_only=args.paths_only)
-    print(f"measurements in {args.out}; fit them with: mamba2-guard autotune --fit-selection {args.out}")
+    print(f"measurements in {args.out}; fit them into {slug}'s file with: mamba2-guard autotune "
+          f"--fit-selection {args.out} --gpu-slug {slug}")
     return 0
 
 
@@ -51,7 +54,6 @@ def first_call(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.record:
         from datetime import datetime, timezone
 
-        from guard.adapters import fingerprint
         from guard.flows import baselines
 
         fp = fingerprint.collect()

@@ -137,3 +137,26 @@ def test_the_command_names_bad_shapes_and_needs_a_gpu(tmp_path):
     no_gpu = run("--shapes", "smoke")
     assert no_gpu.returncode == 2 and "needs a CUDA GPU" in no_gpu.stderr and "Traceback" not in no_gpu.stderr
     assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_the_command_times_this_gpus_configs_by_default(tmp_path, monkeypatch, capsys):
+    """On a B200 the measurement times the B200's file, not the H200's, and the fit it prints names it."""
+    import argparse
+    import dataclasses
+
+    from guard.adapters import fingerprint
+    from guard.dev import selection_tools
+
+    b200 = dataclasses.replace(fingerprint.collect(), gpu_name="NVIDIA B200")
+    measured = []
+    monkeypatch.setattr(selection_tools, "require_gpu", lambda parser, why: None)
+    monkeypatch.setattr(fingerprint, "collect", lambda: b200)
+    monkeypatch.setattr(selection_tools.selection, "measure", lambda shapes, config, **_: measured.append(config))
+    args = argparse.Namespace(shapes=["smoke"], suite=None, gpu_slug=None, seed=0, rounds=1, processes=1,
+                              out=tmp_path / "m.jsonl", paths_only=False)
+    assert selection_tools.measure(args, argparse.ArgumentParser()) == 0
+    assert [path.name for path in measured] == ["nvidia-b200.yaml"]
+    assert "--fit-selection" in (out := capsys.readouterr().out) and "--gpu-slug nvidia-b200" in out
+    args.gpu_slug = "nvidia-h200"  # named: that file's configs
+    assert selection_tools.measure(args, argparse.ArgumentParser()) == 0
+    assert measured[-1].name == "nvidia-h200.yaml"
