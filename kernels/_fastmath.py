@@ -5,7 +5,7 @@ Helion lowers ``torch.exp`` to libdevice's correctly rounded ``expf`` (about eig
 to one ``MUFU.RSQ``, so these forms cost two or three instructions and stay within a few fp32 ulp: what
 mamba-ssm's ``tl.exp`` does. A kernel uses them where they measured faster on the H200 (the conv, the
 decay matrices of chunk_scan, chunk_state, dCB and ddA); the dx and dz kernels ran slower with them and
-keep the exact forms (README, "exp2 and rsqrt in the hot loops").
+keep the exact forms (docs/kernels.md, "exp2 and rsqrt in the hot loops").
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ dt (b, L, h) -> dA_cumsum, dt_out (b, h, c, Q), fp32. dt_out = clamp(softplus?(d
 One program per (batch, chunk, block of heads); the whole chunk is one tile (a scan along it). The kernel
 reads dt through a (b, h, L) view, so that its tiles are (heads, positions) like the outputs: the scan runs
 along a tile's rows and the stores need no transpose (measured faster on the H200 than (positions, heads)
-tiles, README).
+tiles, docs/kernels.md).
 Tunables: the head block size (mamba-ssm's BLOCK_SIZE_H autotune list), warps, stages, indexing.
 Shape key (``kernels/configs/<gpu>.yaml``): ``dtype`` (dt's), ``nheads``, ``chunk_size``, ``bias``
 (0/1), ``softplus`` (0/1), ``tokens`` = tokens_bucket(batch * seqlen).
