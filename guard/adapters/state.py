@@ -143,7 +143,9 @@ def check_sqlite(path: Path) -> str | None:
     if path.stat().st_size and head != b"SQLite format 3\x00":
         return "not an SQLite database (bad header)"
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        # Read-write (never created here): a writer killed mid-transaction leaves a hot journal, which only
+        # a connection that may write rolls back; read-only, SQLite refuses the healthy file instead.
+        conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=5)
         try:
             rows = conn.execute("PRAGMA quick_check").fetchall()
         finally:

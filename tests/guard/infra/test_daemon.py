@@ -196,6 +196,37 @@ def test_corrupt_state_is_detected_and_reported(tmp_path, start_daemon):
     assert d.stop() == 0
 
 
+# A job-store writer (APScheduler updates jobs.sqlite at every run) killed mid-transaction: its pages spilled
+# into the file, the rollback journal beside it is hot.
+KILLED_WRITER = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size=1")
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("UPDATE apscheduler_jobs SET next_run_time = next_run_time + 1")
+conn.execute("CREATE TABLE filler (x)")
+conn.executemany("INSERT INTO filler VALUES (zeroblob(4096))", [()] * 64)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_job_store_left_by_a_killed_writer_is_rolled_back_not_called_corrupt(tmp_path, start_daemon):
+    state = tmp_path / "state"
+    d = start_daemon(state, *FAR_CRON, "--nightly-target", CYCLE, "--no-catch-up")
+    d.wait_started()
+    assert d.stop() == 0
+    writer = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(state / "jobs.sqlite")], timeout=60)
+    assert writer.returncode == -signal.SIGKILL and (state / "jobs.sqlite-journal").stat().st_size > 0
+    d2 = start_daemon(state, *FAR_CRON, "--nightly-target", CYCLE, "--no-catch-up")
+    d2.wait_started()
+    assert "job store was corrupt" not in d2.output()
+    assert not list((state / "corrupt").iterdir())
+    assert job_ids(state) == ["drift", "metrics", "nightly"]
+    assert d2.stop() == 0
+    with sqlite3.connect(state / "jobs.sqlite") as conn:  # the killed transaction was rolled back
+        assert "filler" not in {r[0] for r in conn.execute("select name from sqlite_master")}
+
+
 def test_undecodable_state_files_do_not_stop_the_daemon(tmp_path, start_daemon):
     """Non-UTF-8 bytes are garbage like any other: daemon-state.json moved aside, latest.json skipped."""
     state = tmp_path / "state"
