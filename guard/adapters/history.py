@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import tempfile
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -115,6 +116,8 @@ class History:
         if self.path.exists() and self.path.stat().st_size == 0:  # SQLite would take it for a new database
             raise HistoryCorrupt(self.path, "empty file, truncated")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            self._create()
         try:
             conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None)
         except sqlite3.Error as exc:
@@ -134,6 +137,27 @@ class History:
             conn.close()
             self._conn = None
             raise
+
+    def _create(self) -> None:
+        """A new history, made aside and linked into place: SQLite creates an empty file first, and a kill or a
+        full disk before it wrote the header would leave that file, which reads as a truncated history."""
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+            os.close(fd)
+            conn = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                conn.execute("PRAGMA user_version=0")  # writes the header: a database, not an empty file
+            finally:
+                conn.close()
+            with contextlib.suppress(FileExistsError):  # another process created it meanwhile: theirs stands
+                os.link(tmp, self.path)
+        except (OSError, sqlite3.Error) as exc:
+            raise HistoryError(self.path, f"cannot create: {getattr(exc, 'strerror', None) or exc}") from exc
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
 
     # -- plumbing ------------------------------------------------------------------------------
 

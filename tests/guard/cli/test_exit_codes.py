@@ -132,3 +132,24 @@ def test_ok_and_precision_failure_exit_0_and_1(tmp_path):
     path.write_text(json.dumps(BenchResult.from_dict(doc).to_dict()))
     done = _run(["check", "--result", str(path), "--state-dir", str(tmp_path / "s")])
     assert done.returncode == 1, done.stdout + done.stderr
+
+
+def test_a_first_history_open_cut_short_leaves_no_empty_history(tmp_path):
+    """A full disk (here: a file size limit) or a kill while the first run creates history.sqlite: that run
+    fails, and the next one finds a usable history, not an empty file that reads as a truncated one."""
+    import resource
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(sample.result()))
+    argv = [SCRIPT, "check", "--result", str(path), "--state-dir", str(tmp_path / "s")]
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # SQLite's first page is 4096 bytes
+
+    full = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=environ, cwd=REPO,
+                          preexec_fn=small_disk)
+    assert full.returncode == 2 and "history.sqlite" in full.stderr and "Traceback" not in full.stderr, full.stderr
+    done = _run(argv[1:])
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert not list((tmp_path / "s").glob(".*.tmp"))
