@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from guard.bench import timing
 from kernels.config_store import atomic_write
+
+log = logging.getLogger("guard.peaks")
 
 
 def measure(device: str = "cuda") -> dict[str, Any]:
@@ -19,9 +22,18 @@ def measure(device: str = "cuda") -> dict[str, Any]:
 
 
 def cached(state_dir: Path, fingerprint_digest: str, device: str = "cuda") -> dict[str, Any]:
+    """The peaks cached for this fingerprint, else measured and cached; a cache that cannot be read (disk
+    trouble, a hand edit) is measured again, not an error in every bench after it."""
     path = state_dir / "peaks" / f"{fingerprint_digest[:16]}.json"
-    if path.exists():
-        return json.loads(path.read_text())
+    try:
+        peaks = json.loads(path.read_text())
+        if isinstance(peaks, dict):
+            return peaks
+        log.warning("%s: expected a JSON object of device peaks; measuring them again", path)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        log.warning("%s: unreadable device peaks (%s); measuring them again", path, exc)
     peaks = measure(device)
     atomic_write(path, json.dumps(peaks, indent=2, sort_keys=True) + "\n")
     return peaks

@@ -32,6 +32,7 @@ import torch
 
 from kernels import registry, suites  # noqa: E402
 from kernels._runtime import capture_launches, complete_config, pinned_config, validate_config  # noqa: E402
+from kernels.config_store import atomic_write
 
 STORED = "stored"
 
@@ -181,6 +182,6 @@ def run(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             except ValueError as exc:
                 parser.error(f"{job.entry}: {exc}")
             print(report(results[-1]), flush=True)
-            opts.out.write_text(json.dumps(results, indent=1))
+            atomic_write(opts.out, json.dumps(results, indent=1))  # a kill mid-write keeps the shapes before
     return 0
 

@@ -288,8 +288,10 @@ def _launches_to_measure(shape_name: str, seed: int, device: str, known: list | 
 
 
 def _append(out: Path, records: list[dict]) -> None:
-    with out.open("a") as handle:
-        handle.writelines(json.dumps(record, sort_keys=True) + "\n" for record in records)
+    """Add the records to ``out``, rewritten atomically: a run killed while writing leaves the records before
+    whole, not a torn last line that stops the rerun (``read_records``)."""
+    earlier = out.read_text() if out.exists() else ""
+    config_store.atomic_write(out, earlier + "".join(json.dumps(record, sort_keys=True) + "\n" for record in records))
 
 
 def _time_paths(timer: Any, shape_name: str, seed: int, device: str, rounds: int, done: set) -> list[dict]:

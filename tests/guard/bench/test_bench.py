@@ -187,3 +187,19 @@ def test_whole_calls_are_timed_by_graph_replays_single_kernels_eagerly():
     assert all(graph_timed(e) for e in composite)
     kernel = registry.get("chunk_scan")
     assert not graph_timed(kernel) and graph_timed(kernel, cuda_graphs=True)
+
+
+@pytest.mark.parametrize("damaged", ['{"copy_bytes_per_s": 4.8e1', "[]", "\xff"])
+def test_a_damaged_peaks_cache_is_measured_again_not_an_error_in_every_bench(tmp_path, monkeypatch, damaged):
+    import json
+
+    from guard.bench import peaks
+
+    measured = {"copy_bytes_per_s": 4.0e12, "bf16_matmul_flops_per_s": 9.0e14, "method": "a stand-in for the GPU"}
+    monkeypatch.setattr(peaks, "measure", lambda device="cuda": dict(measured))  # the GPU part
+    digest = "0123456789abcdef" * 4
+    path = tmp_path / "peaks" / f"{digest[:16]}.json"
+    path.parent.mkdir()
+    path.write_bytes(damaged.encode("latin-1"))
+    assert peaks.cached(tmp_path, digest) == measured
+    assert json.loads(path.read_text()) == measured  # cached again for the next bench

@@ -83,3 +83,24 @@ def test_a_kernel_the_entry_does_not_launch_is_named(tmp_path):
     done, _ = _run(tmp_path, [{**JOB, "kernel": "chunk_scan"}])
     assert done.returncode == 2
     assert "chunk_cumsum: kernel: chunk_cumsum launches ['chunk_cumsum'], not 'chunk_scan'" in done.stderr
+
+
+def test_a_run_cut_short_while_rewriting_the_file_keeps_the_shapes_before(tmp_path):
+    """The file is rewritten after each shape; a kill or a full disk during a rewrite (here: a file size limit
+    that the second shape's rewrite passes) keeps the first shape's results."""
+    import resource
+
+    one, out = _run(tmp_path, [JOB])
+    assert one.returncode == 0, one.stderr[-2000:]
+    first = out.read_text()
+    spec, cut = tmp_path / "twice.json", tmp_path / "cut.json"
+    spec.write_text(json.dumps([{**JOB, "shapes": ["smoke", "smoke"]}]))
+
+    def small_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(first) + 10, resource.RLIM_INFINITY))
+
+    done = subprocess.run([*COMMAND, str(spec), "--out", str(cut), "--device", "cpu"], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"}, preexec_fn=small_disk)
+    assert done.returncode == 2 and f"{cut}: File too large" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert cut.read_text() == first

@@ -5,6 +5,7 @@ and a rerun that measures only what is missing."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -104,6 +105,38 @@ def test_a_shape_cut_short_is_captured_again_for_what_is_missing(tmp_path):
     again = _measure(config, out, timer)
     assert [r.get("kernel", r.get("stage")) for r in again] == [
         records[-3]["kernel"], "chunk_state_passing", "chunk_state_passing_bwd"]  # no second launches record
+
+
+# The measure in a child whose file size limit falls inside its second record's write: cut short there, as by a
+# kill or a full disk (CPython ignores SIGXFSZ, so the write fails with EFBIG after writing what fits).
+CUT_SHORT = """
+import resource, sys
+from pathlib import Path
+from kernels.testing import enable_cpu_interpret
+enable_cpu_interpret()
+from tests.guard.flows.test_selection_measure import CallingTimer, _measure
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), resource.RLIM_INFINITY))
+_measure(Path(sys.argv[1]), Path(sys.argv[2]), CallingTimer())
+"""
+
+
+def test_a_run_cut_short_while_writing_a_record_keeps_the_earlier_ones_and_resumes(tmp_path):
+    import subprocess
+    import sys
+
+    config, out = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl"
+    keys = [[k.name, str(k.shape_key(*a))] for k, a in selection.captured_launches("smoke", 0, "cpu")]
+    first = json.dumps({"launches": keys, "shape": "smoke"}, sort_keys=True) + "\n"
+    repo = Path(__file__).resolve().parents[3]
+    child = subprocess.run([sys.executable, "-c", CUT_SHORT, str(config), str(out), str(len(first) + 20)],
+                           capture_output=True, text=True, timeout=600, cwd=repo,
+                           env={**os.environ, "PYTHONPATH": str(repo)})
+    assert child.returncode == 1 and "File too large" in child.stderr, child.stderr[-2000:]
+    assert out.read_text().startswith(first)
+    records = _measure(config, out, CallingTimer())  # the rerun reads the file and measures the rest
+    assert [r.get("kernel", r.get("stage")) for r in records] == [*(name for name, _ in keys),
+                                                                 "chunk_state_passing", "chunk_state_passing_bwd"]
+    assert selection.read_records(out) == [json.loads(first), *records]
 
 
 def test_a_layout_keeps_strides_offsets_and_integer_values_and_zeroes_floats():
