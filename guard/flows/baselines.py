@@ -49,12 +49,19 @@ def read_result(path: Path) -> BenchResult:
 
 
 def read_document(path: Path) -> dict[str, Any] | None:
+    """The baseline file's YAML, or None when there is none; BaselineFileError naming the file where it is no
+    mapping or its fingerprint is none (drift reads the fingerprint alone, before any schema check)."""
     if not path.exists():
         return None
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise BaselineFileError(f"{path}: not valid YAML: {exc}") from exc
+    if doc is not None and not isinstance(doc, dict):
+        raise BaselineFileError(f"{path}: expected a mapping (fingerprint, cases, ...), got {type(doc).__name__}")
+    recorded = (doc or {}).get("fingerprint")
+    if recorded is not None and not isinstance(recorded, dict):
+        raise BaselineFileError(f"{path}: fingerprint: expected a mapping, got {type(recorded).__name__}")
     return doc
 
 

@@ -143,3 +143,11 @@ def test_check_finds_the_nightly_result_and_fits_80_columns(tmp_path):
     assert "chunk_cumsum smoke" in table and widest(table) <= 80
     wide = guard("check", "--state-dir", state, columns=200)
     assert "chunk_cumsum smoke" in wide.stdout
+
+
+@pytest.mark.parametrize("text,expected", [("- a\n", "expected a mapping (fingerprint, cases, ...), got list"),
+                                           ("fingerprint: [1]\n", "fingerprint: expected a mapping, got list")])
+def test_drift_names_a_baseline_that_is_no_mapping(tmp_path, text, expected):
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / "baselines" / "gpu-a.yaml").write_text(text)
+    one_line_error(guard("drift", "--root", str(tmp_path), "--gpu-slug", "gpu-a"), "gpu-a.yaml", expected)
