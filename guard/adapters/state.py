@@ -183,13 +183,34 @@ def empty_daemon_state() -> dict[str, Any]:
             "prs_opened": 0}
 
 
+def _layout_problem(data: Any) -> str | None:
+    """What a daemon-state.json holds that the daemon did not write (it writes atomically: a hand edit, another
+    version), or None. The daemon restores its metrics from every field at start, so a field of another type
+    would stop it there."""
+    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+        return f"unexpected layout (version {data.get('version') if isinstance(data, dict) else None!r})"
+
+    def numbers(mapping: Any, keys: Any = None) -> bool:
+        return isinstance(mapping, dict) and all(
+            value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+            for key, value in mapping.items() if keys is None or key in keys)
+
+    jobs, times = data.get("jobs"), ("last_run", "last_success", "duration_s")
+    for field, ok in (("jobs", isinstance(jobs, dict) and all(numbers(info, times) for info in jobs.values())),
+                      ("counts", numbers(data.get("counts", {}))), ("events", numbers(data.get("events", {}))),
+                      ("prs_opened", numbers({"n": data.get("prs_opened", 0)}))):
+        if not ok:
+            return f"unexpected layout ({field})"
+    return None
+
+
 def load_daemon_state(state: StateDir) -> tuple[dict[str, Any], str | None]:
     """The bookkeeping file, or a fresh one (with the reason) when it is absent or unreadable."""
     data, problem = read_json(state.daemon_state, state.corrupt)
     if data is None:
         return empty_daemon_state(), problem
-    if not isinstance(data, dict) or data.get("version") != STATE_VERSION or not isinstance(data.get("jobs"), dict):
-        reason = f"unexpected layout (version {data.get('version') if isinstance(data, dict) else None!r})"
+    reason = _layout_problem(data)
+    if reason:
         move_aside(state.daemon_state, state.corrupt, reason)
         return empty_daemon_state(), reason
     fresh = empty_daemon_state()

@@ -240,6 +240,32 @@ def test_undecodable_state_files_do_not_stop_the_daemon(tmp_path, start_daemon):
     assert d.stop() == 0
 
 
+GOOD_STATE = {"version": 1, "jobs": {"nightly": {"last_run": 1.5e9, "last_status": "success", "duration_s": 60,
+                                                 "detail": None, "last_success": 1.5e9}},
+              "counts": {"nightly/success": 3}, "drift_acted_on": None, "events": {"drift": 1.5e9}, "prs_opened": 1}
+
+
+@pytest.mark.parametrize("edit", [{"jobs": {"nightly": 5}}, {"jobs": {"nightly": {"last_run": "yesterday"}}},
+                                  {"counts": {"nightly/success": "3"}}, {"events": []}, {"prs_opened": "one"},
+                                  {"version": 2}])
+def test_a_hand_edited_daemon_state_is_moved_aside_not_a_crash_at_start(tmp_path, edit):
+    """The daemon restores its metrics from every field of daemon-state.json at start: a field of another type
+    (the daemon writes the file atomically, so a hand edit) is set aside like a torn file."""
+    from guard.adapters import state as state_mod
+    from guard.adapters.metrics import GuardMetrics
+
+    state = state_mod.StateDir(tmp_path)
+    (tmp_path / "daemon-state.json").write_text(json.dumps(GOOD_STATE))
+    data, problem = state_mod.load_daemon_state(state)
+    assert problem is None and data == GOOD_STATE
+    GuardMetrics().restore(data)
+    (tmp_path / "daemon-state.json").write_text(json.dumps({**GOOD_STATE, **edit}))
+    data, problem = state_mod.load_daemon_state(state)
+    assert problem.startswith("unexpected layout") and data == state_mod.empty_daemon_state()
+    assert [p.name.split(".")[0] for p in (tmp_path / "corrupt").iterdir()] == ["daemon-state"]
+    GuardMetrics().restore(data)
+
+
 def test_a_nightly_overlapping_a_cli_nightly_is_skipped_not_an_error(tmp_path, start_daemon):
     d = start_daemon(tmp_path / "state", *FAR_CRON, "--nightly-target", "tests.guard.infra.jobs:busy_cycle")
     d.wait_started()
