@@ -112,6 +112,7 @@ def test_environment_errors_exit_2_with_one_line_naming_the_file(tmp_path, argv,
     assert done.returncode == 2, done.stdout + done.stderr
     lines = [line for line in done.stderr.strip().splitlines() if line.startswith("mamba2-guard")]
     assert len(lines) == 1 and names in lines[0], done.stderr
+    assert done.stderr.strip().splitlines()[-1] == lines[0], done.stderr  # the error ends it: no line runs on
     assert "Traceback" not in done.stderr, done.stderr
     benched = "[1/" in done.stdout + done.stderr
     if env.get("GITHUB_STEP_SUMMARY") == "/dev/full":  # fails after the bench: the result and report are kept
