@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import seen
+from kernels._runtime import eager_under_compile
 from kernels.conv.causal_conv1d import causal_conv1d_bwd, causal_conv1d_fwd
 from kernels.norm.gated_rmsnorm import gated_rmsnorm_bwd, gated_rmsnorm_fwd
 from kernels.ssd._keys import dtype_name
@@ -267,6 +268,7 @@ def _backward(ctx, dout, *args):
             drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None)
 
 
+@eager_under_compile
 def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
                                      initial_states=None, seq_idx=None, dt_limit=(0.0, INF), return_final_states=False,
                                      activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,

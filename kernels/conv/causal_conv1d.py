@@ -27,7 +27,7 @@ import torch
 
 from kernels import _fastmath as fastmath
 from kernels._buffers import check_out
-from kernels._runtime import tuned_kernel
+from kernels._runtime import eager_under_compile, tuned_kernel
 from kernels.config_store import ShapeKey, tokens_bucket
 
 __all__ = ["causal_conv1d_fwd", "causal_conv1d_bwd", "causal_conv1d_fn", "causal_conv1d_fwd_kernel",
@@ -274,6 +274,7 @@ class CausalConv1dFn(torch.autograd.Function):
         return dx, dweight, dbias, None, None
 
 
+@eager_under_compile
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, activation=None):
     """Drop-in for ``causal_conv1d.causal_conv1d_fn`` (no initial/final states), differentiable."""
     return CausalConv1dFn.apply(x, weight, bias, seq_idx, activation)

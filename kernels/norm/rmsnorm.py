@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._runtime import eager_under_compile
 from kernels.norm.gated_rmsnorm import gated_rmsnorm_bwd, gated_rmsnorm_fwd
 
 __all__ = ["GatedRMSNormFn", "rmsnorm_fn", "RMSNormGated"]
@@ -46,6 +47,7 @@ class GatedRMSNormFn(torch.autograd.Function):
         return dx.reshape(ctx.shape), dw, db, dz, None, None, None
 
 
+@eager_under_compile
 def rmsnorm_fn(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True):
     """If z is not None: rmsnorm(x) * w * silu(z) when norm_before_gate, else rmsnorm(x * silu(z)) * w;
     over groups of ``group_size`` features (None: all of them). Any leading dims."""

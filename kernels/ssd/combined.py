@@ -30,6 +30,7 @@ import types
 import torch
 
 from kernels import seen
+from kernels._runtime import eager_under_compile
 from kernels.ssd import compose
 from kernels.ssd._keys import dtype_name
 from kernels.ssd.bmm_chunk import bmm_chunk_fwd
@@ -175,6 +176,7 @@ class _MambaChunkScanCombinedFn(torch.autograd.Function):
         return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None, None)
 
 
+@eager_under_compile
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, INF),
                               return_final_states=False, return_varlen_states=False):
