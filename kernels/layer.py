@@ -1,8 +1,10 @@
 """Swap mamba-ssm's Mamba-2 kernels for the Helion drop-ins, and back.
 
 ``patch_mamba_ssm()`` makes a ``mamba_ssm.modules.mamba2.Mamba2`` (and ``Mamba2Simple``) run the Helion
-kernels in both ``use_mem_eff_path`` modes. It replaces, in every imported ``mamba_ssm`` module that holds
-them (by identity, so aliases such as ``mamba2.RMSNormGated`` are found too):
+kernels in both ``use_mem_eff_path`` modes, and so does model code that imported mamba-ssm's functions by
+name (Hugging Face's modeling files, a hub model's remote code), imported before or after the patch. It
+replaces, in every imported module that holds them (by identity, so aliases such as ``mamba2.RMSNormGated``
+are found too; this package's own modules aside):
 
   * ``ssd_combined.mamba_chunk_scan_combined``         -> ``kernels.ssd.combined.mamba_chunk_scan_combined``
   * ``ssd_combined.mamba_split_conv1d_scan_combined``  -> ``kernels.layer_fn.mamba_split_conv1d_scan_combined``
@@ -15,10 +17,13 @@ or None without that package, where the layer falls back to ``nn.Conv1d``) to
 import fails, e.g. without huggingface_hub). Modules imported later pick the patched attributes up from
 ``ssd_combined`` / ``layernorm_gated``.
 
-``unpatch_mamba_ssm()`` restores exactly what was there, also in modules imported while patched. Both are
-idempotent. Already-built ``Mamba2`` modules follow the patch both ways (their norm's forward calls the
-module-level ``rmsnorm_fn``); a ``Mamba2`` *built* while patched keeps its Helion ``RMSNormGated`` instance
-after unpatching (same parameters and state_dict). ``Mamba2.step`` (decoding) is not touched.
+Model code that imported causal-conv1d's ``causal_conv1d_fn`` itself keeps it (ours takes no initial states).
+
+``unpatch_mamba_ssm()`` restores exactly what was there, also in mamba-ssm's modules imported while patched
+(another module imported while patched keeps what it imported: ours). Both are idempotent. Already-built
+``Mamba2`` modules follow the patch both ways (their norm's forward calls the module-level ``rmsnorm_fn``); a
+``Mamba2`` *built* while patched keeps its Helion ``RMSNormGated`` instance after unpatching (same parameters
+and state_dict). ``Mamba2.step`` (decoding) is not touched.
 """
 
 from __future__ import annotations
@@ -52,6 +57,15 @@ def _mamba_modules() -> list[tuple[str, Any]]:
             if module is not None and (name == "mamba_ssm" or name.startswith("mamba_ssm."))]
 
 
+def _holders() -> list[tuple[str, Any]]:
+    """Every imported module that may hold mamba-ssm's objects: a model's code (Hugging Face's modeling files,
+    a hub model's remote code) imports them by name, often before a job patches. Not this package's modules,
+    which hold ours on purpose."""
+    own = __name__.partition(".")[0]
+    return [(name, module) for name, module in list(sys.modules.items())
+            if module is not None and name != own and not name.startswith(own + ".")]
+
+
 def patch_mamba_ssm() -> list[str]:
     """Install the Helion kernels; returns the names of the modules patched (sorted)."""
     from kernels import _mamba_ssm
@@ -71,8 +85,12 @@ def patch_mamba_ssm() -> list[str]:
                 conv_modules.append(_mamba_ssm.module(name))
             except ImportError:  # e.g. mamba2.py needs huggingface_hub
                 continue
-        for name, module in _mamba_modules():
-            for attr, value in list(vars(module).items()):
+        for name, module in _holders():
+            try:
+                held = list(vars(module).items())
+            except TypeError:  # an object without a __dict__ that put itself in sys.modules
+                continue
+            for attr, value in held:
                 ours = ours_by_original.get(id(value))
                 if ours is not None and value is _originals[id(value)][0]:
                     _saved.setdefault((name, attr), value)
@@ -98,7 +116,8 @@ def unpatch_mamba_ssm() -> list[str]:
             if current is conv or any(current is ours for _, ours in _originals.values()):
                 setattr(module, attr, value)
                 restored.add(name)
-        # Modules imported while patched copied ours from ssd_combined / layernorm_gated.
+        # mamba-ssm's modules imported while patched copied ours from ssd_combined / layernorm_gated. (Other
+        # modules imported while patched keep ours: they cannot be told apart from code that imports ours.)
         original_by_ours = {id(ours): original for original, ours in _originals.values()}
         for name, module in _mamba_modules():
             for attr, value in list(vars(module).items()):

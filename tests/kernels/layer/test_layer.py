@@ -10,6 +10,7 @@ parameters; the patch and its inverse. GPU tests compare with mamba-ssm itself (
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import pytest
 import torch
@@ -347,6 +348,38 @@ def test_patch_and_unpatch_restore_exactly(mamba2):
     assert {name: getattr(mamba2, name) for name in names} == before_mamba2
     assert (combined.mamba_chunk_scan_combined, combined.mamba_split_conv1d_scan_combined, gated.rmsnorm_fn,
             gated.RMSNorm) == before
+
+
+def test_patch_reaches_model_code_that_imported_mamba_ssms_functions(mamba2, monkeypatch):
+    """A model's own module (Hugging Face's modeling files, a hub model's remote code) imports mamba-ssm's
+    functions by name, often before the job patches: the patch swaps them there too, and unpatch restores
+    them; this package's modules keep ours; causal-conv1d's own function stays (ours takes no initial states)."""
+    import types
+
+    from kernels.ssd import combined as ours_module
+
+    combined = _mamba_ssm.module("ops.triton.ssd_combined")
+    gated = _mamba_ssm.module("ops.triton.layernorm_gated")
+    remote = types.ModuleType("transformers_modules.some_org.modeling_hybrid")
+    theirs_conv = object()
+    remote.__dict__.update(mamba_chunk_scan_combined=combined.mamba_chunk_scan_combined,
+                           mamba_split_conv1d_scan_combined=combined.mamba_split_conv1d_scan_combined,
+                           rmsnorm_fn=gated.rmsnorm_fn, causal_conv1d_fn=theirs_conv)
+    before = dict(vars(remote))
+    monkeypatch.setitem(sys.modules, remote.__name__, remote)
+    try:
+        assert remote.__name__ in kernels.patch_mamba_ssm()
+        assert remote.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
+        assert remote.mamba_split_conv1d_scan_combined is kernels.mamba_split_conv1d_scan_combined
+        assert remote.rmsnorm_fn is kernels.rmsnorm_fn and remote.causal_conv1d_fn is theirs_conv
+        later = types.ModuleType("imported_while_patched")  # `from ...ssd_combined import ...` now gives ours
+        later.mamba_chunk_scan_combined = combined.mamba_chunk_scan_combined
+        monkeypatch.setitem(sys.modules, later.__name__, later)
+    finally:
+        kernels.unpatch_mamba_ssm()
+    assert dict(vars(remote)) == before
+    assert later.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
+    assert ours_module.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
 
 
 def test_unpatched_mamba2_falls_back_as_before(mamba2, monkeypatch):
