@@ -20,8 +20,9 @@ plan resumes it, and ``--fresh`` starts over)::
     logs/<job>.log   the job's output; logs/<job>.* Helion's autotune logs (HELION_AUTOTUNE_LOG);
                      logs/worker-<i>.log what the child printed between jobs
 
-After every job the config file is rebuilt from ``base.yaml`` + the journal and written atomically (temp
-file, fsync, rename): a kill at any moment leaves the previous or the next complete file. A winner is
+After every job the journal's winners are written over the config file as it is then, atomically (temp
+file, fsync, rename): a kill at any moment leaves the previous or the next complete file, and what reached
+the file since the run began (another run's winners, a fitted rule, a merged config PR) stays. A winner is
 kept only when ``guard.core.tuneplan.decide`` says so (precision passes, faster than the incumbent by the
 margin, interleaved samples); otherwise the committed config stays.
 """
@@ -163,7 +164,7 @@ def earlier_runs(tuned: dict[str, Any], keep: int = 10) -> list[dict[str, Any]]:
 
 
 class Run:
-    """One run directory: plan, base, journal; the rebuild of the config file from them."""
+    """One run directory: plan, base, journal; the config file updated with the journal's winners."""
 
     def __init__(self, opts: AutotuneOptions, progress: Progress):
         self.opts = opts
@@ -215,32 +216,38 @@ class Run:
         finally:
             os.close(fd)
 
-    def rebuild(self, entries: list[dict[str, Any]]) -> tuple[config_store.ConfigFile, bool]:
-        """The config file for the journal so far; and whether its kernels differ from the base."""
+    def rebuild(self, entries: list[dict[str, Any]], current: config_store.ConfigFile
+                ) -> tuple[config_store.ConfigFile, bool]:
+        """The config file ``current`` with the journal's winners so far; and whether they differ from the base.
+        The winners go over the file as it is now, not over the base: whatever else reached it since the run
+        began (another run's winners, a fitted rule, a merged config PR) stays."""
         winners = tuneplan.accepted(entries, self.order)
-        kernels = tuneplan.merge(self.base.kernels, winners)
+        kernels = tuneplan.merge(current.kernels, winners)
         summary = tuneplan.summary(self.jobs, entries)
         complete = summary["ok"] == summary["jobs"]
         # The configs carry the environment they were tuned (or re-validated) under: the new one once
         # every job of a whole-suite plan finished, or when the file had none; else the old one stays, so
         # drift stays visible (a run over a few kernels says nothing of the others).
-        stamp = (complete and self.opts.whole_suite) or not self.base.fingerprint
-        fingerprint = self.opts.fingerprint if stamp else self.base.fingerprint
+        stamp = (complete and self.opts.whole_suite) or not current.fingerprint
+        fingerprint = self.opts.fingerprint if stamp else current.fingerprint
         spent = sum(float(e.get("seconds") or 0) for e in entries)
+        # The runs before this one: not this run's own earlier saves (a resumed run saves again).
+        before = [run for run in earlier_runs(current.tuned) if run.get("run") != self.id]
         tuned = {"date": datetime.date.today().isoformat(), "effort": self.opts.effort, "seed": self.opts.seed,
                  "budget_s": self.opts.budget_seconds, "tool": "mamba2-guard autotune", "run": self.id,
                  "seconds_spent": round(spent, 1), "jobs_ok": summary["ok"], "jobs_failed": summary["failed"],
                  "jobs": summary["jobs"], "searches_failed": tuneplan.failed_searches(entries),
-                 "earlier": earlier_runs(self.base.tuned)}
+                 "earlier": before}
         # The fitted selection and chain rules are the file's too: a re-tune keeps them (it fits none).
         cf = config_store.ConfigFile(fingerprint=dict(fingerprint), tuned=tuned, kernels=kernels,
-                                     selection=self.base.selection)
-        return cf, kernels != tuneplan.merge(self.base.kernels, ())
+                                     selection=current.selection)
+        return cf, tuneplan.merge(self.base.kernels, winners) != tuneplan.merge(self.base.kernels, ())
 
     def save(self) -> bool:
         with self.lock:
-            cf, changed = self.rebuild(self.entries())
-            config_store.save(Path(self.opts.out), cf)
+            out = Path(self.opts.out)
+            cf, changed = self.rebuild(self.entries(), config_store.load(out) if out.exists() else self.base)
+            config_store.save(out, cf)
             return changed
 
 

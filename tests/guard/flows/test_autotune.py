@@ -305,6 +305,24 @@ def test_a_re_tune_keeps_the_fitted_selection_and_chain_rules(tmp_path):
     assert written.chain_rule("chunk_state_passing") == config_store.ChainRule(256, 828972)
 
 
+def test_a_rerun_keeps_what_reached_the_file_since_the_run_began(tmp_path):
+    """A run's winners go over the config file as it is at each save, not over the run's base: a rerun of a
+    finished plan (the same run id: it resumes) keeps another run's winners and a rule fitted in between."""
+    out = tmp_path / "configs" / "fake.yaml"
+    first = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1]), quiet)
+    other = run_autotune(options(tmp_path, kernels=KERNELS[1:2], shapes=SHAPES[:1]), quiet)
+    rules = {"chunk_scan": {"flag": 1.5, "size": 0.25, "tile": 3.0, "fitted_on": 8}}
+    fitted = config_store.load(out)
+    config_store.save(out, config_store.ConfigFile(fitted.fingerprint, fitted.tuned, fitted.kernels, rules))
+    again = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1]), quiet)
+    assert again.run_dir == first.run_dir and len(again.entries) == 1  # resumed, nothing run again
+    written = config_store.load(out)
+    assert set(written.kernels) == {"chunk_cumsum_k", "chunk_state_k"} and written.selection == rules
+    # the provenance: the other run before this one, not this run's own earlier save
+    assert written.tuned["run"] == first.run_dir.name.split("-")[-1]
+    assert [r["run"] for r in written.tuned["earlier"]] == [other.run_dir.name.split("-")[-1]]
+
+
 def test_candidates_are_timed_through_the_public_function_with_their_config_pinned(monkeypatch):
     """The worker times the registry entry's public function (host-side sums of partials included), with
     the candidate pinned for its own shape key only, and leaves the kernel's normal lookup afterwards."""
