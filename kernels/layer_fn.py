@@ -28,7 +28,7 @@ from kernels._runtime import eager_under_compile
 from kernels.conv.causal_conv1d import causal_conv1d_bwd, causal_conv1d_fwd
 from kernels.norm.gated_rmsnorm import gated_rmsnorm_bwd, gated_rmsnorm_fwd
 from kernels.ssd._keys import dtype_name
-from kernels.ssd.combined import ssd_backward, ssd_forward
+from kernels.ssd.combined import check_chunk_size, ssd_backward, ssd_forward
 
 __all__ = ["mamba_split_conv1d_scan_combined", "MambaSplitConv1dScanCombinedFn", "layer_dims"]
 
@@ -60,7 +60,7 @@ def layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, in
     expect(isinstance(zxbcdt, torch.Tensor) and zxbcdt.dim() == 3,
            f"zxbcdt: expected (batch, seqlen, d_in_proj), got {_shape(zxbcdt)}")
     batch, seqlen, width_in = zxbcdt.shape
-    expect(isinstance(chunk_size, int) and chunk_size > 0, f"chunk_size: expected a positive int, got {chunk_size!r}")
+    check_chunk_size(chunk_size)
     expect(isinstance(D, torch.Tensor) and D.dim() in (1, 2), f"D: expected (nheads,) or (nheads, headdim), got "
            f"{_shape(D)}")
     if D.dim() == 1:

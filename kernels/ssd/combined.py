@@ -56,13 +56,21 @@ def _expect(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def check_chunk_size(chunk_size) -> None:
+    """A positive power of two, before any kernel runs: the chunk_scan and dx kernels tile the chunk so
+    (mamba-ssm's also take other lengths; every public Mamba-2 model chunks by 128 or 256)."""
+    _expect(isinstance(chunk_size, int) and chunk_size > 0,
+            f"chunk_size: expected a positive int, got {chunk_size!r}")
+    if chunk_size & (chunk_size - 1):
+        raise NotImplementedError(f"chunk_size: only powers of two are supported, got {chunk_size}")
+
+
 def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit) -> None:
     """The shape contract of mamba_chunk_scan_combined, with errors naming the argument."""
     _expect(isinstance(x, torch.Tensor) and x.dim() == 4, f"x: expected (batch, seqlen, nheads, headdim), got "
             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     batch, seqlen, nheads, headdim = x.shape
-    _expect(isinstance(chunk_size, int) and chunk_size > 0,
-            f"chunk_size: expected a positive int, got {chunk_size!r}")
+    check_chunk_size(chunk_size)
     _expect(tuple(dt.shape) == (batch, seqlen, nheads),
             f"dt: expected {(batch, seqlen, nheads)}, got {tuple(dt.shape)}")
     _expect(tuple(A.shape) == (nheads,), f"A: expected ({nheads},), got {tuple(A.shape)}")

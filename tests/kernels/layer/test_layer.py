@@ -175,6 +175,7 @@ def test_activation_none():
     ({"outproj_weight": torch.zeros(24, 31)}, ValueError, "outproj_weight: expected"),
     ({"outproj_bias": torch.zeros(24)}, ValueError, "outproj_bias: given without outproj_weight"),
     ({"chunk_size": 0}, ValueError, "chunk_size: expected"),
+    ({"chunk_size": 24}, NotImplementedError, "chunk_size: only powers of two"),
     ({"activation": "relu"}, NotImplementedError, "activation"),
 ])
 def test_bad_arguments_are_named(change, error, message):

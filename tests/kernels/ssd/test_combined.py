@@ -101,3 +101,14 @@ def test_bad_arguments_are_named(change, message):
     arguments = {**_problem(), "chunk_size": 32, **change}
     with pytest.raises(ValueError, match=message):
         kernels.mamba_chunk_scan_combined(**arguments)
+
+
+def test_a_chunk_size_not_a_power_of_two_is_refused_before_any_kernel_runs():
+    """mamba-ssm takes any chunk length; ours tiles the chunk, so the call says so up front, not from a kernel
+    deep in the forward after others ran."""
+    from kernels._runtime import capture_launches
+
+    with capture_launches() as launches, execution_mode("ref"), pytest.raises(
+            NotImplementedError, match="chunk_size: only powers of two are supported, got 48"):
+        kernels.mamba_chunk_scan_combined(**_problem(), chunk_size=48)
+    assert launches == []
