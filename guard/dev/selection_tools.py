@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import datetime, timezone
 
 from guard.adapters import fingerprint
 from guard.dev import require_gpu
-from guard.flows import selection
+from guard.flows import baselines, selection
 from kernels import config_store, registry, suites
 
 
@@ -46,21 +47,20 @@ def first_call(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         require_gpu(parser, "--record keeps the seconds per GPU model")
         if set(args.sides) != {"helion", "mamba_ssm"}:
             parser.error("--record: needs both --sides (ours and mamba-ssm's), the pair the file keeps")
-    seconds = selection.first_call_seconds(shapes, entries, args.sides, args.empty_caches)
-    for shape, by_side in seconds.items():
-        print(shape, " ".join(f"{side} {value:.1f} s" if isinstance(value, float) else f"{side} {value}"
-                              for side, value in by_side.items()))
-    print(json.dumps(seconds))
-    if args.record:
-        from datetime import datetime, timezone
-
-        from guard.flows import baselines
-
         fp = fingerprint.collect()
         path = baselines.first_call_path(fingerprint.gpu_slug(fp))
-        left_out = baselines.record_first_calls(
-            path, seconds, entries=entries, caches="empty" if args.empty_caches else "environment",
-            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu_uuid=fp.gpu_uuid)
-        print(f"recorded in {path}" + (f"; left out (a side failed): {', '.join(left_out)}" if left_out else "")
-              + "; then regenerate the results page: python docs/results/build.py")
+
+    def finished(shape: str, by_side: dict) -> None:
+        print(shape, " ".join(f"{side} {value:.1f} s" if isinstance(value, float) else f"{side} {value}"
+                              for side, value in by_side.items()), flush=True)
+        if args.record:  # shape by shape: a run cut short keeps what it measured
+            left_out = baselines.record_first_calls(
+                path, {shape: by_side}, entries=entries, caches="empty" if args.empty_caches else "environment",
+                measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu_uuid=fp.gpu_uuid)
+            print(f"  {'not recorded (a side failed)' if left_out else 'recorded'} in {path}", flush=True)
+
+    seconds = selection.first_call_seconds(shapes, entries, args.sides, args.empty_caches, on_shape=finished)
+    print(json.dumps(seconds))
+    if args.record:
+        print("then regenerate the results page: python docs/results/build.py")
     return 0

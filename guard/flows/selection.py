@@ -24,7 +24,7 @@ import multiprocessing
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -405,15 +405,21 @@ def warm(shapes: Sequence[str], entries: Sequence[str], processes: int, baseline
 
 
 def first_call_seconds(shapes: Sequence[str], entries: Sequence[str], sides: Sequence[str] = SIDES,
-                       empty_caches: bool = False) -> dict[str, dict[str, Any]]:
+                       empty_caches: bool = False,
+                       on_shape: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, dict[str, Any]]:
     """The cold start of a training job at each of ``shapes``: per side, the seconds of the first call of
     ``entries`` in a fresh process, one process at a time (compiles would compete for the CPU otherwise).
     The on-disk caches (``dev warm``'s precompiles among them) are the caller's, or with ``empty_caches``
-    new and empty for each process, as on a machine that never ran the shape. Returns {shape: {side:
-    seconds, or the error's text}}."""
-    jobs = [(name, 0, tuple(entries), (side,), empty_caches) for name in shapes for side in sides]
-    results = iter(in_parallel(_first_calls, jobs, 1, fresh=True))
-    return {name: {side: next(results) for side in sides} for name in shapes}
+    new and empty for each process, as on a machine that never ran the shape. ``on_shape(shape, by_side)``
+    runs as each shape finishes, so that a run cut short (a device call's time limit) keeps the shapes
+    before. Returns {shape: {side: seconds, or the error's text}}."""
+    seconds: dict[str, dict[str, Any]] = {}
+    for name in shapes:
+        jobs = [(name, 0, tuple(entries), (side,), empty_caches) for side in sides]
+        seconds[name] = dict(zip(sides, in_parallel(_first_calls, jobs, 1, fresh=True), strict=True))
+        if on_shape is not None:
+            on_shape(name, seconds[name])
+    return seconds
 
 
 def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_store.ConfigFile, list[fitting.Fit]]:

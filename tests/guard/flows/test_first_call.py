@@ -72,6 +72,48 @@ def test_empty_compile_caches_are_where_each_library_looks_and_the_environment_i
     assert "HELION_CACHE_DIR" not in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
 
 
+def test_each_shape_is_handed_on_as_it_finishes():
+    """`dev first-call --record` keeps each shape as it finishes: a device call's time limit during the
+    next shape (here: the hand-on itself interrupted) leaves the shapes before recorded, and nothing after
+    the interruption runs."""
+    handed = []
+
+    def on_shape(name, by_side):
+        handed.append((name, sorted(by_side)))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        selection.first_call_seconds(["smoke", "mamba2-default"], ["chunk_cumsum"], ("helion",), on_shape=on_shape)
+    assert handed == [("smoke", ["helion"])]
+
+
+def test_record_keeps_each_shape_as_it_finishes(tmp_path, monkeypatch):
+    """The command records a shape as soon as both sides finished: cut during the next one, the file holds
+    the first (a GPU stands in: --record needs one)."""
+    import argparse
+    import dataclasses
+
+    from guard.adapters import fingerprint
+    from guard.dev import selection_tools
+
+    gpu = dataclasses.replace(fingerprint.collect(), gpu_name="NVIDIA H200", gpu_uuid="GPU-1")
+    monkeypatch.setattr(selection_tools, "require_gpu", lambda parser, why: None)
+    monkeypatch.setattr(fingerprint, "collect", lambda: gpu)
+    monkeypatch.setattr(baselines, "first_call_path", lambda slug: tmp_path / f"{slug}.yaml")
+
+    def cut_during_the_second(shapes, entries, sides, empty_caches, on_shape):
+        on_shape(shapes[0], {"helion": 40.0, "mamba_ssm": 90.0})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(selection_tools.selection, "first_call_seconds", cut_during_the_second)
+    args = argparse.Namespace(shapes=["bamba-9b", "zamba2-7b"], suite=None, entries=["ssd_combined_fwd_bwd"],
+                              sides=["helion", "mamba_ssm"], empty_caches=True, record=True)
+    with pytest.raises(KeyboardInterrupt):
+        selection_tools.first_call(args, argparse.ArgumentParser())
+    recorded = baselines.read_first_calls(tmp_path / "nvidia-h200.yaml")
+    assert list(recorded) == ["bamba-9b"] and recorded["bamba-9b"]["mamba_ssm_s"] == 90.0
+
+
 MEASURED = {"entries": ["ssd_combined_fwd_bwd"], "caches": "empty", "measured_at": "2026-12-04T20:09:35+00:00",
             "gpu_uuid": "GPU-1"}
 
