@@ -493,11 +493,24 @@ def _option(text: str) -> tuple[str, Any]:
     return key.replace("-", "_"), yaml.safe_load(value)
 
 
+def _crontab(text: str) -> str:
+    """A crontab line APScheduler takes (five fields, UTC), checked before the daemon starts."""
+    from apscheduler.triggers.cron import CronTrigger
+
+    try:
+        CronTrigger.from_crontab(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a crontab line (minute hour day month weekday), got {text!r}: "
+                                         f"{exc}") from None
+    return text
+
+
 def _daemon_arguments(parser: argparse.ArgumentParser) -> None:
     from guard.daemon import DEFAULT_METRICS_PORT, DEFAULT_NIGHTLY_CRON, DRIFT_TARGET, NIGHTLY_TARGET
 
     parser.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
-    parser.add_argument("--nightly-cron", default=DEFAULT_NIGHTLY_CRON, help="crontab, UTC (default: %(default)s)")
+    parser.add_argument("--nightly-cron", type=_crontab, default=DEFAULT_NIGHTLY_CRON,
+                        help="crontab, UTC (default: %(default)s)")
     parser.add_argument("--nightly-interval", type=flags.seconds(), metavar="S",
                         help="run the nightly every S seconds instead")
     parser.add_argument("--nightly-timeout", type=flags.seconds(), default=6 * 3600, metavar="S",
@@ -652,7 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
     def guard_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
         p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
-        p.add_argument("--gpu-slug", metavar="SLUG", help="config/baseline file name (default: this GPU's)")
+        p.add_argument("--gpu-slug", metavar="SLUG", type=flags.gpu_slug,
+                       help="config/baseline file name (default: this GPU's)")
 
     p = command("drift", "what changed since the configs and baseline were recorded (exit 1: drift)")
     guard_options(p)

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import git
 
+from guard.core import flags
 from guard.core.prbody import BRANCH_PREFIX, branch_name
 from kernels.config_store import atomic_write
 
@@ -196,7 +197,7 @@ class GitResult:
 
 def managed_paths(gpu_slug: str) -> tuple[str, str]:
     """The only two files the bot ever commits for a GPU."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", gpu_slug or "") or ".." in gpu_slug:
+    if not flags.valid_gpu_slug(gpu_slug):
         raise ValueError(f"invalid GPU slug {gpu_slug!r}")
     return (f"kernels/configs/{gpu_slug}.yaml", f"baselines/{gpu_slug}.yaml")
 

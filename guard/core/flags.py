@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
+
+# A GPU's file name under kernels/configs/ and baselines/ (``nvidia-h200``): nothing that leaves those folders.
+_GPU_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -53,3 +57,15 @@ def fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
     return value
 
+
+
+def valid_gpu_slug(text: str | None) -> bool:
+    return bool(text) and _GPU_SLUG.fullmatch(text) is not None and ".." not in text
+
+
+def gpu_slug(text: str) -> str:
+    """A GPU slug, as ``kernels.config_store.slugify`` makes them from GPU names."""
+    if not valid_gpu_slug(text):
+        raise argparse.ArgumentTypeError(f"expected a GPU slug such as nvidia-h200 (letters, digits, '.', '_', "
+                                         f"'-'), got {text!r}")
+    return text

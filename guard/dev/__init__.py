@@ -33,7 +33,8 @@ def sass_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seqlen", type=flags.integer(1), default=512,
                         help="shorter sequence for the CPU capture (default 512); the configs are looked up "
                              "by key, so a shorter one finds the shape's own through the nearest-key rule")
-    parser.add_argument("--gpu-slug", default="nvidia-h200", help="whose configs (default nvidia-h200)")
+    parser.add_argument("--gpu-slug", type=flags.gpu_slug,
+                        default="nvidia-h200", help="whose configs (default nvidia-h200)")
     parser.add_argument("--arch", type=flags.integer(1), default=90, help="compute capability x 10 (default 90: sm_90)")
     parser.add_argument("--out", type=Path, help="also write each kernel's Triton code, PTX and SASS here")
     parser.add_argument("--json", type=Path, help="write the reports as JSON")
@@ -69,7 +70,8 @@ def restamp_arguments(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--kernels", nargs="+", metavar="KERNEL", help="the kernels whose configs were re-validated")
     which.add_argument("--all", action="store_true", help="every source file (after re-validating every kernel)")
-    parser.add_argument("--gpu-slug", required=True, help="whose config file and baseline, e.g. nvidia-h200")
+    parser.add_argument("--gpu-slug", type=flags.gpu_slug,
+                        required=True, help="whose config file and baseline, e.g. nvidia-h200")
     parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
                         help="checkout holding kernels/configs and baselines (default: this one)")
 
@@ -95,7 +97,8 @@ def measure_selection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="measurements, JSON lines appended per kernel")
     parser.add_argument("--rounds", type=flags.integer(1), default=10, help="timed samples per config (default 10)")
     parser.add_argument("--seed", type=flags.integer(0), default=0)
-    parser.add_argument("--gpu-slug", help="whose config file's configs are timed (default: this GPU's)")
+    parser.add_argument("--gpu-slug", type=flags.gpu_slug,
+                        help="whose config file's configs are timed (default: this GPU's)")
     parser.add_argument("--paths-only", action="store_true",
                         help="time only the whole call with each state pass fused and chained (the chain rule's "
                              "evidence), not every stored config")
@@ -140,7 +143,8 @@ def selected_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd", "mamba2_layer_fwd_bwd"],
                         help="whole calls' registry entries (default: the SSD call's and the layer's forward + "
                              "backward)")
-    parser.add_argument("--gpu-slug", default="nvidia-h200", help="whose config file (default nvidia-h200)")
+    parser.add_argument("--gpu-slug", type=flags.gpu_slug,
+                        default="nvidia-h200", help="whose config file (default nvidia-h200)")
     parser.add_argument("--against", type=Path, help="another config file: name the launches that select "
                         "another config from it (e.g. the file before a re-tune)")
     parser.add_argument("--seqlen", type=flags.integer(1),
