@@ -476,7 +476,39 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         unknown = sorted({key for key, _ in args.option} - set(NIGHTLY_OPTIONS))
         if unknown:
             raise ValueError(f"-o: unknown option(s) {', '.join(unknown)}; valid: {', '.join(NIGHTLY_OPTIONS)}")
+        for key, value in args.option:
+            _check_nightly_option(key, value)
     return daemon.cmd_daemon(args)
+
+
+def _check_nightly_option(key: str, value: Any) -> None:
+    """A ``daemon -o`` value as the nightly's own flag would take it, at start: otherwise every scheduled
+    cycle would fail on it, night after night."""
+    from kernels import registry, suites
+
+    numbers = {"rounds": flags.integer(1), "seed": flags.integer(0), "case_timeout_s": flags.seconds(),
+               "workers": _workers_arg}
+    try:
+        if key in numbers:
+            numbers[key](str(value))
+        elif key in ("confirm", "strict", "update_baseline", "force_retune", "cuda_graphs", "pr"):
+            if not isinstance(value, bool):
+                raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+        elif key in ("shapes", "kernels"):
+            if not (isinstance(value, list) and all(isinstance(name, str) for name in value)):
+                raise argparse.ArgumentTypeError(f"expected a list of names such as [a, b], got {value!r}")
+            if key == "kernels":
+                registry.select(value)
+            else:
+                loaded = suites.load()
+                for name in value:
+                    loaded.shape(name)
+        elif key == "suite":
+            suites.load().suite(str(value))
+        elif value is not None and not isinstance(value, str):  # out_dir, config: a path, or null for none
+            raise argparse.ArgumentTypeError(f"expected a path, got {value!r}")
+    except (argparse.ArgumentTypeError, KeyError) as exc:
+        raise ValueError(f"-o {key}: {exc.args[0] if exc.args else exc}") from None
 
 
 # The nightly's settings that `daemon -o KEY=VALUE` passes on (guard.flows.nightly.CycleOptions).
