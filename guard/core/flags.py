@@ -58,8 +58,8 @@ def fraction(text: str) -> float:
     return value
 
 
-
 def valid_gpu_slug(text: str | None) -> bool:
+    """Whether ``text`` names a GPU's files without leaving their folders."""
     return bool(text) and _GPU_SLUG.fullmatch(text) is not None and ".." not in text
 
 
