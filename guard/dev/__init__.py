@@ -124,7 +124,10 @@ def first_call_arguments(parser: argparse.ArgumentParser) -> None:
                              "as on a machine that never ran the shape (default: the environment's caches)")
     parser.add_argument("--record", action="store_true",
                         help="keep each shape's seconds in baselines/first-call/<gpu-slug>.yaml (the results "
-                             "page shows them)")
+                             "page shows them), as each shape finishes")
+    parser.add_argument("--missing-only", action="store_true",
+                        help="with --record: skip the shapes that file already holds for these entries and caches "
+                             "(rerun a command cut short to measure the rest)")
 
 
 def kernel_times_arguments(parser: argparse.ArgumentParser) -> None:

@@ -43,19 +43,29 @@ def warm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def first_call(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shapes, entries = _shape_names(args), _entry_names(args)
+    caches = "empty" if args.empty_caches else "environment"
+    if args.missing_only and not args.record:
+        parser.error("--missing-only: skips what --record kept; give --record too")
     if args.record:
         require_gpu(parser, "--record keeps the seconds per GPU model")
         if set(args.sides) != {"helion", "mamba_ssm"}:
             parser.error("--record: needs both --sides (ours and mamba-ssm's), the pair the file keeps")
         fp = fingerprint.collect()
         path = baselines.first_call_path(fingerprint.gpu_slug(fp))
+        if args.missing_only:
+            kept = baselines.read_first_calls(path)
+            done = [name for name in shapes if name in kept and kept[name]["entries"] == entries
+                    and kept[name]["caches"] == caches]
+            shapes = [name for name in shapes if name not in done]
+            print(f"{path} holds {', '.join(done) or 'none of them'}; measuring {', '.join(shapes) or 'nothing'}",
+                  flush=True)
 
     def finished(shape: str, by_side: dict) -> None:
         print(shape, " ".join(f"{side} {value:.1f} s" if isinstance(value, float) else f"{side} {value}"
                               for side, value in by_side.items()), flush=True)
         if args.record:  # shape by shape: a run cut short keeps what it measured
             left_out = baselines.record_first_calls(
-                path, {shape: by_side}, entries=entries, caches="empty" if args.empty_caches else "environment",
+                path, {shape: by_side}, entries=entries, caches=caches,
                 measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu_uuid=fp.gpu_uuid)
             print(f"  {'not recorded (a side failed)' if left_out else 'recorded'} in {path}", flush=True)
 

@@ -87,10 +87,10 @@ def test_each_shape_is_handed_on_as_it_finishes():
     assert handed == [("smoke", ["helion"])]
 
 
-def test_record_keeps_each_shape_as_it_finishes(tmp_path, monkeypatch):
-    """The command records a shape as soon as both sides finished: cut during the next one, the file holds
-    the first (a GPU stands in: --record needs one)."""
-    import argparse
+@pytest.fixture
+def on_a_gpu(tmp_path, monkeypatch):
+    """``dev first-call``'s command with a GPU standing in (--record needs one): its file under ``tmp_path``,
+    and the shapes each call measures; ``measure`` replaces the measurement (default: fixed seconds)."""
     import dataclasses
 
     from guard.adapters import fingerprint
@@ -100,18 +100,53 @@ def test_record_keeps_each_shape_as_it_finishes(tmp_path, monkeypatch):
     monkeypatch.setattr(selection_tools, "require_gpu", lambda parser, why: None)
     monkeypatch.setattr(fingerprint, "collect", lambda: gpu)
     monkeypatch.setattr(baselines, "first_call_path", lambda slug: tmp_path / f"{slug}.yaml")
+    measured: list[list[str]] = []
+
+    def every_shape(shapes, entries, sides, empty_caches, on_shape):
+        measured.append(list(shapes))
+        seconds = {name: {"helion": 40.0, "mamba_ssm": 90.0} for name in shapes}
+        for name, by_side in seconds.items():
+            on_shape(name, by_side)
+        return seconds
+
+    def run(*shapes, measure=every_shape, empty_caches=True, record=True, missing_only=False):
+        import argparse
+
+        monkeypatch.setattr(selection_tools.selection, "first_call_seconds", measure)
+        args = argparse.Namespace(shapes=list(shapes), suite=None, entries=["ssd_combined_fwd_bwd"],
+                                  sides=["helion", "mamba_ssm"], empty_caches=empty_caches, record=record,
+                                  missing_only=missing_only)
+        return selection_tools.first_call(args, argparse.ArgumentParser())
+
+    return run, tmp_path / "nvidia-h200.yaml", measured
+
+
+def test_record_keeps_each_shape_as_it_finishes(on_a_gpu):
+    """The command records a shape as soon as both sides finished: cut during the next one, the file holds
+    the first."""
+    run, path, _ = on_a_gpu
 
     def cut_during_the_second(shapes, entries, sides, empty_caches, on_shape):
         on_shape(shapes[0], {"helion": 40.0, "mamba_ssm": 90.0})
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(selection_tools.selection, "first_call_seconds", cut_during_the_second)
-    args = argparse.Namespace(shapes=["bamba-9b", "zamba2-7b"], suite=None, entries=["ssd_combined_fwd_bwd"],
-                              sides=["helion", "mamba_ssm"], empty_caches=True, record=True)
     with pytest.raises(KeyboardInterrupt):
-        selection_tools.first_call(args, argparse.ArgumentParser())
-    recorded = baselines.read_first_calls(tmp_path / "nvidia-h200.yaml")
+        run("bamba-9b", "zamba2-7b", measure=cut_during_the_second)
+    recorded = baselines.read_first_calls(path)
     assert list(recorded) == ["bamba-9b"] and recorded["bamba-9b"]["mamba_ssm_s"] == 90.0
+
+
+def test_missing_only_measures_what_the_file_lacks(on_a_gpu):
+    """The same command again after a cut: only the shapes not kept for these entries and caches."""
+    run, path, measured = on_a_gpu
+    run("bamba-9b")
+    run("bamba-9b", "zamba2-7b", missing_only=True)
+    run("bamba-9b", "zamba2-7b", missing_only=True)  # nothing left
+    run("bamba-9b", "zamba2-7b", missing_only=True, empty_caches=False)  # other caches: measured again
+    assert measured == [["bamba-9b"], ["zamba2-7b"], [], ["bamba-9b", "zamba2-7b"]]
+    assert baselines.read_first_calls(path)["zamba2-7b"]["caches"] == "environment"
+    with pytest.raises(SystemExit):  # nothing recorded to skip by
+        run("bamba-9b", record=False, missing_only=True)
 
 
 MEASURED = {"entries": ["ssd_combined_fwd_bwd"], "caches": "empty", "measured_at": "2026-12-04T20:09:35+00:00",
