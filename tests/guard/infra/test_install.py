@@ -11,11 +11,11 @@ import re
 import subprocess
 import sys
 import sysconfig
-from importlib import metadata
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
+
+from tests.distributions import closure, name_of
 
 try:
     import tomllib
@@ -57,36 +57,14 @@ def test_install_reuses_torch_of_a_virtualenv_offline(tmp_path):
     assert doctor.returncode == 0 and "environment ok" in doctor.stdout, doctor.stderr
 
 
-def _name(spec: str) -> str:
-    return re.split(r"[<>=!~ \[;]", spec.strip('"'), maxsplit=1)[0].lower().replace("_", "-")
-
-
-def _closure(names: set[str]) -> set[str]:
-    """The installed distributions that ``names`` need, transitively (requirements behind extras left out)."""
-    seen: set[str] = set()
-    todo = list(names)
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        try:
-            requires = metadata.requires(name) or []
-        except metadata.PackageNotFoundError:
-            continue
-        requirements = [Requirement(r) for r in requires]
-        todo += [_name(r.name) for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
-    return seen
-
-
 def test_gpu_wheels_covers_the_runtime_and_no_dev_tool():
     text = (REPO / "scripts" / "gpu-wheels.sh").read_text()
-    listed = {_name(s) for s in re.findall(r'"?[A-Za-z][\w.-]*(?:[<>=][^"\s]*)?"?', text.split("-d \"$out\"")[1]
+    listed = {name_of(s) for s in re.findall(r'"?[A-Za-z][\w.-]*(?:[<>=][^"\s]*)?"?', text.split("-d \"$out\"")[1]
                                                                                     .split('"$@"')[0])}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    runtime = {_name(s) for s in project["dependencies"] + project["optional-dependencies"]["guard"]}
-    on_the_runner = _closure({"torch", "triton"})  # the runner has these and what they need
-    needed = _closure(runtime - {"torch", "triton", "mamba-ssm"}) - on_the_runner - {"mamba-ssm"}
+    runtime = {name_of(s) for s in project["dependencies"] + project["optional-dependencies"]["guard"]}
+    on_the_runner = closure({"torch", "triton"})  # the runner has these and what they need
+    needed = closure(runtime - {"torch", "triton", "mamba-ssm"}) - on_the_runner - {"mamba-ssm"}
     assert needed - listed == set()
-    dev = {_name(s) for s in project["optional-dependencies"]["dev"]}
+    dev = {name_of(s) for s in project["optional-dependencies"]["dev"]}
     assert listed & dev == set()

@@ -49,6 +49,45 @@ def test_public_functions_in_a_fresh_process():
     assert "public API ok" in done.stdout
 
 
+def _only(distributions: set[str], into: Path) -> Path:
+    """A folder holding links to the installed files of ``distributions`` alone (their top-level packages,
+    modules and metadata): on ``sys.path`` without site-packages, a fresh environment with only those."""
+    from importlib import metadata
+
+    into.mkdir()
+    for name in sorted(distributions):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        for top in {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}:
+            target = Path(str(dist.locate_file(top)))
+            if target.exists() and not (into / top).exists():
+                (into / top).symlink_to(target)
+    return into
+
+
+@pytest.mark.slow
+def test_a_training_job_needs_only_the_declared_dependencies(tmp_path):
+    """`pip install mamba2-guard` into a job's environment brings the base dependencies and what they declare;
+    the public functions must run on those alone (helion imports `packaging` without declaring it)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from tests.distributions import closure, name_of
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    site = _only(closure({name_of(spec) for spec in declared}), tmp_path / "site")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "HELION_INTERPRET")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(site)])
+    done = subprocess.run([sys.executable, "-S", "-c", USER_CODE], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=REPO)  # -S: no site-packages, only the links
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "public API ok" in done.stdout
+
+
 def test_public_names_are_listed():
     import kernels
 
