@@ -328,6 +328,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
     from guard.flows.autotune import (
         DEFAULT_TUNER,
         TUNER_ENV,
+        AutotuneBusy,
         AutotuneOptions,
         config_options,
         covers_whole_suite,
@@ -385,7 +386,10 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         whole_suite=covers_whole_suite([e.name for e in entries], shapes), **fields)
     with rich_bar(sys.stderr.isatty()) as (on_start, on_job, log):
         progress = log or _progress()
-        outcome = run_autotune(opts, progress, on_job=on_job, on_start=on_start)
+        try:
+            outcome = run_autotune(opts, progress, on_job=on_job, on_start=on_start)
+        except AutotuneBusy as exc:
+            raise EnvironmentProblem(str(exc)) from None
     s = outcome.summary
     print(f"autotune: {s['ok']}/{s['jobs']} jobs ok, {s['failed']} failed, {s['not_run']} not run; "
           f"{s['kept']} winner(s) kept, {s['rejected']} rejected (old config kept)")

@@ -323,6 +323,33 @@ def test_a_rerun_keeps_what_reached_the_file_since_the_run_began(tmp_path):
     assert [r["run"] for r in written.tuned["earlier"]] == [other.run_dir.name.split("-")[-1]]
 
 
+def test_one_autotune_at_a_time_per_state_directory(tmp_path):
+    """A second run beside a running one (a CLI run during the nightly's re-tune) would time its candidates on
+    a busy GPU and write the config file in turns: it is refused, exit 2 naming the lock; after the first, it
+    runs."""
+    state, out = tmp_path / "state", tmp_path / "configs" / "fake.yaml"
+    cmd = [sys.executable, "-m", "guard", "autotune", "--tuner", FAKE, "--shapes", "smoke", "--state-dir", str(state),
+           "--out", str(out), "--gpu-slug", "fake", "--budget-seconds", "5", "--workers", "1", "--kernels"]
+    env = dict(os.environ, FAKE_TUNE_EXTRA=json.dumps({"default": {"sleep": 3}}))
+    first = subprocess.Popen([*cmd, "chunk_cumsum"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(state.glob("autotune/*/logs/worker-0.log")):  # the first run holds the lock
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        second = subprocess.run([*cmd, "chunk_state"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.stderr.strip() == f"mamba2-guard: another autotune run holds {state / 'autotune.lock'}"
+        assert first.wait(120) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    third = subprocess.run([*cmd, "chunk_state"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert set(config_store.load(out).kernels) == {"chunk_cumsum_k", "chunk_state_k"}
+
+
 def test_candidates_are_timed_through_the_public_function_with_their_config_pinned(monkeypatch):
     """The worker times the registry entry's public function (host-side sums of partials included), with
     the candidate pinned for its own shape key only, and leaves the kernel's normal lookup afterwards."""
