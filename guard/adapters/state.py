@@ -25,6 +25,7 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,24 @@ def load_daemon_state(state: StateDir) -> tuple[dict[str, Any], str | None]:
 
 # ----------------------------------------------------------------------------------------------
 # Single instance
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, busy: type[Exception], holder: str) -> Iterator[None]:
+    """Hold the file lock ``path`` inside the block, without waiting: ``busy`` naming it when ``holder`` (as
+    "another <holder> holds <path>") has it. An flock, so the kernel drops it when its holder dies."""
+    from filelock import FileLock, Timeout
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout as exc:
+        raise busy(f"another {holder} holds {lock.lock_file}") from exc
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class InstanceLock:

@@ -44,11 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from guard import PROJECT_ROOT
 from guard.adapters.files import tail as tail_of
 from guard.adapters.processes import kill_group, signal_name, spawn
+from guard.adapters.state import exclusive
 from guard.core import tuneplan
 from guard.core.tuneplan import Criteria, Job
 from kernels import config_store
@@ -412,17 +411,8 @@ def run_autotune(opts: AutotuneOptions, progress: Progress, on_job: Callable[[di
                  on_start: Callable[[int, int], None] | None = None) -> AutotuneOutcome:
     """One autotune run; one at a time per state directory (a CLI run beside the nightly's re-tune would time
     its candidates on a busy GPU, and the two would write the config file in turns). AutotuneBusy otherwise."""
-    state_dir = Path(opts.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(state_dir / "autotune.lock"), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout as exc:
-        raise AutotuneBusy(f"another autotune run holds {lock.lock_file}") from exc
-    try:
+    with exclusive(Path(opts.state_dir) / "autotune.lock", AutotuneBusy, "autotune run"):
         return _run(opts, progress, on_job, on_start)
-    finally:
-        lock.release()
 
 
 def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, Any]], None] | None,

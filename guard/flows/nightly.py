@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock, Timeout
 
 from guard import EXIT_BUSY
 from guard import config as guard_config
 from guard.adapters import fingerprint
 from guard.adapters.files import check_writable, clean_stale_temp_files
 from guard.adapters.history import History
+from guard.adapters.state import exclusive
 from guard.bench.run import Progress, bench_case, plain_progress
 from guard.core import drift as drift_mod
 from guard.core import report
@@ -238,19 +238,12 @@ def run_cycle(state_dir: Path, options: CycleOptions | None = None, progress: Pr
     options = options or CycleOptions()
     check_writable(state_dir)
     cfg = guard_config.load(options.config, state_dir)  # a bad file stops the cycle before it prints or locks
-    lock = FileLock(str(state_dir / "nightly.lock"), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout as exc:
-        raise CycleBusy(f"another cycle holds {lock.lock_file}") from exc
-    try:
+    with exclusive(state_dir / "nightly.lock", CycleBusy, "cycle"):
         configs, baseline = recorded_paths("any", options.root)
         for folder, recursive in ((state_dir, True), (configs.parent, False), (baseline.parent, False)):
             for path in clean_stale_temp_files(folder, recursive=recursive):
                 progress(f"removed {path}, left by an interrupted write")
         return _cycle(state_dir, options, cfg, progress, job)
-    finally:
-        lock.release()
 
 
 def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig, progress: Progress,
