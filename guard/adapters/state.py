@@ -191,15 +191,17 @@ def _layout_problem(data: Any) -> str | None:
     if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
         return f"unexpected layout (version {data.get('version') if isinstance(data, dict) else None!r})"
 
+    def number(value: Any) -> bool:
+        return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
     def numbers(mapping: Any, keys: Any = None) -> bool:
-        return isinstance(mapping, dict) and all(
-            value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
-            for key, value in mapping.items() if keys is None or key in keys)
+        return isinstance(mapping, dict) and all(number(value) for key, value in mapping.items()
+                                                 if keys is None or key in keys)
 
     jobs, times = data.get("jobs"), ("last_run", "last_success", "duration_s")
     for field, ok in (("jobs", isinstance(jobs, dict) and all(numbers(info, times) for info in jobs.values())),
                       ("counts", numbers(data.get("counts", {}))), ("events", numbers(data.get("events", {}))),
-                      ("prs_opened", numbers({"n": data.get("prs_opened", 0)}))):
+                      ("prs_opened", number(data.get("prs_opened", 0)))):
         if not ok:
             return f"unexpected layout ({field})"
     return None
