@@ -509,7 +509,7 @@ def _check_nightly_option(key: str, value: Any) -> None:
                     loaded.shape(name)
         elif key == "suite":
             suites.load().suite(str(value))
-        elif value is not None and not isinstance(value, str):  # out_dir, config: a path, or null for none
+        elif key in ("out_dir", "config") and value is not None and not isinstance(value, str):  # null: none
             raise argparse.ArgumentTypeError(f"expected a path, got {value!r}")
     except (argparse.ArgumentTypeError, KeyError) as exc:
         raise ValueError(f"-o {key}: {exc.args[0] if exc.args else exc}") from None
