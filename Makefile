@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml scripts/install.sh
 	touch $(STAMP)
 
 nightly: $(STAMP)
-	$(PY) -m guard nightly
+	$(PY) -m mamba2_guard nightly
 
 # pytest exits 5 when it collects no test: say so plainly rather than fail with make's generic error.
 test: $(STAMP)

@@ -82,4 +82,4 @@ PY
 )
 pip install "${pip_args[@]}" "${deps[@]}"
 pip install "${pip_args[@]}" --no-deps --no-build-isolation -e "$root"
-"$py" -m guard doctor --quiet
+"$py" -m mamba2_guard doctor --quiet

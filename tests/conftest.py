@@ -17,7 +17,7 @@ os.environ["MAMBA2_GUARD_SEEN"] = "off"
 
 if not torch.cuda.is_available():
     # Must run before mamba-ssm's Triton modules are imported (they are jit-decorated at import).
-    from kernels.testing import enable_cpu_interpret
+    from mamba2_kernels.testing import enable_cpu_interpret
 
     enable_cpu_interpret()
 
@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _forget_rejected_configs():
     """Configs rejected during one test are drift for that test only (the record is process-wide)."""
-    from kernels import config_store
+    from mamba2_kernels import config_store
 
     yield
     config_store.INVALID.clear()
@@ -43,8 +43,8 @@ def _forget_rejected_configs():
 @pytest.fixture(autouse=True)
 def _recording_as_a_training_job():
     """Each test starts as a training job would: the guard's CLI, run in-process by a test, stops the seen-keys
-    recording for the rest of its process (``kernels.seen.stop_recording``)."""
-    from kernels import seen
+    recording for the rest of its process (``mamba2_kernels.seen.stop_recording``)."""
+    from mamba2_kernels import seen
 
     os.environ.pop(seen.RECORD_ENV, None)
     yield
@@ -53,12 +53,12 @@ def _recording_as_a_training_job():
 
 @pytest.fixture
 def smoke_shape():
-    from kernels import suites
+    from mamba2_kernels import suites
 
     return suites.load().shape("smoke")
 
 
-# A public call as kernels/seen.py records it, and entries of a seen-keys file in a temp state dir.
+# A public call as mamba2_kernels/seen.py records it, and entries of a seen-keys file in a temp state dir.
 SEEN_CALL = {"batch": 1, "seqlen": 96, "nheads": 4, "headdim": 16, "ngroups": 2, "dstate": 16, "chunk_size": 32,
              "dtype": "float32", "call": {"z": True, "docs": 2, "D": "h", "initial_states": False}}
 
@@ -66,7 +66,7 @@ SEEN_CALL = {"batch": 1, "seqlen": 96, "nheads": 4, "headdim": 16, "ngroups": 2,
 @pytest.fixture
 def seen_file(tmp_path, monkeypatch):
     """The seen-keys file, in a temp dir, with configs read from a temp config dir."""
-    from kernels import config_store
+    from mamba2_kernels import config_store
 
     file = tmp_path / "seen.json"
     monkeypatch.setenv("MAMBA2_GUARD_SEEN", str(file))

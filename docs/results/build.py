@@ -3,9 +3,9 @@
     python docs/results/build.py           # (re)write every page
     python docs/results/build.py --check   # exit 1, naming the stale page, when a committed page differs (CI)
 
-The rendering is ``guard.core.results_page`` (pure); this file reads the baselines, maps each case's
+The rendering is ``mamba2_guard.core.results_page`` (pure); this file reads the baselines, maps each case's
 ``recorded_at`` to the raw run in ``baselines/runs/`` whose ``started_at`` it is, reads the tuned shapes
-(suites ``default`` and ``zoo-fit`` of ``kernels/suites.yaml``) and the first calls
+(suites ``default`` and ``zoo-fit`` of ``mamba2_kernels/suites.yaml``) and the first calls
 (``baselines/first-call/<slug>.yaml``), and writes or compares the pages.
 """
 
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from guard.core.results_page import render  # noqa: E402
-from guard.flows.baselines import read_first_calls  # noqa: E402
+from mamba2_guard.core.results_page import render  # noqa: E402
+from mamba2_guard.flows.baselines import read_first_calls  # noqa: E402
 
 STARTED_AT = re.compile(r'"started_at":\s*"([^"]+)"')
 
@@ -42,9 +42,9 @@ def run_files(runs_dir: Path, slug: str) -> dict[str, str]:
 
 
 def suite_shapes(root: Path, suite: str) -> list[str]:
-    """The shape names of a suite of ``kernels/suites.yaml`` (``default`` and ``zoo-fit``: tuned;
+    """The shape names of a suite of ``mamba2_kernels/suites.yaml`` (``default`` and ``zoo-fit``: tuned;
     ``zoo-heldout``: held out)."""
-    suites = root / "kernels" / "suites.yaml"
+    suites = root / "mamba2_kernels" / "suites.yaml"
     if not suites.is_file():
         return []
     data = yaml.safe_load(suites.read_text()) or {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from guard.adapters.processes import CHILD_DIR_PREFIX, remove_orphaned_child_dirs
+from mamba2_guard.adapters.processes import CHILD_DIR_PREFIX, remove_orphaned_child_dirs
 
 
 def test_only_dirs_of_dead_parents_are_removed(tmp_path):

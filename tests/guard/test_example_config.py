@@ -1,4 +1,4 @@
-"""deploy/guard.example.yaml: every key in it is real, and guard.config loads it."""
+"""deploy/guard.example.yaml: every key in it is real, and mamba2_guard.config loads it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from guard import config
+from mamba2_guard import config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "guard.example.yaml"
 

@@ -1,11 +1,11 @@
-"""guard/ imports only downward: core <- adapters <- bench <- flows <- entry points (cli, daemon).
+"""mamba2_guard/ imports only downward: core <- adapters <- bench <- flows <- entry points (cli, daemon).
 
-Walks every module of guard/ with ``ast`` (imports inside functions count too) and checks that
+Walks every module of mamba2_guard/ with ``ast`` (imports inside functions count too) and checks that
 * no module imports a module of a higher layer;
 * the module import graph has no cycle;
 * no ``_private`` name is imported from another module;
-* guard/core imports none of torch, git, github, HTTP, the scheduler or the clock's side of the world;
-* kernels/ never imports guard.
+* mamba2_guard/core imports none of torch, git, github, HTTP, the scheduler or the clock's side of the world;
+* mamba2_kernels/ never imports mamba2_guard.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-GUARD = REPO / "guard"
+GUARD = REPO / "mamba2_guard"
 
 # Lower number = lower layer. A module may import its own layer or any lower one.
-LAYERS = {"guard": 0, "guard.core": 0, "guard.adapters": 1, "guard.config": 1, "guard.bench": 2,
-          "guard.flows": 3, "guard.dev": 3, "guard.cli": 4, "guard.daemon": 4, "guard.__main__": 4}
+LAYERS = {"mamba2_guard": 0, "mamba2_guard.core": 0, "mamba2_guard.adapters": 1, "mamba2_guard.config": 1,
+          "mamba2_guard.bench": 2, "mamba2_guard.flows": 3, "mamba2_guard.dev": 3, "mamba2_guard.cli": 4,
+          "mamba2_guard.daemon": 4, "mamba2_guard.__main__": 4}
 CORE_FORBIDDEN = ("torch", "git", "github", "requests", "urllib", "http", "socket", "subprocess", "apscheduler",
-                  "sqlite3", "prometheus_client", "pynvml", "time", "kernels")
+                  "sqlite3", "prometheus_client", "pynvml", "time", "mamba2_kernels")
 
 
 def module_name(path: Path) -> str:
@@ -41,17 +42,17 @@ def layer(module: str) -> int:
 
 
 def imports(path: Path, modules: set[str]) -> list[tuple[str, str | None, int]]:
-    """(imported guard module, imported name or None, line) for every import of guard in ``path``."""
+    """(imported mamba2_guard module, imported name or None, line) for every import of it in ``path``."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found += [(a.name, None, node.lineno) for a in node.names if a.name.split(".")[0] == "guard"]
+            found += [(a.name, None, node.lineno) for a in node.names if a.name.split(".")[0] == "mamba2_guard"]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.split(".")[0] != "guard":
+            if node.module.split(".")[0] != "mamba2_guard":
                 continue
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
-                if sub in modules:  # `from guard.adapters import state`: the module itself
+                if sub in modules:  # `from mamba2_guard.adapters import state`: the module itself
                     found.append((sub, None, node.lineno))
                 else:
                     found.append((node.module, a.name, node.lineno))
@@ -59,7 +60,9 @@ def imports(path: Path, modules: set[str]) -> list[tuple[str, str | None, int]]:
 
 
 def guard_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(GUARD.rglob("*.py")) if "__pycache__" not in p.parts}
+    mods = {module_name(p): p for p in sorted(GUARD.rglob("*.py")) if "__pycache__" not in p.parts}
+    assert "mamba2_guard.cli" in mods, f"no modules found under {GUARD}"
+    return mods
 
 
 def graph() -> dict[str, set[str]]:
@@ -72,7 +75,7 @@ def test_imports_only_go_downward():
     upward = []
     for m, path in mods.items():
         for target, _, line in imports(path, set(mods)):
-            if m == "guard" or target == "guard":  # the package root (PROJECT_ROOT, the kernels check)
+            if "mamba2_guard" in (m, target):  # the package root (PROJECT_ROOT, EnvironmentProblem)
                 continue
             if layer(target) > layer(m):
                 upward.append(f"{path.relative_to(REPO)}:{line}: {m} (layer {layer(m)}) imports {target} "
@@ -84,13 +87,13 @@ def test_no_import_cycles():
     g = graph()
     mods = set(g)
 
-    def resolve(target: str) -> str | None:  # `from guard.adapters.files import x` -> guard.adapters.files
+    def resolve(target: str) -> str | None:  # `from mamba2_guard.adapters.files import x` -> ...adapters.files
         while target and target not in mods:
             target = target.rpartition(".")[0]
         return target or None
 
     edges = {m: {t for t in map(resolve, targets) if t and t != m and not m.startswith(t + ".")
-                 and t != "guard"} for m, targets in g.items()}
+                 and t != "mamba2_guard"} for m, targets in g.items()}
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles = []
@@ -128,15 +131,17 @@ def test_core_stays_pure():
                      else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
                      else [])
             for name in names:
-                if name.split(".")[0] in CORE_FORBIDDEN or (name.split(".")[0] == "guard"
-                                                             and not name.startswith("guard.core")):
+                if name.split(".")[0] in CORE_FORBIDDEN or (name.split(".")[0] == "mamba2_guard"
+                                                             and not name.startswith("mamba2_guard.core")):
                     bad.append(f"{path.relative_to(REPO)}:{node.lineno}: imports {name}")
-    assert not bad, "guard/core must stay pure:\n" + "\n".join(bad)
+    assert not bad, "mamba2_guard/core must stay pure:\n" + "\n".join(bad)
 
 
 def test_kernels_never_import_guard():
     bad = []
-    for path in sorted((REPO / "kernels").rglob("*.py")):
+    paths = sorted((REPO / "mamba2_kernels").rglob("*.py"))
+    assert paths
+    for path in paths:
         for target, _, line in imports(path, set()):
             bad.append(f"{path.relative_to(REPO)}:{line}: imports {target}")
-    assert not bad, "kernels/ imports guard:\n" + "\n".join(bad)
+    assert not bad, "mamba2_kernels/ imports mamba2_guard:\n" + "\n".join(bad)

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from guard.adapters.fingerprint import collect, combined_hash, kernel_source_hashes
-from guard.bench.timing import measured_under
-from guard.core.drift import changed_kernel_files
-from guard.core.results import BenchResult
+from mamba2_guard.adapters.fingerprint import collect, combined_hash, kernel_source_hashes
+from mamba2_guard.bench.timing import measured_under
+from mamba2_guard.core.drift import changed_kernel_files
+from mamba2_guard.core.results import BenchResult
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = sorted((REPO / "kernels" / "configs").glob("*.yaml")) + sorted((REPO / "baselines").glob("*.yaml"))
+COMMITTED = sorted((REPO / "mamba2_kernels" / "configs").glob("*.yaml")) + sorted((REPO / "baselines").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(REPO)))
@@ -30,7 +30,7 @@ def test_committed_files_record_the_current_kernel_sources(path):
 
 
 def test_restamp_stamps_only_the_kernels_named(tmp_path):
-    for rel in ("kernels/configs/nvidia-h200.yaml", "baselines/nvidia-h200.yaml"):
+    for rel in ("mamba2_kernels/configs/nvidia-h200.yaml", "baselines/nvidia-h200.yaml"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         doc = yaml.safe_load((REPO / rel).read_text())
         for name in ("ssd/chunk_cumsum.py", "norm/gated_rmsnorm.py"):  # two kernels "changed since"
@@ -41,7 +41,7 @@ def test_restamp_stamps_only_the_kernels_named(tmp_path):
                            "nvidia-h200", "--kernels", "chunk_cumsum", "--root", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
-    for rel in ("kernels/configs/nvidia-h200.yaml", "baselines/nvidia-h200.yaml"):
+    for rel in ("mamba2_kernels/configs/nvidia-h200.yaml", "baselines/nvidia-h200.yaml"):
         recorded = yaml.safe_load((tmp_path / rel).read_text())["fingerprint"]
         changed = changed_kernel_files(recorded, {"kernel_sources": kernel_source_hashes()})
         assert not any(c.startswith("ssd/chunk_cumsum.py") for c in changed), rel

@@ -17,7 +17,7 @@ import signal
 import time
 import zlib
 
-from guard.core.results import CaseResult, Precision, SamplesMs
+from mamba2_guard.core.results import CaseResult, Precision, SamplesMs
 
 ROUNDS = 30
 

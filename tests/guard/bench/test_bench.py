@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guard.bench.run import with_layer_shares
-from guard.bench.timing import _check_counts
-from guard.core.results import CaseResult, SamplesMs
-from kernels import registry
-from kernels.testing import execution_mode
+from mamba2_guard.bench.run import with_layer_shares
+from mamba2_guard.bench.timing import _check_counts
+from mamba2_guard.core.results import CaseResult, SamplesMs
+from mamba2_kernels import registry
+from mamba2_kernels.testing import execution_mode
 
 
 @pytest.mark.parametrize("name", ["ssd_combined_fwd", "ssd_combined_fwd_bwd", "mamba2_layer_fwd",
@@ -28,7 +28,7 @@ def test_whole_call_entries_run_helion_against_fp64(name, smoke_shape):
 
 
 def test_references_computed_once_judge_each_config_as_the_bench_does(smoke_shape, monkeypatch):
-    from guard.bench import run
+    from mamba2_guard.bench import run
 
     entry = registry.get("chunk_scan")
     inputs = entry.inputs(smoke_shape, seed=3)
@@ -67,8 +67,8 @@ def test_layer_shares_count_kernels_not_whole_calls():
 
 
 def test_progress_line_for_each_kind_of_case():
-    from guard.bench.run import _line
-    from guard.core.results import Precision
+    from mamba2_guard.bench.run import _line
+    from mamba2_guard.core.results import Precision
 
     good = Precision(max_rel_err_vs_fp64=1e-3, allclose=True, finite=True, ok=True)
     timed = CaseResult("k", "s", "fwd", SamplesMs((1.0,), (2.0,)), precision=good)
@@ -88,7 +88,7 @@ def test_timing_counts_are_checked():
 
 
 def test_precision_holds_large_reductions_to_a_tolerance_relative_to_their_size():
-    from guard.bench.precision import compare_output, failing_outputs
+    from mamba2_guard.bench.precision import compare_output, failing_outputs
 
     gen = torch.Generator().manual_seed(0)
     exact = torch.randn(4096, generator=gen, dtype=torch.float64) * 800  # like a per-chunk ddt
@@ -110,7 +110,7 @@ def test_a_few_strays_agree_when_within_mamba_ssms_own_fp64_error():
     |mamba-ssm| at 1-12 of 67 M elements (up to 0.125 apart) with the same max fp64 error as mamba-ssm's.
     Up to one stray per million elements agrees if each is within mamba-ssm's worst fp64 error; more, or
     a stray beyond that error, or any stray in fp32, does not. Strays are counted either way."""
-    from guard.bench.precision import compare_output, failing_outputs
+    from mamba2_guard.bench.precision import compare_output, failing_outputs
 
     gen = torch.Generator().manual_seed(1)
     exact = torch.randn(2_000_000, generator=gen, dtype=torch.float64) * 4
@@ -135,7 +135,7 @@ def test_a_few_strays_agree_when_within_mamba_ssms_own_fp64_error():
 
 
 def test_without_mamba_ssm_the_yardstick_is_pytorch_in_the_same_dtype():
-    from guard.bench.precision import compare_output, failing_outputs
+    from mamba2_guard.bench.precision import compare_output, failing_outputs
 
     gen = torch.Generator().manual_seed(1)
     exact = torch.randn(4096, generator=gen, dtype=torch.float64)  # max |exact| ~ 4, rms ~ 1
@@ -161,7 +161,7 @@ def test_device_time_leaves_out_the_host_dispatch_before_a_launch():
     import statistics
     import time
 
-    from guard.bench.timing import Timer, sleep_cycles_per_ms
+    from mamba2_guard.bench.timing import Timer, sleep_cycles_per_ms
 
     cycles = int(0.05 * sleep_cycles_per_ms())
 
@@ -176,11 +176,12 @@ def test_device_time_leaves_out_the_host_dispatch_before_a_launch():
 
 
 def test_whole_calls_are_timed_by_graph_replays_single_kernels_eagerly():
-    """The bench and the tuner's keep-or-reject decision time an entry the same way (guard.bench.run.graph_timed):
+    """The bench and the tuner's keep-or-reject decision time an entry the same way
+    (mamba2_guard.bench.run.graph_timed):
     a whole call or layer by its CUDA-graph replays (its eager time is mostly host work), a kernel eagerly
     unless the run asks for graphs."""
-    from guard.bench.run import graph_timed
-    from kernels import registry
+    from mamba2_guard.bench.run import graph_timed
+    from mamba2_kernels import registry
 
     composite = [e for e in registry.ENTRIES if e.phase.startswith(registry.COMPOSITE_PHASES)]
     assert {"ssd_combined_fwd_bwd", "mamba2_layer_fwd_bwd"} <= {e.name for e in composite}
@@ -193,7 +194,7 @@ def test_whole_calls_are_timed_by_graph_replays_single_kernels_eagerly():
 def test_a_damaged_peaks_cache_is_measured_again_not_an_error_in_every_bench(tmp_path, monkeypatch, damaged):
     import json
 
-    from guard.bench import peaks
+    from mamba2_guard.bench import peaks
 
     measured = {"copy_bytes_per_s": 4.0e12, "bf16_matmul_flops_per_s": 9.0e14, "method": "a stand-in for the GPU"}
     monkeypatch.setattr(peaks, "measure", lambda device="cuda": dict(measured))  # the GPU part

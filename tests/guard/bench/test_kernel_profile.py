@@ -1,12 +1,12 @@
-"""``guard.bench.kernel_profile`` on a GPU: the profiled calls' kernels, and none of the warm-up's."""
+"""``mamba2_guard.bench.kernel_profile`` on a GPU: the profiled calls' kernels, and none of the warm-up's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from guard.bench.kernel_profile import device_events
-from guard.core.kernel_times import per_call
+from mamba2_guard.bench.kernel_profile import device_events
+from mamba2_guard.core.kernel_times import per_call
 
 
 @pytest.mark.gpu

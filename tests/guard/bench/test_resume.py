@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from guard.bench.run import _line, run_bench
-from guard.core.results import BenchResult, CaseResult, kept_on_resume
-from kernels import registry
+from mamba2_guard.bench.run import _line, run_bench
+from mamba2_guard.core.results import BenchResult, CaseResult, kept_on_resume
+from mamba2_kernels import registry
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(sys.executable).parent / "mamba2-guard"

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from guard.bench import shard
-from guard.bench.run import with_layer_shares
-from guard.bench.timing import METHOD_VERSION
-from guard.core import tuneplan
-from guard.core.results import BenchResult, load_baseline
-from guard.core.verdicts import Policy, check
+from mamba2_guard.bench import shard
+from mamba2_guard.bench.run import with_layer_shares
+from mamba2_guard.bench.timing import METHOD_VERSION
+from mamba2_guard.core import tuneplan
+from mamba2_guard.core.results import BenchResult, load_baseline
+from mamba2_guard.core.verdicts import Policy, check
 
 from . import fake_bench
 
@@ -46,7 +46,7 @@ def strip(case):
 
 
 def baseline_of(result: BenchResult):
-    from guard.flows.baselines import baseline_from_result
+    from mamba2_guard.flows.baselines import baseline_from_result
 
     return load_baseline(baseline_from_result(result))
 
@@ -118,7 +118,7 @@ def test_crash_and_hang_cost_only_their_cases(tmp_path):
 
 
 def test_cases_record_their_gpu_and_metrics_label_it(tmp_path, monkeypatch):
-    from guard.adapters import metrics
+    from mamba2_guard.adapters import metrics
 
     par = sharded(tmp_path, 3, devices=["5", "6", "7"])
     jobs = tuneplan.plan_jobs([k.name for k in KERNELS], [s.name for s in SHAPES])
@@ -143,7 +143,7 @@ def test_cases_record_their_gpu_and_metrics_label_it(tmp_path, monkeypatch):
 
 
 def test_confirmation_reruns_on_the_measuring_gpu(tmp_path, monkeypatch):
-    from guard.flows.check import run_check
+    from mamba2_guard.flows.check import run_check
 
     baseline = baseline_of(sequential())
     # through the environment, so the confirming worker (a new child) is as slow as the first
@@ -164,7 +164,7 @@ def test_confirmation_reruns_on_the_measuring_gpu(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("value", ["0", "-2", "x", "1.5", ""])
 def test_cli_rejects_bad_workers(value, capsys):
-    from guard import cli
+    from mamba2_guard import cli
 
     for command in ("bench", "nightly"):
         with pytest.raises(SystemExit) as exc:
@@ -174,8 +174,8 @@ def test_cli_rejects_bad_workers(value, capsys):
 
 
 def test_cli_bench_with_fake_workers(tmp_path, capsys):
-    from guard import cli
-    from kernels import registry, suites
+    from mamba2_guard import cli
+    from mamba2_kernels import registry, suites
 
     names = [e.name for e in registry.select(None)][:3]
     out = tmp_path / "result.json"
@@ -190,8 +190,8 @@ def test_cli_bench_with_fake_workers(tmp_path, capsys):
 
 
 def test_nightly_cycle_with_workers(tmp_path):
-    from guard.flows.nightly import CycleOptions, run_cycle
-    from kernels import registry
+    from mamba2_guard.flows.nightly import CycleOptions, run_cycle
+    from mamba2_kernels import registry
 
     names = [e.name for e in registry.select(None) if e.has_helion][:2]
     options = CycleOptions(kernels=names, workers=2, bench_fn=FAKE, root=str(tmp_path / "root"), pr=False,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from guard import cli
-from guard.bench.timing import METHOD_VERSION
+from mamba2_guard import cli
+from mamba2_guard.bench.timing import METHOD_VERSION
 
 
 def test_unknown_kernel_lists_valid_ones_and_exits_2(capsys):
@@ -27,7 +27,7 @@ def test_fingerprint_json(capsys):
 
 
 def _without_helion(monkeypatch, name):
-    from kernels import registry
+    from mamba2_kernels import registry
 
     entry = registry.get(name)
     monkeypatch.setitem(registry.REGISTRY, name, registry.KernelEntry(**{**entry.__dict__, "helion": None}))
@@ -56,7 +56,7 @@ def test_nightly_on_cpu_records_history_and_reports(tmp_path, capsys):
     assert cli.main(["nightly", "--kernels", "chunk_cumsum", "--state-dir", str(state)]) == cli.EXIT_OK
     printed = capsys.readouterr()
     assert "CPU interpret mode" in printed.out + printed.err
-    from guard.adapters.history import History
+    from mamba2_guard.adapters.history import History
 
     with History(state / "history.sqlite") as history:
         runs = history.runs()
@@ -74,7 +74,7 @@ def test_calibration_script_names_the_bad_argument():
     import sys
 
     def run(*argv):
-        return subprocess.run([sys.executable, "-m", "guard", "dev", "calibrate", *argv], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "mamba2_guard", "dev", "calibrate", *argv], capture_output=True,
                               text=True, timeout=120)
 
     bad = run("--kernels", "chunk_state", "--json", "x.json", "--slowdown", "5")
@@ -89,8 +89,8 @@ def test_calibration_script_names_the_bad_argument():
 def test_check_judges_by_the_guard_configs_policy(tmp_path, capsys):
     """A 10 % slower kernel is a regression at the default 5 % threshold, and not under a guard.yaml that
     sets 30 %, as the nightly would judge it; a bad policy key exits 2 before anything is read."""
-    from guard.core.results import BenchResult
-    from guard.flows import baselines
+    from mamba2_guard.core.results import BenchResult
+    from mamba2_guard.flows import baselines
     from tests.guard.infra import sample
 
     baselines.update(tmp_path / "baseline.yaml", BenchResult.from_dict(sample.result()))

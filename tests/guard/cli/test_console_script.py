@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from guard import __version__
+from mamba2_guard import __version__
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(sys.executable).parent / "mamba2-guard"

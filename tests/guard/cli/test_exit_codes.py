@@ -139,7 +139,7 @@ def test_environment_errors_exit_2_with_one_line_naming_the_file(tmp_path, argv,
 
 
 def test_ok_and_precision_failure_exit_0_and_1(tmp_path):
-    from guard.core.results import BenchResult
+    from mamba2_guard.core.results import BenchResult
 
     assert _run(["list", "--suite", "smoke"]).returncode == 0
     doc = sample.result()

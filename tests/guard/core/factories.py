@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from guard.core.results import (
+from mamba2_guard.core.results import (
     BenchResult,
     CaseResult,
     HistoryPoint,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guard.core import first_calls
+from mamba2_guard.core import first_calls
 
 GOOD = {"helion_s": 40.0, "mamba_ssm_s": 90.0, "entries": ["ssd_combined_fwd_bwd"], "caches": "empty",
         "measured_at": "2026-12-04T20:09:35+00:00", "gpu_uuid": "GPU-1"}

@@ -1,4 +1,4 @@
-"""guard.adapters.history: SQLite run history, windows with fingerprint resets, crash safety, corruption."""
+"""mamba2_guard.adapters.history: SQLite run history, windows with fingerprint resets, crash safety, corruption."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from guard.adapters.history import History, HistoryCorrupt, HistoryError
-from guard.core.results import BenchResult
-from guard.core.verdicts import Policy, check
+from mamba2_guard.adapters.history import History, HistoryCorrupt, HistoryError
+from mamba2_guard.core.results import BenchResult
+from mamba2_guard.core.verdicts import Policy, check
 
 from .factories import FINGERPRINT, baseline_of, make_case
 
@@ -137,7 +137,7 @@ def test_killed_mid_transaction_leaves_no_half_run(tmp_path):
         sys.path.insert(0, {str(REPO / "tests" / "guard")!r})
         from datetime import datetime, timezone
         import numpy as np
-        from guard.adapters.history import History
+        from mamba2_guard.adapters.history import History
         from core.test_history import _result
 
         class Dies(History):

@@ -1,4 +1,4 @@
-"""A whole call's device time kernel by kernel (``guard.core.kernel_times``), and the tool's command line."""
+"""A whole call's device time kernel by kernel (``mamba2_guard.core.kernel_times``), and the tool's command line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from guard.core.kernel_times import KernelTime, per_call, table
+from mamba2_guard.core.kernel_times import KernelTime, per_call, table
 
 
 def test_events_of_several_calls_fold_into_one_row_per_kernel_per_call():
@@ -31,7 +31,7 @@ def test_the_table_ranks_each_side_with_shares_and_folds_the_tail():
 
 def test_the_command_names_bad_arguments_and_needs_a_gpu():
     def run(*argv):
-        return subprocess.run([sys.executable, "-m", "guard", "dev", "kernel-times", *argv], capture_output=True,
+        return subprocess.run([sys.executable, "-m", "mamba2_guard", "dev", "kernel-times", *argv], capture_output=True,
                               text=True, timeout=120)
 
     bad = run("--calls", "0")

@@ -1,4 +1,4 @@
-"""guard.core.report: Markdown size and order, JSON round trip, the rich table."""
+"""mamba2_guard.core.report: Markdown size and order, JSON round trip, the rich table."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from guard.core.report import (
+from mamba2_guard.core.report import (
     REPORT_SCHEMA_VERSION,
     bench_table,
     layer_shares,
@@ -20,8 +20,8 @@ from guard.core.report import (
     render_markdown,
     rich_table,
 )
-from guard.core.results import BenchResult, CaseResult
-from guard.core.verdicts import FAILING, Policy, Verdict, check
+from mamba2_guard.core.results import BenchResult, CaseResult
+from mamba2_guard.core.verdicts import FAILING, Policy, Verdict, check
 
 from .factories import FINGERPRINT, GOOD, baseline_of, make_case
 

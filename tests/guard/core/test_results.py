@@ -1,4 +1,4 @@
-"""guard.core.results: bench result and baseline documents, round trips and validation."""
+"""mamba2_guard.core.results: bench result and baseline documents, round trips and validation."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guard.core.fingerprint import fingerprint_hash
-from guard.core.results import (
+from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.results import (
     BenchResult,
     CaseResult,
     Precision,
@@ -195,7 +195,7 @@ def test_summary_only_baseline_loads():
 
 
 def test_update_keeps_other_cases_with_the_environment_they_were_measured_in(tmp_path):
-    from guard.flows import baselines
+    from mamba2_guard.flows import baselines
 
     rng = np.random.default_rng(3)
     path = tmp_path / "gpu.yaml"

@@ -1,4 +1,4 @@
-"""guard.core.results_page (pure rendering) and docs/results/build.py (write, --check)."""
+"""mamba2_guard.core.results_page (pure rendering) and docs/results/build.py (write, --check)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from guard.core.results_page import groups, is_heldout, render
+from mamba2_guard.core.results_page import groups, is_heldout, render
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD = REPO / "docs" / "results" / "build.py"
@@ -98,8 +98,8 @@ def _tree(tmp_path: Path) -> Path:
     (tmp_path / "docs" / "results").mkdir(parents=True)
     shutil.copy(BUILD, tmp_path / "docs" / "results" / "build.py")
     (tmp_path / "baselines" / "runs").mkdir(parents=True)
-    (tmp_path / "kernels").mkdir()
-    (tmp_path / "kernels" / "suites.yaml").write_text(yaml.safe_dump({"suites": {"default": ["s1"],
+    (tmp_path / "mamba2_kernels").mkdir()
+    (tmp_path / "mamba2_kernels" / "suites.yaml").write_text(yaml.safe_dump({"suites": {"default": ["s1"],
                                                                              "zoo-fit": ["grid1"]}}))
     results = {"k": {"s1": case(0.5, 1.0, "fwd_1", recorded="2026-03-03T00:00:00+00:00")}}
     (tmp_path / "baselines" / "test-gpu.yaml").write_text(yaml.safe_dump(baseline(results)))
@@ -131,7 +131,7 @@ def test_build_writes_then_check_passes_and_catches_an_edit(tmp_path):
 
 
 def test_shapes_of_the_held_out_suite_come_first_as_the_claim():
-    from guard.core import results_page
+    from mamba2_guard.core import results_page
 
     case = {"phase": "call_fwd", "samples_ms": {"helion": [1.0], "mamba_ssm": [2.0]}}
     baseline = {"results": {"ssd_combined_fwd": {"nemotron3-nano": dict(case), "bamba-9b": dict(case)}}}
@@ -142,7 +142,7 @@ def test_shapes_of_the_held_out_suite_come_first_as_the_claim():
 
 
 def test_the_whole_calls_geometric_means_over_held_out_and_tuned_shapes():
-    from guard.core import results_page
+    from mamba2_guard.core import results_page
 
     call = {shape: case(1.0, theirs, "call_fwd_bwd")
             for shape, theirs in (("held-a", 1.2), ("held-b", 1.5), ("tuned-a", 2.0), ("other", 9.0))}
@@ -156,7 +156,7 @@ def test_the_whole_calls_geometric_means_over_held_out_and_tuned_shapes():
 
 
 def test_first_calls_are_shown_held_out_first_with_their_ratio_and_run():
-    from guard.core import results_page
+    from mamba2_guard.core import results_page
 
     record = {"entries": ["ssd_combined_fwd_bwd"], "caches": "empty", "measured_at": "2026-12-04T20:09:35+00:00"}
     first_calls = {"tuned-a": {**record, "helion_s": 30.0, "mamba_ssm_s": 60.0},

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from guard.core import selection
-from guard.flows.selection import apply_fit, key_distance, read_records
-from kernels import config_store
-from kernels.config_store import ConfigFile
+from mamba2_guard.core import selection
+from mamba2_guard.flows.selection import apply_fit, key_distance, read_records
+from mamba2_kernels import config_store
+from mamba2_kernels.config_store import ConfigFile
 
 
 def _k(dstate: int, tokens: int, z: int = 0) -> str:
@@ -63,7 +63,7 @@ def test_a_stored_key_timed_under_another_name_counts_as_that_candidate():
 
 
 def test_the_fit_knows_the_rule_s_weights_and_their_defaults():
-    """guard.core stays pure, so it writes the rule's weights out again; they must be the config store's."""
+    """mamba2_guard.core stays pure, so it writes the rule's weights out again; they must be the config store's."""
     assert config_store.Weights().as_dict() == selection.DEFAULT_WEIGHTS
     assert tuple(selection.WEIGHT_LADDER) == config_store.WEIGHT_NAMES
 

@@ -1,4 +1,4 @@
-"""guard.core.stats: summaries, the rank test and its interval, drift rules, window reset."""
+"""mamba2_guard.core.stats: summaries, the rank test and its interval, drift rules, window reset."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guard.core import stats
+from mamba2_guard.core import stats
 
 finite_pos = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, allow_infinity=False)
 any_float = st.floats(allow_nan=True, allow_infinity=True)

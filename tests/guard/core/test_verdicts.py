@@ -1,4 +1,4 @@
-"""guard.core.verdicts: the decision rule on injected samples, confirmation, precedence, exit codes."""
+"""mamba2_guard.core.verdicts: the decision rule on injected samples, confirmation, precedence, exit codes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guard.core.results import BenchResult, CaseResult, Precision, SamplesMs
-from guard.core.verdicts import (
+from mamba2_guard.core.results import BenchResult, CaseResult, Precision, SamplesMs
+from mamba2_guard.core.verdicts import (
     FAILING,
     STATUSES,
     Policy,

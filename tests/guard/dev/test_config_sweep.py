@@ -1,4 +1,4 @@
-"""guard.dev.sweep (``mamba2-guard dev sweep``): hand-picked configs against the stored one. The spec checks,
+"""mamba2_guard.dev.sweep (``mamba2-guard dev sweep``): hand-picked configs against the stored one. The spec checks,
 the config overlay and the report are pure; the run is checked on the CPU (Triton's interpreter, untimed)
 in a fresh process."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from guard.dev import sweep as config_sweep
+from mamba2_guard.dev import sweep as config_sweep
 
-COMMAND = [sys.executable, "-m", "guard", "dev", "sweep"]
+COMMAND = [sys.executable, "-m", "mamba2_guard", "dev", "sweep"]
 
 JOB = {"entry": "chunk_cumsum", "kernel": "chunk_cumsum", "shapes": ["smoke"], "variants": [{"num_warps": 2}]}
 

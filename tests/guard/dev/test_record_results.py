@@ -34,7 +34,7 @@ RUN, ROWS = _cited_run()
 
 
 def _record(root: Path, *results: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "guard", "dev", "record-results", *map(str, results), "--root",
+    return subprocess.run([sys.executable, "-m", "mamba2_guard", "dev", "record-results", *map(str, results), "--root",
                            str(root)], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

@@ -1,4 +1,4 @@
-"""guard.dev.sass (``mamba2-guard dev sass``): offline SASS of an entry's kernels (Triton's own compiler,
+"""mamba2_guard.dev.sass (``mamba2-guard dev sass``): offline SASS of an entry's kernels (Triton's own compiler,
 no GPU). Run in a fresh process, as its docstring asks:
 this test process has the CPU interpreter's libdevice patches."""
 
@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-COMMAND = [sys.executable, "-m", "guard", "dev", "sass"]
+COMMAND = [sys.executable, "-m", "mamba2_guard", "dev", "sass"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""guard.dev.selected (``mamba2-guard dev selected``): which config each launch of a whole call selects, and
+"""mamba2_guard.dev.selected (``mamba2-guard dev selected``): which config each launch of a whole call selects, and
 which launches a config change moves, without a GPU."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from guard.dev import selected
-from kernels import config_store, registry, suites
-from kernels._runtime import capture_launches
+from mamba2_guard.dev import selected
+from mamba2_kernels import config_store, registry, suites
+from mamba2_kernels._runtime import capture_launches
 
 ENTRY = "ssd_combined_fwd_bwd"
 
@@ -73,7 +73,7 @@ def test_the_state_passes_take_the_files_chain_rule(smoke):
 
 
 def test_a_missing_against_file_is_named(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "guard", "dev", "selected", "--shapes", "smoke", "--against",
+    done = subprocess.run([sys.executable, "-m", "mamba2_guard", "dev", "selected", "--shapes", "smoke", "--against",
                            str(tmp_path / "old.yaml")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "--against: expected a config file" in done.stderr
     assert "Traceback" not in done.stderr

@@ -8,7 +8,7 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
   ``hang``      sleep forever (a hung compile or kernel);
   ``hang_after``  save this many of the launches as finished (``save_partial``), then hang;
   ``raise``     raise RuntimeError with this message (a tuner error, e.g. a CUDA fault);
-  ``launches``  the launch records to return (see guard.core.tuneplan.decide); default: one winner that
+  ``launches``  the launch records to return (see mamba2_guard.core.tuneplan.decide); default: one winner that
                 is 10 % faster than Helion's default config, precision ok. Those in ``spec["tuned_elsewhere"]``
                 are left out and listed there, as the real tuner does.
 Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id, pid, device) when that is set, and
@@ -22,7 +22,7 @@ import os
 import signal
 import time
 
-from guard.flows.autotune_worker import save_partial
+from mamba2_guard.flows.autotune_worker import save_partial
 
 FASTER = [0.90 + 0.001 * (i % 7) for i in range(30)]
 BASE = [1.00 + 0.001 * (i % 7) for i in range(30)]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from guard.core import tuneplan
-from guard.flows.autotune import AutotuneOptions, run_autotune
-from kernels import config_store
+from mamba2_guard.core import tuneplan
+from mamba2_guard.flows.autotune import AutotuneOptions, run_autotune
+from mamba2_kernels import config_store
 
 FAKE = str(Path(__file__).with_name("fake_tuner.py")) + ":tune"
 ROOT = Path(__file__).resolve().parents[3]
@@ -202,9 +202,9 @@ def _journal(state: Path) -> list[dict]:
 
 def test_resume_after_kill_9(tmp_path):
     state, out, calls = tmp_path / "state", tmp_path / "configs" / "fake.yaml", tmp_path / "calls"
-    cmd = [sys.executable, "-m", "guard", "autotune", "--tuner", FAKE, "--kernels", *KERNELS, "--shapes", *SHAPES,
-           "--state-dir", str(state), "--out", str(out), "--gpu-slug", "fake", "--budget-seconds", "5",
-           "--workers", "1"]
+    cmd = [sys.executable, "-m", "mamba2_guard", "autotune", "--tuner", FAKE, "--kernels", *KERNELS,
+           "--shapes", *SHAPES, "--state-dir", str(state), "--out", str(out), "--gpu-slug", "fake",
+           "--budget-seconds", "5", "--workers", "1"]
     env = dict(os.environ, FAKE_TUNE_CALLS=str(calls), FAKE_TUNE_EXTRA=json.dumps({"default": {"sleep": 0.6}}))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -328,8 +328,9 @@ def test_one_autotune_at_a_time_per_state_directory(tmp_path):
     a busy GPU and write the config file in turns: it is refused, exit 2 naming the lock; after the first, it
     runs."""
     state, out = tmp_path / "state", tmp_path / "configs" / "fake.yaml"
-    cmd = [sys.executable, "-m", "guard", "autotune", "--tuner", FAKE, "--shapes", "smoke", "--state-dir", str(state),
-           "--out", str(out), "--gpu-slug", "fake", "--budget-seconds", "5", "--workers", "1", "--kernels"]
+    cmd = [sys.executable, "-m", "mamba2_guard", "autotune", "--tuner", FAKE, "--shapes", "smoke",
+           "--state-dir", str(state), "--out", str(out), "--gpu-slug", "fake", "--budget-seconds", "5",
+           "--workers", "1", "--kernels"]
     env = dict(os.environ, FAKE_TUNE_EXTRA=json.dumps({"default": {"sleep": 3}}))
     first = subprocess.Popen([*cmd, "chunk_cumsum"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -355,10 +356,10 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
     the candidate pinned for its own shape key only, and leaves the kernel's normal lookup afterwards."""
     import torch
 
-    from guard.flows.autotune_worker import _entry_on
-    from kernels import registry, suites
-    from kernels._runtime import capture_launches
-    from kernels.testing import execution_mode
+    from mamba2_guard.flows.autotune_worker import _entry_on
+    from mamba2_kernels import registry, suites
+    from mamba2_kernels._runtime import capture_launches
+    from mamba2_kernels.testing import execution_mode
 
     entry = registry.get("causal_conv1d_bwd")
     inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
@@ -401,10 +402,10 @@ def test_the_incumbent_as_helions_reference_survives_its_settings_copy():
     import helion
     import torch
 
-    from guard.flows.autotune_worker import incumbent_run
-    from kernels import registry, suites
-    from kernels._runtime import capture_launches
-    from kernels.testing import execution_mode
+    from mamba2_guard.flows.autotune_worker import incumbent_run
+    from mamba2_kernels import registry, suites
+    from mamba2_kernels._runtime import capture_launches
+    from mamba2_kernels.testing import execution_mode
 
     entry = registry.get("chunk_cumsum")
     inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
@@ -425,7 +426,7 @@ def test_the_incumbent_as_helions_reference_survives_its_settings_copy():
 
 @pytest.mark.parametrize("budget, compile_timeout", [(10, 5), (15, 7), (40, 20), (300, 60), (4, 5)])
 def test_a_compile_may_take_half_the_search_budget(budget, compile_timeout):
-    from guard.flows.autotune_worker import search_settings
+    from mamba2_guard.flows.autotune_worker import search_settings
 
     settings = search_settings("quick", 7, budget, False)
     assert settings["autotune_compile_timeout"] == compile_timeout
@@ -437,7 +438,7 @@ def test_a_search_starts_from_the_config_file_not_from_this_machines_cache():
     is seeded from the config file instead (the incumbent and the neighbours, adapted)."""
     import helion
 
-    from guard.flows.autotune_worker import search_settings
+    from mamba2_guard.flows.autotune_worker import search_settings
 
     settings = search_settings("quick", 7, 30, False)
     assert helion.Settings(**settings).autotune_best_available_max_configs == 0
@@ -448,8 +449,8 @@ def cumsum_launch():
     """chunk_cumsum's launch in the smoke shape's SSD call: (kernel, args, key)."""
     import torch
 
-    from kernels import registry, suites
-    from kernels._runtime import capture_launches
+    from mamba2_kernels import registry, suites
+    from mamba2_kernels._runtime import capture_launches
 
     entry = registry.get("chunk_cumsum")
     inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
@@ -462,8 +463,8 @@ def cumsum_launch():
 def test_the_configs_of_a_kernels_other_shapes_seed_its_search(cumsum_launch):
     """Long-context's chunk_scan on the H200: nemotron3-nano's new config, seeded, measured 1.27 ms against
     1.78 ms for the nearest config the job started from."""
-    from guard.flows.autotune_worker import neighbour_seeds
-    from kernels.config_store import ConfigFile, ShapeKey
+    from mamba2_guard.flows.autotune_worker import neighbour_seeds
+    from mamba2_kernels.config_store import ConfigFile, ShapeKey
 
     kernel, args, key = cumsum_launch
     fields = dict(key.fields)
@@ -488,8 +489,8 @@ def test_the_configs_of_a_kernels_other_shapes_seed_its_search(cumsum_launch):
 def test_the_search_starts_from_the_incumbent_in_both_loop_orders(cumsum_launch):
     """chunk_scan and dx at chunk 256 on the H200: their stored configs, launched innermost tiles first,
     ran 3-9 % faster, an order the search had not kept in any stored config."""
-    from guard.flows.autotune_worker import search_seeds
-    from kernels.config_store import ConfigFile
+    from mamba2_guard.flows.autotune_worker import search_seeds
+    from mamba2_kernels.config_store import ConfigFile
 
     kernel, args, key = cumsum_launch
     incumbent = dict(kernel.helion_kernel(None).bind(args).config_spec.default_config())
@@ -507,9 +508,9 @@ def test_a_config_of_another_key_is_the_incumbent_as_the_runtime_serves_it(cumsu
     were judged unadapted: their indexing lists lack the initial states' loads, so they were "invalid", the
     search ran against Helion's default config, and a winner as slow as the default was kept. The runtime
     serves them adapted; so must the tuner, for its incumbent and for its neighbours' seeds."""
-    from guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
-    from guard.flows.autotune_worker import incumbent_of, neighbour_seeds
-    from kernels.config_store import ConfigFile, ShapeKey
+    from mamba2_guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
+    from mamba2_guard.flows.autotune_worker import incumbent_of, neighbour_seeds
+    from mamba2_kernels.config_store import ConfigFile, ShapeKey
 
     kernel, args, key = cumsum_launch
     default = dict(kernel.helion_kernel(None).bind(args).config_spec.default_config())
@@ -534,9 +535,9 @@ def test_on_a_gpu_nobody_tuned_the_incumbent_is_the_same_architecture_gpus_confi
     """A first tune on an H100 beside the H200's file: its calls run on the H200's configs today, so a winner
     must beat those, not Helion's default; and they seed the search. Never counted as its own committed
     config, even at the same key."""
-    from guard.core.tuneplan import DEFAULT, NEAREST
-    from guard.flows.autotune_worker import incumbent_of, search_seeds
-    from kernels.config_store import ConfigFile, ShapeKey
+    from mamba2_guard.core.tuneplan import DEFAULT, NEAREST
+    from mamba2_guard.flows.autotune_worker import incumbent_of, search_seeds
+    from mamba2_kernels.config_store import ConfigFile, ShapeKey
 
     kernel, args, key = cumsum_launch
     far = ShapeKey.of(**{**dict(key.fields), "tokens": dict(key.fields)["tokens"] * 2})
@@ -592,8 +593,8 @@ def test_only_a_whole_suite_run_stamps_the_file_with_its_environment(tmp_path):
 
 
 def test_covers_whole_suite():
-    from guard.flows.autotune import covers_whole_suite
-    from kernels import registry, suites
+    from mamba2_guard.flows.autotune import covers_whole_suite
+    from mamba2_kernels import registry, suites
 
     every = [e.name for e in registry.select(None)]
     default = [s.name for s in suites.load().suite("default")]
@@ -603,8 +604,8 @@ def test_covers_whole_suite():
 
 
 def test_missing_only_skips_launches_whose_key_has_its_own_config():
-    from guard.flows.autotune_worker import to_search
-    from guard.flows.selection import captured_launches
+    from mamba2_guard.flows.autotune_worker import to_search
+    from mamba2_guard.flows.selection import captured_launches
 
     captured = [(kernel, args) for kernel, args in captured_launches("smoke", 0, "cpu", "ssd_combined_fwd")] * 2
     slots = [[kernel.name, str(kernel.shape_key(*args))] for kernel, args in captured[: len(captured) // 2]]
@@ -623,7 +624,7 @@ def test_missing_only_skips_launches_whose_key_has_its_own_config():
 def test_each_launch_is_timed_per_whole_call_on_its_current_config():
     """The device times that order a job's searches: each distinct launch run through its own dispatch (the
     config the call runs today), its median counted once per launch of its key in the whole call."""
-    from guard.flows.autotune_worker import launch_device_ms
+    from mamba2_guard.flows.autotune_worker import launch_device_ms
 
     ran = []
 

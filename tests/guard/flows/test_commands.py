@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from guard import cli
-from guard import config as guard_config
-from guard.adapters import fingerprint
-from kernels import config_store
+from mamba2_guard import cli
+from mamba2_guard import config as guard_config
+from mamba2_guard.adapters import fingerprint
+from mamba2_kernels import config_store
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def make_root(tmp_path: Path, fp: dict, **changes) -> Path:
     root = tmp_path / "root"
     cf = config_store.ConfigFile(fingerprint={**fp, **changes}, tuned={"date": "2026-01-01", "effort": "quick"},
                                  kernels={"chunk_cumsum_k": {"tokens=64": {"num_warps": 4}}})
-    config_store.save(root / "kernels" / "configs" / "cpu.yaml", cf)
+    config_store.save(root / "mamba2_kernels" / "configs" / "cpu.yaml", cf)
     return root
 
 
@@ -44,7 +44,7 @@ def test_drift_exit_codes_and_json(tmp_path, capsys, current_fp):
     doc = json.loads(out)
     assert code == 1 and doc["found"] is True and doc["action"] == "retune" and doc["classes"] == ["software"]
     assert doc["items"][0]["component"] == "helion" and doc["items"][0]["before"] == "0.0.1-other"
-    assert doc["configs"].endswith("kernels/configs/cpu.yaml") and doc["config"] == "embedded defaults"
+    assert doc["configs"].endswith("mamba2_kernels/configs/cpu.yaml") and doc["config"] == "embedded defaults"
 
     code, out, _ = run_cli(capsys, "drift", "--root", str(root), "--state-dir", state)
     assert code == 1 and "helion: 0.0.1-other ->" in out and "action: retune" in out
@@ -91,7 +91,7 @@ def test_pr_dry_run_prints_body_and_diff_and_pushes_nothing(tmp_path, capsys, cu
     code, out, _ = run_cli(capsys, "pr", "--dry-run", "--root", str(root), "--state-dir", str(state))
     assert code == 0
     assert "<!-- mamba2-guard:gpu=cpu fingerprint=" in out
-    assert "+++ b/kernels/configs/cpu.yaml" in out and '+    tokens=64: {"num_warps": 4}' in out
+    assert "+++ b/mamba2_kernels/configs/cpu.yaml" in out and '+    tokens=64: {"num_warps": 4}' in out
     assert "dry run: nothing committed or pushed" in out
     assert not state.exists()  # a dry run changes nothing, not even the state directory
     bare = state / "pr" / "origin.git"
@@ -105,7 +105,7 @@ def test_pr_dry_run_prints_body_and_diff_and_pushes_nothing(tmp_path, capsys, cu
 
 
 def test_nightly_on_cpu_reports_drift_skips_retune_and_pr_is_dry(tmp_path, current_fp):
-    from guard.flows.nightly import CycleOptions, run_cycle
+    from mamba2_guard.flows.nightly import CycleOptions, run_cycle
 
     root = make_root(tmp_path, current_fp, helion="0.0.1-other")
     state = tmp_path / "state"

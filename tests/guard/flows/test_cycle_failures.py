@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from guard import EXIT_BUSY
-from guard.adapters.history import History
-from guard.flows import nightly
-from guard.flows.nightly import CycleOptions, run_cycle
+from mamba2_guard import EXIT_BUSY
+from mamba2_guard.adapters.history import History
+from mamba2_guard.flows import nightly
+from mamba2_guard.flows.nightly import CycleOptions, run_cycle
 
 OPTIONS = CycleOptions(shapes=("smoke",), kernels=("chunk_cumsum",), confirm=False, pr=False)
 
@@ -35,7 +35,7 @@ def test_stale_temp_files_of_interrupted_writes_are_cleaned_at_start(tmp_path):
     root = tmp_path / "root"
     old, fresh = time.time() - 3600, time.time()
     stale = [state / ".latest.json.abc123.tmp", state / "reports" / ".x-report.md.def.tmp",
-             root / "baselines" / ".cpu.yaml.ghi.tmp", root / "kernels" / "configs" / ".cpu.yaml.jkl.tmp"]
+             root / "baselines" / ".cpu.yaml.ghi.tmp", root / "mamba2_kernels" / "configs" / ".cpu.yaml.jkl.tmp"]
     live = state / ".daemon-state.json.mno.tmp"  # a concurrent writer's: too young to be stale
     for path in [*stale, live]:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,8 +65,8 @@ def test_a_daemon_cycle_finding_the_state_dir_busy_is_skipped(tmp_path):
     ({"kernels": ("chunk_scan",)}, True, False),
 ])
 def test_a_gpu_nightly_of_the_default_suite_benches_the_zoos_whole_calls(overrides, on_gpu, benched):
-    from guard.flows.nightly import ZOO_ENTRIES, CycleOptions, zoo_selection
-    from kernels import suites
+    from mamba2_guard.flows.nightly import ZOO_ENTRIES, CycleOptions, zoo_selection
+    from mamba2_kernels import suites
 
     entries, shapes = zoo_selection(CycleOptions(**overrides), on_gpu)
     if not benched:
@@ -79,8 +79,8 @@ def test_a_gpu_nightly_of_the_default_suite_benches_the_zoos_whole_calls(overrid
 
 def test_a_nightly_retunes_seen_shapes_with_the_whole_call():
     # A nightly restricted to chunk_scan still tunes the keys training jobs hit: the whole call's launches.
-    from guard.flows.nightly import retune_plan
-    from kernels import registry, suites
+    from mamba2_guard.flows.nightly import retune_plan
+    from mamba2_kernels import registry, suites
 
     loaded = suites.load()
     smoke, seen = loaded.shape("smoke"), loaded.shape("nemotron3-nano-packed")
@@ -95,12 +95,12 @@ def test_a_nightly_retunes_seen_shapes_with_the_whole_call():
 
 
 def test_an_unknown_kernel_name_in_a_config_file_is_named(tmp_path, caplog):
-    from guard.adapters import fingerprint
-    from guard.flows.nightly import detect_drift
-    from kernels import config_store
-    from kernels.config_store import ConfigFile
+    from mamba2_guard.adapters import fingerprint
+    from mamba2_guard.flows.nightly import detect_drift
+    from mamba2_kernels import config_store
+    from mamba2_kernels.config_store import ConfigFile
 
-    config_store.save(tmp_path / "kernels" / "configs" / "gpu-a.yaml", ConfigFile(kernels={
+    config_store.save(tmp_path / "mamba2_kernels" / "configs" / "gpu-a.yaml", ConfigFile(kernels={
         "chunk_scan": {"t=1": {"num_warps": 4}}, "chunk_scna": {"t=1": {"num_warps": 4}}}))
     with caplog.at_level("WARNING"):
         detect_drift(fingerprint.collect(), root=tmp_path, slug="gpu-a")
@@ -113,12 +113,12 @@ def test_drift_names_the_configs_an_untuned_gpu_borrows(tmp_path):
     (the runtime's other-gpu rule), not on Helion's defaults; another architecture borrows nothing."""
     import dataclasses
 
-    from guard.adapters import fingerprint
-    from guard.flows.nightly import detect_drift
-    from kernels import config_store
-    from kernels.config_store import ConfigFile
+    from mamba2_guard.adapters import fingerprint
+    from mamba2_guard.flows.nightly import detect_drift
+    from mamba2_kernels import config_store
+    from mamba2_kernels.config_store import ConfigFile
 
-    config_store.save(tmp_path / "kernels" / "configs" / "nvidia-h200.yaml", ConfigFile(
+    config_store.save(tmp_path / "mamba2_kernels" / "configs" / "nvidia-h200.yaml", ConfigFile(
         fingerprint={"gpu_name": "NVIDIA H200", "compute_capability": "9.0"},
         kernels={"chunk_scan": {"t=1": {"num_warps": 4}}}))
     h100 = dataclasses.replace(fingerprint.collect(), gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from guard.flows import baselines, selection
+from mamba2_guard.flows import baselines, selection
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,7 +27,7 @@ def first_call(tmp_path: Path, *args: str) -> tuple[dict, Path]:
     on a CPU) and temporary directory; returns the seconds it printed and that cache."""
     cache, scratch = tmp_path / "inductor-cache", tmp_path / "tmp"
     scratch.mkdir()
-    done = subprocess.run([sys.executable, "-m", "guard", "dev", "first-call", "--shapes", "smoke", "--entries",
+    done = subprocess.run([sys.executable, "-m", "mamba2_guard", "dev", "first-call", "--shapes", "smoke", "--entries",
                            "ssd_combined_fwd", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "MAMBA2_GUARD_STATE": str(tmp_path / "state"),
                                "TORCHINDUCTOR_CACHE_DIR": str(cache), "TMPDIR": str(scratch)})
@@ -93,8 +93,8 @@ def on_a_gpu(tmp_path, monkeypatch):
     and the shapes each call measures; ``measure`` replaces the measurement (default: fixed seconds)."""
     import dataclasses
 
-    from guard.adapters import fingerprint
-    from guard.dev import selection_tools
+    from mamba2_guard.adapters import fingerprint
+    from mamba2_guard.dev import selection_tools
 
     gpu = dataclasses.replace(fingerprint.collect(), gpu_name="NVIDIA H200", gpu_uuid="GPU-1")
     monkeypatch.setattr(selection_tools, "require_gpu", lambda parser, why: None)

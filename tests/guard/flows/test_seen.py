@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 
-from kernels import registry, suites
-from kernels._runtime import capture_launches
+from mamba2_kernels import registry, suites
+from mamba2_kernels._runtime import capture_launches
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_metrics_count_the_seen_keys_by_kernel_and_reason(seen_file, write_seen):
-    from guard.adapters.metrics import GuardMetrics
+    from mamba2_guard.adapters.metrics import GuardMetrics
 
     write_seen(("gpu-a", "chunk_scan", "t=1"), ("gpu-a", "chunk_scan", "t=2"), ("gpu-a", "bmm_chunk", "t=2"))
     metrics = GuardMetrics()
@@ -32,8 +32,8 @@ def test_metrics_count_the_seen_keys_by_kernel_and_reason(seen_file, write_seen)
 
 def test_the_guard_cli_does_not_record_its_own_runs_as_seen(seen_file, monkeypatch):
     # Its nightly benches the zoo's held-out shapes on purpose: recorded, they would be re-tuned each night.
-    from guard import cli
-    from kernels import seen
+    from mamba2_guard import cli
+    from mamba2_kernels import seen
 
     monkeypatch.setenv(seen.RECORD_ENV, "1")
     assert cli.main(["list", "--suite", "smoke"]) == 0
@@ -51,7 +51,7 @@ def _launched(name, shape) -> set[tuple[str, str]]:
 def _autotune_seen(tmp_path, seen_file):
     fake = str(ROOT / "tests" / "guard" / "flows" / "fake_tuner.py") + ":tune"
     env = dict(os.environ, MAMBA2_GUARD_SEEN=str(seen_file))
-    return subprocess.run([sys.executable, "-m", "guard", "autotune", "--seen", "--tuner", fake, "--state-dir",
+    return subprocess.run([sys.executable, "-m", "mamba2_guard", "autotune", "--seen", "--tuner", fake, "--state-dir",
                            str(tmp_path / "state"), "--out", str(tmp_path / "out.yaml"), "--gpu-slug", "gpu-a",
                            "--budget-seconds", "5", "--workers", "1", "--no-rebaseline", "--json"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

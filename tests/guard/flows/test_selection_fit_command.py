@@ -7,15 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernels import config_store
-from kernels.config_store import ConfigFile
+from mamba2_kernels import config_store
+from mamba2_kernels.config_store import ConfigFile
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _fit(tmp_path, measurements: Path, out: Path):
-    return subprocess.run([sys.executable, "-m", "guard", "autotune", "--fit-selection", str(measurements), "--out",
-                           str(out), "--gpu-slug", "gpu-a", "--state-dir", str(tmp_path / "state")],
+    return subprocess.run([sys.executable, "-m", "mamba2_guard", "autotune", "--fit-selection", str(measurements),
+                           "--out", str(out), "--gpu-slug", "gpu-a", "--state-dir", str(tmp_path / "state")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

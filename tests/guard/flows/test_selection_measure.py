@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from guard.flows import selection
-from kernels import config_store
-from kernels.config_store import ConfigFile
-from kernels.testing import execution_mode
+from mamba2_guard.flows import selection
+from mamba2_kernels import config_store
+from mamba2_kernels.config_store import ConfigFile
+from mamba2_kernels.testing import execution_mode
 
 TILES = {"block_sizes": [16, 16, 16], "num_warps": 4}
 WIDER = {"block_sizes": [32, 32, 16], "num_warps": 4}
@@ -112,7 +112,7 @@ def test_a_shape_cut_short_is_captured_again_for_what_is_missing(tmp_path):
 CUT_SHORT = """
 import resource, sys
 from pathlib import Path
-from kernels.testing import enable_cpu_interpret
+from mamba2_kernels.testing import enable_cpu_interpret
 enable_cpu_interpret()
 from tests.guard.flows.test_selection_measure import CallingTimer, _measure
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), resource.RLIM_INFINITY))
@@ -162,7 +162,7 @@ def test_the_command_names_bad_shapes_and_needs_a_gpu(tmp_path):
     import sys
 
     def run(*argv):
-        return subprocess.run([sys.executable, "-m", "guard", "dev", "measure-selection", "--out",
+        return subprocess.run([sys.executable, "-m", "mamba2_guard", "dev", "measure-selection", "--out",
                                str(tmp_path / "m.jsonl"), *argv], capture_output=True, text=True, timeout=120)
 
     unknown = run("--shapes", "no-such-shape")
@@ -177,8 +177,8 @@ def test_the_command_times_this_gpus_configs_by_default(tmp_path, monkeypatch, c
     import argparse
     import dataclasses
 
-    from guard.adapters import fingerprint
-    from guard.dev import selection_tools
+    from mamba2_guard.adapters import fingerprint
+    from mamba2_guard.dev import selection_tools
 
     b200 = dataclasses.replace(fingerprint.collect(), gpu_name="NVIDIA B200")
     measured = []

@@ -1,4 +1,4 @@
-"""The pure planning and selection logic of the autotune run (guard.core.tuneplan)."""
+"""The pure planning and selection logic of the autotune run (mamba2_guard.core.tuneplan)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from guard.core import tuneplan
-from guard.core.tuneplan import Criteria, decide, isolate_candidates
+from mamba2_guard.core import tuneplan
+from mamba2_guard.core.tuneplan import Criteria, decide, isolate_candidates
 
 BASE = [1.00 + 0.002 * (i % 9) for i in range(30)]
 

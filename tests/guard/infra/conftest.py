@@ -129,7 +129,8 @@ class Daemon:
         self._log = open(log, "ab")  # noqa: SIM115
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from guard.cli import main; sys.exit(main(['daemon', *sys.argv[1:]]))",
+            [sys.executable, "-c",
+             "import sys; from mamba2_guard.cli import main; sys.exit(main(['daemon', *sys.argv[1:]]))",
              "--state-dir", str(state), *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
 
@@ -193,6 +194,6 @@ if str(REPO) not in sys.path:  # `from tests.guard.infra import ...` under any p
 def _no_child_dirs_left_behind():
     """Daemons these tests kill with SIGKILL leave their children's temp dirs: remove them at the end."""
     yield
-    from guard.adapters.processes import remove_orphaned_child_dirs
+    from mamba2_guard.adapters.processes import remove_orphaned_child_dirs
 
     remove_orphaned_child_dirs()

@@ -31,7 +31,7 @@ def fake_cycle(state_dir: Path, sleep_s: float = 0.0, exit_code: int = 0, snapsh
     if sleep_s:
         time.sleep(sleep_s)
     if snapshot:
-        from guard.adapters.metrics import write_snapshot
+        from mamba2_guard.adapters.metrics import write_snapshot
         from tests.guard.infra import sample
 
         s = sample.snapshot()
@@ -62,6 +62,6 @@ def probe_drift(state_dir: Path) -> dict:
 
 def busy_cycle(state_dir, **_):
     """A daemon_cycle that found another cycle holding the state dir."""
-    from guard import EXIT_BUSY
+    from mamba2_guard import EXIT_BUSY
 
     return EXIT_BUSY

@@ -54,7 +54,7 @@ def drift() -> dict[str, Any]:
 
 
 def snapshot() -> dict[str, Any]:
-    from guard.adapters.metrics import snapshot as make
+    from mamba2_guard.adapters.metrics import snapshot as make
 
     return make(result(), verdicts(), None, drift(), events={"drift": 1788230000.0, "pr": 1788233600.0,
                                                              "retune": 1788230100.0},
@@ -65,7 +65,7 @@ def metrics():
     """A GuardMetrics filled the way the daemon fills it after a nightly."""
     import time
 
-    from guard.adapters.metrics import GuardMetrics
+    from mamba2_guard.adapters.metrics import GuardMetrics
 
     m = GuardMetrics()
     m.update_from_result(result(), verdicts(), None, drift())

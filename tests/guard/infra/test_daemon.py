@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.adapters.processes import run_in_child
+from mamba2_guard.adapters.processes import run_in_child
 from tests.guard.infra import jobs
 from tests.guard.infra.conftest import REPO, free_port, http_get, wait_for
 
@@ -251,8 +251,8 @@ GOOD_STATE = {"version": 1, "jobs": {"nightly": {"last_run": 1.5e9, "last_status
 def test_a_hand_edited_daemon_state_is_moved_aside_not_a_crash_at_start(tmp_path, edit):
     """The daemon restores its metrics from every field of daemon-state.json at start: a field of another type
     (the daemon writes the file atomically, so a hand edit) is set aside like a torn file."""
-    from guard.adapters import state as state_mod
-    from guard.adapters.metrics import GuardMetrics
+    from mamba2_guard.adapters import state as state_mod
+    from mamba2_guard.adapters.metrics import GuardMetrics
 
     state = state_mod.StateDir(tmp_path)
     (tmp_path / "daemon-state.json").write_text(json.dumps(GOOD_STATE))
@@ -294,7 +294,7 @@ def test_daemon_serves_metrics(tmp_path, start_daemon):
 # thread that does not block it): the thread sends it to itself once the scheduler runs.
 SIGNAL_ON_ANOTHER_THREAD = """
 import signal, sys, threading, time
-from guard import cli, daemon
+from mamba2_guard import cli, daemon
 
 def hit():
     while daemon.CTX.scheduler is None or not daemon.CTX.scheduler.running:

@@ -48,7 +48,7 @@ def test_install_reuses_torch_of_a_virtualenv_offline(tmp_path):
                           timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     probe = subprocess.run([str(guard_venv / "bin" / "python"), "-c",
-                            "import torch, guard; print(torch.__file__); print(guard.__file__)"],
+                            "import torch, mamba2_guard; print(torch.__file__); print(mamba2_guard.__file__)"],
                            capture_output=True, text=True, env=env, check=True).stdout.split()
     assert not probe[0].startswith(str(guard_venv)), "torch was installed again instead of reused"
     assert probe[1].startswith(str(REPO))

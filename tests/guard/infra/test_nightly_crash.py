@@ -10,14 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-from guard.adapters.history import History
+from mamba2_guard.adapters.history import History
 
 KERNELS = ["chunk_cumsum", "bmm_chunk", "chunk_state", "state_passing", "chunk_scan", "gated_rmsnorm_fwd"]
 
 
 def _nightly(state: Path, *kernels: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "guard", "nightly", "--state-dir", str(state), "--shapes", "smoke", "--kernels",
+        [sys.executable, "-m", "mamba2_guard", "nightly", "--state-dir", str(state), "--shapes", "smoke", "--kernels",
          *kernels], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -70,13 +70,13 @@ def dying(real):
         return real(*args, **kwargs)
     return rename
 os.replace, os.rename = dying(os.replace), dying(os.rename)
-from guard.cli import main
+from mamba2_guard.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 
 
 def test_kill_9_during_each_write_leaves_whole_files_and_the_next_cycle_cleans_up(tmp_path):
-    from guard.adapters.files import STALE_TEMP_S
+    from mamba2_guard.adapters.files import STALE_TEMP_S
 
     state = tmp_path / "state"
     args = ["nightly", "--state-dir", str(state), "--shapes", "smoke", "--kernels", "chunk_cumsum"]

@@ -54,7 +54,7 @@ def test_exposition_names_units_and_labels():
 
 
 def test_new_result_replaces_old_series():
-    from guard.adapters.metrics import GuardMetrics
+    from mamba2_guard.adapters.metrics import GuardMetrics
 
     m = GuardMetrics()
     m.update_from_result(sample.result(), sample.verdicts())
@@ -79,8 +79,8 @@ def test_textfile_is_written_atomically_and_parses(tmp_path):
 def test_cli_textfile_from_snapshot(tmp_path):
     import argparse
 
-    from guard.adapters.metrics import write_snapshot
-    from guard.cli import build_parser
+    from mamba2_guard.adapters.metrics import write_snapshot
+    from mamba2_guard.cli import build_parser
 
     s = sample.snapshot()
     write_snapshot(tmp_path, s["result"], s["verdicts"], drift=s["drift"], events=s["events"])
@@ -159,7 +159,7 @@ def test_push_mode_through_a_real_pushgateway(pushgateway, start_prometheus):
     assert len(pushed) == len(sample.CASES)
     assert all(s.labels["job"] == "mamba2-guard-ci" and s.labels["instance"] == "gpu-runner-1" for s in pushed)
     # A second push replaces the group: a case that disappeared is gone from the gateway too.
-    from guard.adapters.metrics import GuardMetrics
+    from mamba2_guard.adapters.metrics import GuardMetrics
 
     m2 = GuardMetrics()
     smaller = sample.result()
@@ -173,7 +173,7 @@ def test_push_mode_through_a_real_pushgateway(pushgateway, start_prometheus):
 
 @pytest.mark.parametrize("bad", [{"schema_version": 99, "fingerprint": {}, "cases": []}, {"nope": 1}])
 def test_bad_snapshot_is_reported_not_raised(tmp_path, bad):
-    from guard.adapters.metrics import GuardMetrics
+    from mamba2_guard.adapters.metrics import GuardMetrics
 
     path = tmp_path / "latest.json"
     path.write_text(json.dumps({"result": bad}))

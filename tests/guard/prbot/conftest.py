@@ -35,7 +35,7 @@ FP_OLD = {
     "mamba_ssm": "2.3.2",
     "python": "3.11.7",
     "kernels_source_hash": "a" * 64,
-    "kernel_sources": {"kernels/ssd/chunk_scan.py": "1" * 64, "kernels/norm/rmsnorm.py": "2" * 64},
+    "kernel_sources": {"mamba2_kernels/ssd/chunk_scan.py": "1" * 64, "mamba2_kernels/norm/rmsnorm.py": "2" * 64},
 }
 FP_NEW = {**FP_OLD, "helion": "1.5.0", "triton": "3.6.0"}
 
@@ -105,8 +105,8 @@ def origin(tmp_path) -> Path:
     git(tmp_path, "init", "--bare", "--initial-branch=main", str(bare))
     seed = tmp_path / "seed"
     git(tmp_path, "init", "--initial-branch=main", str(seed))
-    dump(seed / "kernels/configs/h200.yaml", CONFIGS_OLD)
-    dump(seed / "kernels/configs/a100.yaml", {"fingerprint": {"gpu_name": "A100"}, "kernels": {}})
+    dump(seed / "mamba2_kernels/configs/h200.yaml", CONFIGS_OLD)
+    dump(seed / "mamba2_kernels/configs/a100.yaml", {"fingerprint": {"gpu_name": "A100"}, "kernels": {}})
     dump(seed / "baselines/h200.yaml", baseline_doc(FP_OLD))
     (seed / "README.md").write_text("configs\n")
     git(seed, "add", "-A")
@@ -128,11 +128,11 @@ def make_source(tmp_path):
     def _make(configs=None, baseline=None) -> Path:
         src = tmp_path / f"source{next(counter)}"
         if configs is not None:
-            dump(src / "kernels/configs/h200.yaml", configs)
+            dump(src / "mamba2_kernels/configs/h200.yaml", configs)
         if baseline is not None:
             dump(src / "baselines/h200.yaml", baseline)
         # Files the bot must never commit.
-        dump(src / "kernels/configs/a100.yaml", {"fingerprint": {"gpu_name": "A100"}, "kernels": {"x": {}}})
+        dump(src / "mamba2_kernels/configs/a100.yaml", {"fingerprint": {"gpu_name": "A100"}, "kernels": {"x": {}}})
         (src / "junk.txt").parent.mkdir(parents=True, exist_ok=True)
         (src / "junk.txt").write_text("not for the bot\n")
         return src
@@ -149,7 +149,7 @@ def fake_gh(token):
 
 @pytest.fixture
 def client(fake_gh):
-    from guard.adapters.github import PrClient
+    from mamba2_guard.adapters.github import PrClient
 
     return PrClient(
         base_url=fake_gh.api, retry=None, seconds_between_requests=None, seconds_between_writes=None, timeout=10

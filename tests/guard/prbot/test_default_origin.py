@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from guard.flows.pr import default_origin
+from mamba2_guard.flows.pr import default_origin
 
 
 def _heads(bare) -> list[str]:

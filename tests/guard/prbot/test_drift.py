@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from guard.core.drift import DriftPolicy, classify
+from mamba2_guard.core.drift import DriftPolicy, classify
 
 from .conftest import FP_OLD
 
@@ -85,14 +85,14 @@ def test_kernel_source_names_changed_files():
     cur = {
         **FP_OLD,
         "kernels_source_hash": "f" * 64,
-        "kernel_sources": {"kernels/ssd/chunk_scan.py": "9" * 64, "kernels/conv/conv1d.py": "3" * 64},
+        "kernel_sources": {"mamba2_kernels/ssd/chunk_scan.py": "9" * 64, "mamba2_kernels/conv/conv1d.py": "3" * 64},
     }
     rep = classify(cur, FP_OLD, FP_OLD, {})
     (item,) = rep.by_class("kernel-source")
     assert item.files == (
-        "kernels/conv/conv1d.py (added)",
-        "kernels/norm/rmsnorm.py (removed)",
-        "kernels/ssd/chunk_scan.py (changed)",
+        "mamba2_kernels/conv/conv1d.py (added)",
+        "mamba2_kernels/norm/rmsnorm.py (removed)",
+        "mamba2_kernels/ssd/chunk_scan.py (changed)",
     )
     assert item.action == "retune"
     # Without per-file hashes the class is still found, with a note.

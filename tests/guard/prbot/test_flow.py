@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from guard.adapters.github import GitHubError
-from guard.adapters.gitops import ConfigRepo, FetchFailed, PushFailed
-from guard.core.drift import classify
-from guard.core.prbody import PrInput, render_pr
+from mamba2_guard.adapters.github import GitHubError
+from mamba2_guard.adapters.gitops import ConfigRepo, FetchFailed, PushFailed
+from mamba2_guard.core.drift import classify
+from mamba2_guard.core.prbody import PrInput, render_pr
 
 from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, TOKEN, baseline_doc, git, new_configs
 from .fake_github import FULL
@@ -74,7 +74,7 @@ def test_nightly_pr_flow_and_no_token_leak(
     # Night 3: a human pushed to the branch -> no push, one comment.
     work = tmp_path / "human"
     git(tmp_path, "clone", "-q", "--branch", res.branch, str(origin), str(work))
-    (work / "kernels/configs/h200.yaml").write_text("# hand-tuned\n")
+    (work / "mamba2_kernels/configs/h200.yaml").write_text("# hand-tuned\n")
     git(work, "commit", "-qam", "hand tune")
     git(work, "push", "-q", "origin", res.branch)
     res3 = repo.update(
@@ -134,10 +134,10 @@ def test_pr_api_url_from_the_command_line_is_where_the_token_goes(
     """`pr --api-url` (a GitHub Enterprise) reaches the PR flow's client: the token never goes elsewhere."""
     import argparse
 
-    from guard import cli
-    from guard.adapters import github
-    from guard.config import GuardConfig
-    from guard.flows.pr import run_pr
+    from mamba2_guard import cli
+    from mamba2_guard.adapters import github
+    from mamba2_guard.config import GuardConfig
+    from mamba2_guard.flows.pr import run_pr
 
     monkeypatch.setattr(github, "DEFAULT_BASE_URL", "http://127.0.0.1:9/not-this-one")
     args = argparse.Namespace(repo=FULL, origin=origin_url, api_url=fake_gh.api)

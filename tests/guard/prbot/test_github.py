@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from guard.adapters.github import GitHubError, PrClient
-from guard.core.fingerprint import fingerprint_hash
-from guard.core.prbody import branch_name, marker
+from mamba2_guard.adapters.github import GitHubError, PrClient
+from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.prbody import branch_name, marker
 
 from .conftest import FP_NEW, FP_OLD
 from .fake_github import FULL

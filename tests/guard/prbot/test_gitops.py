@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from guard.adapters.gitops import ConfigRepo, FetchFailed, GitOpsError, PushFailed, redact
-from guard.core.fingerprint import fingerprint_hash
-from guard.core.prbody import branch_name
+from mamba2_guard.adapters.gitops import ConfigRepo, FetchFailed, GitOpsError, PushFailed, redact
+from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.prbody import branch_name
 
 from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, TOKEN, baseline_doc, git, new_configs
 
@@ -35,19 +35,19 @@ def test_first_push_commits_only_the_two_files(tmp_path, origin, origin_url, mak
     src = make_source(new_configs(), baseline_doc(FP_NEW, helion_ms=0.4))
     res = repo.update(src, SLUG, FPH, trigger="software: helion 1.4.0 -> 1.5.0")
     assert res.status == "pushed" and res.branch == BRANCH and not res.forced
-    assert set(res.changed_files) == {"kernels/configs/h200.yaml", "baselines/h200.yaml"}
+    assert set(res.changed_files) == {"mamba2_kernels/configs/h200.yaml", "baselines/h200.yaml"}
     # The remote branch: exactly one bot commit on top of main, touching only the two files.
     assert git(origin, "rev-parse", BRANCH) == res.sha
     assert git(origin, "rev-parse", f"{BRANCH}^") == git(origin, "rev-parse", "main")
     files = git(origin, "diff", "--name-only", "main", BRANCH).splitlines()
-    assert sorted(files) == ["baselines/h200.yaml", "kernels/configs/h200.yaml"]
-    assert show(origin, BRANCH, "kernels/configs/h200.yaml") == new_configs()
+    assert sorted(files) == ["baselines/h200.yaml", "mamba2_kernels/configs/h200.yaml"]
+    assert show(origin, BRANCH, "mamba2_kernels/configs/h200.yaml") == new_configs()
     author = git(origin, "log", "-1", "--format=%an <%ae>|%cn <%ce>", BRANCH)
     assert author == f"mamba2-guard[bot] <{BOT}>|mamba2-guard[bot] <{BOT}>"
     msg = git(origin, "log", "-1", "--format=%B", BRANCH)
     assert "Trigger: software: helion 1.4.0 -> 1.5.0" in msg and f"Fingerprint: {FPH}" in msg
     # Main is untouched; the clone lives under the state dir.
-    assert show(origin, "main", "kernels/configs/h200.yaml") == CONFIGS_OLD
+    assert show(origin, "main", "mamba2_kernels/configs/h200.yaml") == CONFIGS_OLD
     assert (tmp_path / "state" / "clone" / ".git").is_dir()
 
 
@@ -61,7 +61,7 @@ def test_update_in_place_and_up_to_date(tmp_path, origin, origin_url, make_sourc
     second = repo.update(make_source(new_configs(16), baseline_doc(FP_NEW)), SLUG, FPH, "t2")
     assert second.status == "pushed" and second.forced and second.remote_sha == first.sha
     assert git(origin, "rev-list", "--count", f"main..{BRANCH}") == "1"
-    assert show(origin, BRANCH, "kernels/configs/h200.yaml") == new_configs(16)
+    assert show(origin, BRANCH, "mamba2_kernels/configs/h200.yaml") == new_configs(16)
     # main moves on (a human merges something else): the bot rebases onto the new base.
     seed = tmp_path / "seed"
     (seed / "README.md").write_text("changed\n")
@@ -131,7 +131,7 @@ def test_push_to_missing_remote_fails_clearly_and_keeps_commit(tmp_path, origin,
     # Local commit intact: the branch still points at it with the new content.
     clone = tmp_path / "state" / "clone"
     assert git(clone, "rev-parse", BRANCH) == prepared.sha
-    assert yaml.safe_load(git(clone, "show", f"{prepared.sha}:kernels/configs/h200.yaml")) == new_configs(8)
+    assert yaml.safe_load(git(clone, "show", f"{prepared.sha}:mamba2_kernels/configs/h200.yaml")) == new_configs(8)
     # Retry once the remote is back.
     moved.rename(origin)
     assert repo.push(prepared).status == "pushed"
@@ -178,7 +178,7 @@ def test_user_checkout_is_never_touched(tmp_path, origin, origin_url, make_sourc
     (user / "wip.txt").write_text("uncommitted\n")
     before = (git(user, "rev-parse", "HEAD"), git(user, "status", "--porcelain"), git(user, "branch", "-a"))
     src = user  # the source dir may even be the user's checkout: files are only read
-    (user / "kernels/configs/h200.yaml").write_text(yaml.safe_dump(new_configs(8)))
+    (user / "mamba2_kernels/configs/h200.yaml").write_text(yaml.safe_dump(new_configs(8)))
     status_with_change = git(user, "status", "--porcelain")
     res = make_repo(tmp_path, origin_url).update(src, SLUG, FPH, "t")
     assert res.status == "pushed"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from guard.core.configdiff import diff_config_files, diff_configs
-from guard.core.drift import classify
-from guard.core.fingerprint import fingerprint_hash
-from guard.core.prbody import (
+from mamba2_guard.core.configdiff import diff_config_files, diff_configs
+from mamba2_guard.core.drift import classify
+from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.prbody import (
     MAX_BODY_BYTES,
     PrInput,
     branch_name,
@@ -69,7 +69,7 @@ def test_branch_and_marker_are_deterministic():
 
 def test_fingerprint_hash_matches_fingerprint_digest_when_available():
     try:
-        from guard.adapters.fingerprint import Fingerprint
+        from mamba2_guard.adapters.fingerprint import Fingerprint
     except Exception:  # another module; only checked when present
         return
     fields = {f: FP_NEW.get(f) for f in Fingerprint.__dataclass_fields__}

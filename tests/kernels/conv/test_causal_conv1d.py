@@ -1,5 +1,5 @@
-"""Tests of the Helion causal conv1d (kernels/conv/causal_conv1d.py) against the fp64 references of
-kernels/conv/naive.py, in Helion's ref mode and in the Triton interpreter (with block sizes smaller than
+"""Tests of the Helion causal conv1d (mamba2_kernels/conv/causal_conv1d.py) against the fp64 references of
+mamba2_kernels/conv/naive.py, in Helion's ref mode and in the Triton interpreter (with block sizes smaller than
 the dimensions), plus gradcheck of ``causal_conv1d_fn`` in fp64."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import itertools
 import pytest
 import torch
 
-from kernels import testing
-from kernels.conv import causal_conv1d as C
-from kernels.conv import naive
+from mamba2_kernels import testing
+from mamba2_kernels.conv import causal_conv1d as C
+from mamba2_kernels.conv import naive
 
 B, D, L = 2, 12, 37  # odd seqlen, not a multiple of any block size
 COMBOS = list(itertools.product([2, 3, 4], [False, True], [None, "silu"]))

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kernels import config_store
-from kernels.config_store import ConfigFile, ConfigFileError, ShapeKey
+from mamba2_kernels import config_store
+from mamba2_kernels.config_store import ConfigFile, ConfigFileError, ShapeKey
 
 names = st.sampled_from(["chunk_state", "chunk_scan", "state_passing", "gated_rmsnorm_bwd"])
 exact_fields = st.fixed_dictionaries({
@@ -291,7 +291,7 @@ def test_shape_key_parse_and_errors():
 
 
 def test_the_committed_config_files_name_only_kernels_that_exist():
-    from kernels import registry
+    from mamba2_kernels import registry
 
     known = registry.tuned_kernel_names()
     for path in sorted(config_store.CONFIG_DIR.glob("*.yaml")):

@@ -1,16 +1,16 @@
-"""Fingerprint, the mamba-ssm loader and the `kernels` import-name check."""
+"""Fingerprint, the mamba-ssm loader, and installing beside Hugging Face's `kernels`."""
 
 from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
-import guard
-from guard.adapters import fingerprint
-from kernels import _mamba_ssm
+from mamba2_guard.adapters import fingerprint
+from mamba2_kernels import _mamba_ssm
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour")
@@ -107,13 +107,18 @@ def test_loader_says_clearly_when_mamba_ssm_is_absent(monkeypatch):
         _mamba_ssm.module(_mamba_ssm.SSD_COMBINED)
 
 
-def test_a_shadowing_kernels_package_is_refused(monkeypatch):
-    impostor = types.ModuleType("kernels")
-    impostor.__file__ = "/site-packages/kernels/__init__.py"
-    monkeypatch.setitem(sys.modules, "kernels", impostor)
-    with pytest.raises(guard.EnvironmentProblem, match="Hugging Face"):
-        guard.check_kernels_package()
+def test_installs_beside_hugging_faces_kernels_package():
+    """transformers 5 depends on Hugging Face's `kernels` distribution, whose import name is `kernels`: this
+    project once used that name too, and pip merged both into one folder, so whichever was installed last
+    broke the other (transformers' hub_kernels, or the drop-ins). The dev extra installs both."""
+    from importlib.metadata import distribution
 
+    import kernels as hugging_face_kernels
+    import transformers.integrations.hub_kernels  # noqa: F401  imports names from Hugging Face's `kernels`
 
-def test_this_kernels_package_is_accepted():
-    guard.check_kernels_package()
+    import mamba2_kernels
+
+    assert callable(hugging_face_kernels.get_kernel)
+    assert callable(mamba2_kernels.mamba_chunk_scan_combined) and callable(mamba2_kernels.patch_mamba_ssm)
+    top_level = {Path(str(f)).parts[0] for f in distribution("kernels").files or []}
+    assert "kernels" in top_level and not top_level & {"mamba2_kernels", "mamba2_guard"}

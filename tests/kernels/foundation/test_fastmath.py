@@ -1,4 +1,4 @@
-"""kernels._fastmath: exp through exp2, sigmoid through rsqrt and softplus through exp2 and log2, in plain
+"""mamba2_kernels._fastmath: exp through exp2, sigmoid through rsqrt and softplus through exp2 and log2, in plain
 PyTorch, the Triton interpreter and (marked) on the GPU, where exp and sigmoid lower to the MUFU approximations."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import helion.language as hl
 import pytest
 import torch
 
-from kernels import _fastmath as fastmath
-from kernels.testing import execution_mode
+from mamba2_kernels import _fastmath as fastmath
+from mamba2_kernels.testing import execution_mode
 
 EDGES = torch.tensor([float("-inf"), -1e4, -88.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 88.0, 1e4, float("inf")])
 

@@ -1,4 +1,5 @@
-"""The public API as a training job uses it: ``import kernels`` in a fresh process, no test helpers, CPU tensors."""
+"""The public API as a training job uses it: ``import mamba2_kernels`` in a fresh process, no test helpers, CPU
+tensors."""
 
 from __future__ import annotations
 
@@ -17,24 +18,24 @@ USER_CODE = textwrap.dedent("""
 
     import torch
 
-    import kernels
+    import mamba2_kernels
 
-    assert "kernels.testing" not in sys.modules
+    assert "mamba2_kernels.testing" not in sys.modules
     torch.manual_seed(0)
     b, l, h, p, g, n = 1, 64, 2, 8, 1, 16
     x = torch.randn(b, l, h, p, requires_grad=True)
     dt, A = torch.rand(b, l, h), -torch.rand(h)
     B, C = torch.randn(b, l, g, n), torch.randn(b, l, g, n)
-    y = kernels.mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=32, dt_softplus=True)
+    y = mamba2_kernels.mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=32, dt_softplus=True)
     y.sum().backward()
     assert y.shape == x.shape and torch.isfinite(x.grad).all()
 
     xc, w = torch.randn(2, 16, 40), torch.randn(16, 4)
-    assert kernels.causal_conv1d_fn(xc, w, activation="silu").shape == xc.shape
+    assert mamba2_kernels.causal_conv1d_fn(xc, w, activation="silu").shape == xc.shape
 
     xn, z = torch.randn(4, 32), torch.randn(4, 32)
-    assert kernels.rmsnorm_fn(xn, torch.ones(32), None, z=z).shape == xn.shape
-    assert kernels.RMSNormGated(32, group_size=16)(xn, z).shape == xn.shape
+    assert mamba2_kernels.rmsnorm_fn(xn, torch.ones(32), None, z=z).shape == xn.shape
+    assert mamba2_kernels.RMSNormGated(32, group_size=16)(xn, z).shape == xn.shape
     print("public API ok")
 """)
 
@@ -89,6 +90,7 @@ def test_a_training_job_needs_only_the_declared_dependencies(tmp_path):
 
 
 def test_public_names_are_listed():
-    import kernels
+    import mamba2_kernels
 
-    assert {"causal_conv1d_fn", "rmsnorm_fn", "RMSNormGated", "mamba_chunk_scan_combined"} <= set(kernels.__all__)
+    public = set(mamba2_kernels.__all__)
+    assert {"causal_conv1d_fn", "rmsnorm_fn", "RMSNormGated", "mamba_chunk_scan_combined"} <= public

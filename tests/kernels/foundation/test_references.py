@@ -1,14 +1,14 @@
 """The references agree: mamba-ssm's chunked reference (``ssd_chunk_scan_combined_ref``), our chunked
-reference and our per-step recurrence (``kernels.ssd.naive``). ``tests/kernels/ssd/test_naive.py`` adds mamba-ssm's
-``ssd_minimal_discrete`` and the per-stage references against mamba-ssm's Triton wrappers."""
+reference and our per-step recurrence (``mamba2_kernels.ssd.naive``). ``tests/kernels/ssd/test_naive.py`` adds
+mamba-ssm's ``ssd_minimal_discrete`` and the per-stage references against mamba-ssm's Triton wrappers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels import _mamba_ssm
-from kernels.ssd import naive
+from mamba2_kernels import _mamba_ssm
+from mamba2_kernels.ssd import naive
 
 
 def _problem(seed, b=2, L=128, h=4, p=8, g=2, n=8):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from guard.bench.run import bench_case
-from kernels import registry
-from kernels.registry import BaselineUnavailable, MissingImplementation
+from mamba2_guard.bench.run import bench_case
+from mamba2_kernels import registry
+from mamba2_kernels.registry import BaselineUnavailable, MissingImplementation
 
 
 def test_every_kernel_of_the_layer_is_declared_once():

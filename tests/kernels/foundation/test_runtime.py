@@ -10,8 +10,8 @@ import pytest
 import torch
 from helion.autotuner import EnumFragment
 
-from kernels import _runtime, config_store
-from kernels._runtime import (
+from mamba2_kernels import _runtime, config_store
+from mamba2_kernels._runtime import (
     TunedKernel,
     capture_launches,
     complete_config,
@@ -20,9 +20,9 @@ from kernels._runtime import (
     tuned_kernel,
     validate_config,
 )
-from kernels.config_store import ConfigFile, ShapeKey
-from kernels.ssd._keys import heads_per_program
-from kernels.testing import execution_mode
+from mamba2_kernels.config_store import ConfigFile, ShapeKey
+from mamba2_kernels.ssd._keys import heads_per_program
+from mamba2_kernels.testing import execution_mode
 
 
 def _key(x, y):
@@ -242,7 +242,7 @@ def test_every_ssd_and_conv_seed_fits_its_kernel_at_a_suite_shape():
     """The seeds name block sizes by position: a kernel that registers its blocks in another order, or
     another number of them, must fail here rather than seed the tuner with nonsense. Every SSD and conv
     kernel the registry runs is seeded."""
-    from kernels import registry, suites
+    from mamba2_kernels import registry, suites
 
     shape = suites.load().shape("smoke")
     checked = set()
@@ -358,7 +358,7 @@ def toy_split(x: torch.Tensor, rows: hl.constexpr) -> torch.Tensor:
 def test_a_tunable_value_this_call_does_not_offer_takes_its_default():
     odd, even = torch.randn(3, 8), torch.randn(4, 8)
     bound_odd = toy_split.helion_kernel(None).bind((odd, 3))
-    from kernels._runtime import adapt_config
+    from mamba2_kernels._runtime import adapt_config
 
     assert adapt_config(bound_odd, {"block_sizes": [1, 8], "split": 4}) == {"block_sizes": [1, 8], "split": 3}
     assert adapt_config(toy_split.helion_kernel(None).bind((even, 4)), {"split": 2}) == {"split": 2}
@@ -368,7 +368,7 @@ def test_a_tunable_value_this_call_does_not_offer_takes_its_default():
 def test_per_load_lists_of_another_length_take_the_default():
     """A flag such as seq_idx adds loads: a config of the key without it has a shorter indexing list, whose
     entries are positional, so the call's default list replaces it; block sizes are kept."""
-    from kernels._runtime import adapt_config
+    from mamba2_kernels._runtime import adapt_config
 
     x = torch.randn(100, 33)
     bound = toy_exp_add.helion_kernel(None).bind((x, x))
@@ -383,7 +383,7 @@ def test_a_pin_for_one_key_leaves_the_other_keys_dispatch(store, monkeypatch):
     """A tuner pins a candidate for one key around every timed call; a kernel launched at other keys in the
     same call (the state pass, forward and backward recompute) must not select their configs again each
     time: on the H200 that host work swamped the whole call's time and hid wins of 2-5 %."""
-    from kernels._runtime import TunedKernel, pinned_config
+    from mamba2_kernels._runtime import TunedKernel, pinned_config
 
     small, large = torch.randn(100, 33), torch.randn(5000, 33)
     assert _key(small, small) != _key(large, large)

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from kernels import config_store, seen
-from kernels.testing import execution_mode
+from mamba2_kernels import config_store, seen
+from mamba2_kernels.testing import execution_mode
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_an_unwritable_place_is_logged_not_raised(tmp_path, monkeypatch, caplog)
 def first_calls():
     """Every tuned kernel dispatches afresh: a key an earlier test ran is cached, and a cached dispatch is not
     a fallback again (the record is once per process)."""
-    from kernels._runtime import TUNED_KERNELS
+    from mamba2_kernels._runtime import TUNED_KERNELS
 
     for kernel in TUNED_KERNELS.values():
         kernel._dispatch.clear()
@@ -86,7 +86,7 @@ def test_the_whole_call_records_its_shape_for_forward_and_backward_kernels(seen_
                                                                           first_calls):
     """No config file for this GPU: every kernel falls back, and each entry carries the public call's shape,
     the backward's too (autograd runs it outside the forward's block)."""
-    from kernels import registry
+    from mamba2_kernels import registry
 
     monkeypatch.setenv("MAMBA2_GUARD_GPU_SLUG", "gpu-without-configs")
     monkeypatch.setattr(config_store, "_warned", set())
@@ -107,8 +107,8 @@ def test_the_layer_records_its_shape_and_the_seen_suite_tunes_every_key_it_fell_
                                                                                         smoke_shape, first_calls):
     """Mamba2's memory-efficient path calls the layer, not the SSD call: its fallbacks (conv and norm too) carry
     the layer's shape, whose seen suite shape the planned entries (``registry.seen_entries``) cover."""
-    from kernels import registry, suites
-    from kernels._runtime import capture_launches
+    from mamba2_kernels import registry, suites
+    from mamba2_kernels._runtime import capture_launches
 
     monkeypatch.setenv("MAMBA2_GUARD_GPU_SLUG", "gpu-without-configs")
     monkeypatch.setattr(config_store, "_warned", set())

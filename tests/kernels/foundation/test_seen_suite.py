@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import config_store, suites
-from kernels.config_store import ConfigFile
+from mamba2_kernels import config_store, suites
+from mamba2_kernels.config_store import ConfigFile
 
 
 def test_each_call_is_one_shape_with_the_keys_it_fell_back_at(seen_file, write_seen):

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels import suites
-from kernels.suites import SuiteFileError
+from mamba2_kernels import suites
+from mamba2_kernels.suites import SuiteFileError
 
 
 def test_the_designed_suites():

@@ -1,8 +1,8 @@
-"""The whole Mamba-2 layer: ``kernels.mamba_split_conv1d_scan_combined`` and ``kernels.patch_mamba_ssm``.
+"""The whole Mamba-2 layer: ``mamba2_kernels.mamba_split_conv1d_scan_combined`` and ``mamba2_kernels.patch_mamba_ssm``.
 
 CPU, Helion ref mode, fp32 (hl.dot takes no fp64): the forward and every gradient against a pure-PyTorch
-fp64 composition of the references (``kernels.conv.naive``, ``kernels.ssd.naive.ssd_chunked_ref``,
-``kernels.norm.naive``, F.linear) over the option combinations; a ``mamba_ssm.modules.mamba2.Mamba2``
+fp64 composition of the references (``mamba2_kernels.conv.naive``, ``mamba2_kernels.ssd.naive.ssd_chunked_ref``,
+``mamba2_kernels.norm.naive``, F.linear) over the option combinations; a ``mamba_ssm.modules.mamba2.Mamba2``
 patched, in both ``use_mem_eff_path`` modes, against the same composition driven by the module's
 parameters; the patch and its inverse. GPU tests compare with mamba-ssm itself (needs causal-conv1d).
 """
@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import _mamba_ssm
-from kernels.layer_naive import mamba_split_conv1d_scan_ref as layer_ref
-from kernels.testing import execution_mode
+import mamba2_kernels
+from mamba2_kernels import _mamba_ssm
+from mamba2_kernels.layer_naive import mamba_split_conv1d_scan_ref as layer_ref
+from mamba2_kernels.testing import execution_mode
 
 INF = float("inf")
 
@@ -91,7 +91,7 @@ def _close(mine, ref, name, rtol=1e-4, atol_scale=2e-5):
 
 def _compare(leaves, static):
     with execution_mode("ref"):
-        outs, grads = _run(kernels.mamba_split_conv1d_scan_combined, leaves, static, torch.float32)
+        outs, grads = _run(mamba2_kernels.mamba_split_conv1d_scan_combined, leaves, static, torch.float32)
     ref_outs, ref_grads = _run(layer_ref, leaves, static, torch.float64)
     for i, (mine, ref) in enumerate(zip(outs, ref_outs, strict=True)):
         _close(mine, ref, f"out[{i}]")
@@ -137,7 +137,7 @@ def test_triton_interpreter_strided_views(options):
     # from the norm's backward, or without the norm from the SSD's z gate.
     leaves, static = _problem(b=1, L=24, h=2, p=16, g=2, n=16, options=options)
     with execution_mode("triton"):
-        outs, grads = _run(kernels.mamba_split_conv1d_scan_combined, leaves, static, torch.float32)
+        outs, grads = _run(mamba2_kernels.mamba_split_conv1d_scan_combined, leaves, static, torch.float32)
     ref_outs, ref_grads = _run(layer_ref, leaves, static, torch.float64)
     for i, (mine, ref) in enumerate(zip(outs, ref_outs, strict=True)):
         _close(mine, ref, f"out[{i}]")
@@ -181,7 +181,7 @@ def test_activation_none():
 def test_bad_arguments_are_named(change, error, message):
     leaves, static = _problem()
     with pytest.raises(error, match=message):
-        kernels.mamba_split_conv1d_scan_combined(**{**leaves, **static, **change})
+        mamba2_kernels.mamba_split_conv1d_scan_combined(**{**leaves, **static, **change})
 
 
 def test_saves_no_conv_or_norm_output():
@@ -189,7 +189,7 @@ def test_saves_no_conv_or_norm_output():
     leaves, static = _problem(options=("rmsnorm", "outproj"))
     inputs = {k: v.requires_grad_(True) for k, v in leaves.items()}
     with execution_mode("ref"):
-        out = kernels.mamba_split_conv1d_scan_combined(**inputs, **static)
+        out = mamba2_kernels.mamba_split_conv1d_scan_combined(**inputs, **static)
     b, L = inputs["zxbcdt"].shape[:2]
     saved = [t for t in out.grad_fn.saved_tensors if t is not None]
     shapes = sorted(tuple(t.shape) for t in saved)
@@ -211,11 +211,11 @@ def mamba2():
 
 @pytest.fixture
 def patched(mamba2):
-    kernels.patch_mamba_ssm()
+    mamba2_kernels.patch_mamba_ssm()
     try:
         yield mamba2
     finally:
-        kernels.unpatch_mamba_ssm()
+        mamba2_kernels.unpatch_mamba_ssm()
 
 
 def _module_ref(module, u):
@@ -257,7 +257,7 @@ MODULE_CASES = [
 def test_patched_mamba2_matches_reference(patched, use_mem_eff_path, ngroups, extra):
     module, u, dout = _module_case(patched, use_mem_eff_path, ngroups, **extra)
     if module.rmsnorm:
-        from kernels.norm.rmsnorm import RMSNormGated
+        from mamba2_kernels.norm.rmsnorm import RMSNormGated
         assert isinstance(module.norm, RMSNormGated)
     with execution_mode("ref"):
         out = module(u)
@@ -297,9 +297,9 @@ def test_patched_mamba2_runs_under_torch_compile(patched, device, use_mem_eff_pa
 
 
 def test_patch_routes_both_paths_through_our_kernels(patched, monkeypatch):
-    from kernels.conv import causal_conv1d as conv_mod
-    from kernels.norm import gated_rmsnorm as norm_mod
-    from kernels.ssd import combined as ssd_mod
+    from mamba2_kernels.conv import causal_conv1d as conv_mod
+    from mamba2_kernels.norm import gated_rmsnorm as norm_mod
+    from mamba2_kernels.ssd import combined as ssd_mod
 
     calls = []
 
@@ -307,7 +307,7 @@ def test_patch_routes_both_paths_through_our_kernels(patched, monkeypatch):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, **k: (calls.append(name), original(*a, **k))[1])
 
-    import kernels.layer_fn as layer_fn
+    import mamba2_kernels.layer_fn as layer_fn
     for module, name in [(layer_fn, "causal_conv1d_fwd"), (layer_fn, "ssd_forward"), (layer_fn, "gated_rmsnorm_fwd"),
                          (conv_mod, "causal_conv1d_fwd"), (ssd_mod, "ssd_forward"),
                          (norm_mod, "gated_rmsnorm_fwd_kernel")]:
@@ -328,24 +328,24 @@ def test_patch_and_unpatch_restore_exactly(mamba2):
     before_mamba2 = {name: getattr(mamba2, name) for name in names}
     before = (combined.mamba_chunk_scan_combined, combined.mamba_split_conv1d_scan_combined, gated.rmsnorm_fn,
               gated.RMSNorm)
-    from kernels.conv.causal_conv1d import causal_conv1d_fn
-    from kernels.layer import is_patched
-    from kernels.norm.rmsnorm import RMSNormGated, rmsnorm_fn
+    from mamba2_kernels.conv.causal_conv1d import causal_conv1d_fn
+    from mamba2_kernels.layer import is_patched
+    from mamba2_kernels.norm.rmsnorm import RMSNormGated, rmsnorm_fn
     try:
-        first = kernels.patch_mamba_ssm()
-        second = kernels.patch_mamba_ssm()  # idempotent
+        first = mamba2_kernels.patch_mamba_ssm()
+        second = mamba2_kernels.patch_mamba_ssm()  # idempotent
         assert first == second and is_patched()
         assert {"mamba_ssm.modules.mamba2", "mamba_ssm.ops.triton.ssd_combined",
                 "mamba_ssm.ops.triton.layernorm_gated"} <= set(first)
-        assert mamba2.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
-        assert mamba2.mamba_split_conv1d_scan_combined is kernels.mamba_split_conv1d_scan_combined
-        assert combined.mamba_split_conv1d_scan_combined is kernels.mamba_split_conv1d_scan_combined
+        assert mamba2.mamba_chunk_scan_combined is mamba2_kernels.mamba_chunk_scan_combined
+        assert mamba2.mamba_split_conv1d_scan_combined is mamba2_kernels.mamba_split_conv1d_scan_combined
+        assert combined.mamba_split_conv1d_scan_combined is mamba2_kernels.mamba_split_conv1d_scan_combined
         assert mamba2.causal_conv1d_fn is causal_conv1d_fn
         assert mamba2.RMSNormGated is RMSNormGated and gated.RMSNorm is RMSNormGated
         assert gated.rmsnorm_fn is rmsnorm_fn
     finally:
-        kernels.unpatch_mamba_ssm()
-    assert kernels.unpatch_mamba_ssm() == [] and not is_patched()  # idempotent
+        mamba2_kernels.unpatch_mamba_ssm()
+    assert mamba2_kernels.unpatch_mamba_ssm() == [] and not is_patched()  # idempotent
     assert {name: getattr(mamba2, name) for name in names} == before_mamba2
     assert (combined.mamba_chunk_scan_combined, combined.mamba_split_conv1d_scan_combined, gated.rmsnorm_fn,
             gated.RMSNorm) == before
@@ -357,7 +357,7 @@ def test_patch_reaches_model_code_that_imported_mamba_ssms_functions(mamba2, mon
     them; this package's modules keep ours; causal-conv1d's own function stays (ours takes no initial states)."""
     import types
 
-    from kernels.ssd import combined as ours_module
+    from mamba2_kernels.ssd import combined as ours_module
 
     combined = _mamba_ssm.module("ops.triton.ssd_combined")
     gated = _mamba_ssm.module("ops.triton.layernorm_gated")
@@ -369,24 +369,24 @@ def test_patch_reaches_model_code_that_imported_mamba_ssms_functions(mamba2, mon
     before = dict(vars(remote))
     monkeypatch.setitem(sys.modules, remote.__name__, remote)
     try:
-        assert remote.__name__ in kernels.patch_mamba_ssm()
-        assert remote.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
-        assert remote.mamba_split_conv1d_scan_combined is kernels.mamba_split_conv1d_scan_combined
-        assert remote.rmsnorm_fn is kernels.rmsnorm_fn and remote.causal_conv1d_fn is theirs_conv
+        assert remote.__name__ in mamba2_kernels.patch_mamba_ssm()
+        assert remote.mamba_chunk_scan_combined is mamba2_kernels.mamba_chunk_scan_combined
+        assert remote.mamba_split_conv1d_scan_combined is mamba2_kernels.mamba_split_conv1d_scan_combined
+        assert remote.rmsnorm_fn is mamba2_kernels.rmsnorm_fn and remote.causal_conv1d_fn is theirs_conv
         later = types.ModuleType("imported_while_patched")  # `from ...ssd_combined import ...` now gives ours
         later.mamba_chunk_scan_combined = combined.mamba_chunk_scan_combined
         monkeypatch.setitem(sys.modules, later.__name__, later)
     finally:
-        kernels.unpatch_mamba_ssm()
+        mamba2_kernels.unpatch_mamba_ssm()
     assert dict(vars(remote)) == before
-    assert later.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
-    assert ours_module.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
+    assert later.mamba_chunk_scan_combined is mamba2_kernels.mamba_chunk_scan_combined
+    assert ours_module.mamba_chunk_scan_combined is mamba2_kernels.mamba_chunk_scan_combined
 
 
 def test_unpatched_mamba2_falls_back_as_before(mamba2, monkeypatch):
     # Without causal-conv1d, mamba-ssm's own non-fused path uses nn.Conv1d; after unpatch it does again.
-    kernels.patch_mamba_ssm()
-    kernels.unpatch_mamba_ssm()
+    mamba2_kernels.patch_mamba_ssm()
+    mamba2_kernels.unpatch_mamba_ssm()
     if mamba2.causal_conv1d_fn is not None:
         pytest.skip("causal-conv1d is installed: mamba-ssm does not fall back to nn.Conv1d")
     module, u, _ = _module_case(mamba2, False, 1, rmsnorm=False)
@@ -405,7 +405,7 @@ def test_unpatched_mamba2_falls_back_as_before(mamba2, monkeypatch):
 @pytest.mark.parametrize("shape_name", ["nemotron3-nano", "mamba2-default"])
 def test_gpu_matches_mamba_ssm(shape_name):
     pytest.importorskip("causal_conv1d")
-    from kernels import suites
+    from mamba2_kernels import suites
 
     shape = suites.load().shape(shape_name)
     combined = _mamba_ssm.module("ops.triton.ssd_combined")
@@ -431,7 +431,7 @@ def test_gpu_matches_mamba_ssm(shape_name):
     }
     static = {"chunk_size": Q, "headdim": p, "ngroups": g, "rmsnorm_eps": 1e-5,
               "norm_before_gate": shape.norm_before_gate}
-    ours_out, ours_grads = _run(kernels.mamba_split_conv1d_scan_combined, leaves, static, None)
+    ours_out, ours_grads = _run(mamba2_kernels.mamba_split_conv1d_scan_combined, leaves, static, None)
     ref_out, ref_grads = _run(combined.mamba_split_conv1d_scan_combined, leaves, static, None)
     for name, mine, ref in [("out", ours_out[0], ref_out[0])] + [(k, ours_grads[k], ref_grads[k]) for k in ref_grads]:
         assert mine.dtype == ref.dtype, name
@@ -440,14 +440,14 @@ def test_gpu_matches_mamba_ssm(shape_name):
 
 
 # ---------------------------------------------------------------------------------------------------
-# guard.dev.module_bench (mamba2-guard dev module-bench): the full module, GEMMs included
+# mamba2_guard.dev.module_bench (mamba2-guard dev module-bench): the full module, GEMMs included
 
 
 def _module_script():
     import types
 
-    from guard import cli
-    from guard.dev import module_bench
+    from mamba2_guard import cli
+    from mamba2_guard.dev import module_bench
 
     def main(argv):  # the tool as `mamba2-guard dev module-bench ARGV` runs it, exceptions not caught
         args = cli.build_parser().parse_args(["dev", "module-bench", *argv])
@@ -460,7 +460,7 @@ def _module_script():
 def test_module_script_builds_the_suite_layer_at_any_width(mamba2):
     """A width that does not divide d_ssm (Nemotron's 2688 against 4096) still gives the suite's SSM part
     and no MLP part; the patched module's gradients are finite, and the report compares tensor by tensor."""
-    from kernels import suites
+    from mamba2_kernels import suites
 
     script = _module_script()
     shape = suites.load().shape("smoke")
@@ -472,7 +472,7 @@ def test_module_script_builds_the_suite_layer_at_any_width(mamba2):
         with execution_mode("ref"):
             grads = script.gradients(module, u, dout, patched=True)
     finally:
-        kernels.unpatch_mamba_ssm()
+        mamba2_kernels.unpatch_mamba_ssm()
     assert all(p.grad is None for p in module.parameters()) and u.grad is None  # left as found
     assert {"out", "du", "din_proj.weight", "dout_proj.weight", "dA_log", "dD", "ddt_bias"} <= set(grads)
     same = script.differences(grads, grads)
@@ -485,7 +485,7 @@ def test_module_script_builds_the_suite_layer_at_any_width(mamba2):
 
 
 def test_module_script_rejects_bad_arguments(mamba2, capsys):
-    from kernels import suites
+    from mamba2_kernels import suites
 
     script = _module_script()
     with pytest.raises(SystemExit):

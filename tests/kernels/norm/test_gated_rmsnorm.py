@@ -1,6 +1,6 @@
-"""Tests of the Helion gated RMSNorm (kernels/norm/gated_rmsnorm.py, kernels/norm/rmsnorm.py).
+"""Tests of the Helion gated RMSNorm (mamba2_kernels/norm/gated_rmsnorm.py, mamba2_kernels/norm/rmsnorm.py).
 
-Against the fp64 references of kernels/norm/naive.py in Helion's ref mode and in the Triton interpreter
+Against the fp64 references of mamba2_kernels/norm/naive.py in Helion's ref mode and in the Triton interpreter
 (tiling and masking for real, with block sizes smaller than the dimensions), against mamba-ssm's
 ``_layer_norm_fwd``/``_layer_norm_bwd`` in the interpreter, mamba-ssm's gated-norm accuracy criterion in
 fp16, and gradcheck of ``rmsnorm_fn`` in fp64.
@@ -13,10 +13,10 @@ import itertools
 import pytest
 import torch
 
-from kernels import registry, testing
-from kernels.norm import gated_rmsnorm as G
-from kernels.norm import naive
-from kernels.norm.rmsnorm import RMSNormGated, rmsnorm_fn
+from mamba2_kernels import registry, testing
+from mamba2_kernels.norm import gated_rmsnorm as G
+from mamba2_kernels.norm import naive
+from mamba2_kernels.norm.rmsnorm import RMSNormGated, rmsnorm_fn
 
 M, N = 37, 64  # M not a multiple of any block size
 COMBOS = list(itertools.product([False, True], [False, True], [False, True], [None, 16]))

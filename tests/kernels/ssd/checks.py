@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernels import config_store, registry, suites
-from kernels._runtime import TunedKernel, capture_launches, scaled_atol
-from kernels.testing import execution_mode
+from mamba2_kernels import config_store, registry, suites
+from mamba2_kernels._runtime import TunedKernel, capture_launches, scaled_atol
+from mamba2_kernels.testing import execution_mode
 
 Runs = dict[str, tuple[registry.KernelEntry, Callable[..., Any]]]
 

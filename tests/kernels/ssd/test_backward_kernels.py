@@ -1,6 +1,6 @@
-"""The Helion SSD backward kernels (kernels/ssd/{chunk_scan_bwd,chunk_state_passing_bwd,
+"""The Helion SSD backward kernels (mamba2_kernels/ssd/{chunk_scan_bwd,chunk_state_passing_bwd,
 chunk_scan_chunk_state_bwd,chunk_state_bwd,bmm_chunk_bwd,chunk_cumsum_bwd}.py) against the fp64 references of
-kernels/ssd/naive.py, and the full autograd of ``kernels.mamba_chunk_scan_combined`` (the parity kernels:
+mamba2_kernels/ssd/naive.py, and the full autograd of ``mamba2_kernels.mamba_chunk_scan_combined`` (the parity kernels:
 parity/).
 
 CPU: Helion ref mode at the smoke shape and odd shapes, plus the optional arguments (D per head / per
@@ -19,10 +19,10 @@ import pickle
 import pytest
 import torch
 
-import kernels
-from kernels import registry, suites
-from kernels._runtime import pinned_config
-from kernels.ssd import (
+import mamba2_kernels
+from mamba2_kernels import registry, suites
+from mamba2_kernels._runtime import pinned_config
+from mamba2_kernels.ssd import (
     bmm_chunk_bwd,
     chunk_cumsum_bwd,
     chunk_scan_bwd,
@@ -31,7 +31,7 @@ from kernels.ssd import (
     chunk_state_passing_bwd,
     naive,
 )
-from kernels.testing import execution_mode
+from mamba2_kernels.testing import execution_mode
 
 from .checks import (
     ODD,
@@ -257,7 +257,7 @@ def test_interpreter_small_blocks(name, small_blocks):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Autograd of kernels.mamba_chunk_scan_combined
+# Autograd of mamba2_kernels.mamba_chunk_scan_combined
 
 
 def _problem(b, L, h, p, g, n, seed, dtype=torch.float32, options=()):
@@ -300,7 +300,7 @@ def test_autograd_matches_fp64_reference(case, L, g):
     ours = {k: v.clone().requires_grad_() for k, v in args.items()}
     ref = {k: v.double().requires_grad_() for k, v in args.items()}
     with execution_mode("ref"):
-        out = kernels.mamba_chunk_scan_combined(**ours, chunk_size=32, **kwargs)
+        out = mamba2_kernels.mamba_chunk_scan_combined(**ours, chunk_size=32, **kwargs)
         outs = out if isinstance(out, tuple) else (out,)
         grads = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(outs)]
         torch.autograd.backward(outs, grads)
@@ -323,7 +323,7 @@ def test_gradcheck_tiny():
 
     def fn(*tensors):
         kw = {k: v.float() for k, v in zip(names, tensors, strict=True)}
-        out, final = kernels.mamba_chunk_scan_combined(**kw, chunk_size=16, dt_softplus=True,
+        out, final = mamba2_kernels.mamba_chunk_scan_combined(**kw, chunk_size=16, dt_softplus=True,
                                                        return_final_states=True)
         return out.double(), final.double()
 
@@ -333,18 +333,18 @@ def test_gradcheck_tiny():
 
 
 def test_patch_mamba_ssm_swaps_and_restores():
-    from kernels import _mamba_ssm
+    from mamba2_kernels import _mamba_ssm
 
     combined = _mamba_ssm.module("ops.triton.ssd_combined")
     minimal = _mamba_ssm.module("modules.ssd_minimal")
     original = combined.mamba_chunk_scan_combined
     try:
-        patched = kernels.patch_mamba_ssm()
+        patched = mamba2_kernels.patch_mamba_ssm()
         assert "mamba_ssm.ops.triton.ssd_combined" in patched and "mamba_ssm.modules.ssd_minimal" in patched
-        assert combined.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
-        assert minimal.mamba_chunk_scan_combined is kernels.mamba_chunk_scan_combined
+        assert combined.mamba_chunk_scan_combined is mamba2_kernels.mamba_chunk_scan_combined
+        assert minimal.mamba_chunk_scan_combined is mamba2_kernels.mamba_chunk_scan_combined
     finally:
-        kernels.unpatch_mamba_ssm()
+        mamba2_kernels.unpatch_mamba_ssm()
     assert combined.mamba_chunk_scan_combined is original
     assert minimal.mamba_chunk_scan_combined is original
 
@@ -363,7 +363,7 @@ def test_gpu_matches_mamba_ssm(name, shape_name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape_name", suites.load().suites["default"])
 def test_gpu_gradients_match_mamba_ssm(shape_name):
-    from kernels import _mamba_ssm
+    from mamba2_kernels import _mamba_ssm
 
     theirs_fn = _mamba_ssm.resolve(f"{_mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined")
     s = suites.load().shape(shape_name)
@@ -372,7 +372,7 @@ def test_gpu_gradients_match_mamba_ssm(shape_name):
     args = {k: v.cuda() for k, v in args.items()}
     kwargs = {"chunk_size": s.chunk_size, "dt_softplus": True, "return_final_states": True}
     grads = {}
-    for label, fn in (("ours", kernels.mamba_chunk_scan_combined), ("theirs", theirs_fn)):
+    for label, fn in (("ours", mamba2_kernels.mamba_chunk_scan_combined), ("theirs", theirs_fn)):
         leaves = {k: v.clone().requires_grad_() for k, v in args.items()}
         out, final = fn(**leaves, **kwargs)
         gen = torch.Generator(device="cuda").manual_seed(1)
@@ -386,7 +386,7 @@ def test_gpu_gradients_match_mamba_ssm(shape_name):
 
 
 def test_head_splits_stop_at_four_parts_and_default_to_none():
-    from kernels.ssd._keys import heads_per_program
+    from mamba2_kernels.ssd._keys import heads_per_program
 
     assert heads_per_program(8).choices == (8, 4, 2)
     assert heads_per_program(64).choices == (64, 32, 16)

@@ -1,4 +1,4 @@
-"""``kernels.mamba_chunk_scan_combined``: the forward drop-in on CPU (Helion ref mode) against the fp64
+"""``mamba2_kernels.mamba_chunk_scan_combined``: the forward drop-in on CPU (Helion ref mode) against the fp64
 reference, and its argument checks."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels.ssd import naive
-from kernels.testing import execution_mode
+import mamba2_kernels
+from mamba2_kernels.ssd import naive
+from mamba2_kernels.testing import execution_mode
 
 
 def _problem(b=2, L=80, h=4, p=16, g=2, n=16, seed=0, dtype=torch.float32):
@@ -58,7 +58,7 @@ def test_forward_matches_fp64_reference(options, L, g):
     base = _problem(L=L, g=g)
     kwargs = _arguments(base, options)
     with execution_mode("ref"):
-        ours = kernels.mamba_chunk_scan_combined(**base, chunk_size=32, **kwargs)
+        ours = mamba2_kernels.mamba_chunk_scan_combined(**base, chunk_size=32, **kwargs)
     ref = naive.ssd_chunked_ref(**{k: v.double() for k, v in base.items()}, chunk_size=32,
                                 **{k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
     ours, ref = (ours, ref) if isinstance(ours, tuple) else ((ours,), (ref,))
@@ -71,9 +71,9 @@ def test_varlen_arguments_are_checked_by_name():
     """cu_seqlens and return_varlen_states work (tests/ssd/test_varlen.py); here only their errors at batch 2."""
     base = _problem()
     with pytest.raises(ValueError, match="return_varlen_states: cu_seqlens must be provided"):
-        kernels.mamba_chunk_scan_combined(**base, chunk_size=32, return_varlen_states=True)
+        mamba2_kernels.mamba_chunk_scan_combined(**base, chunk_size=32, return_varlen_states=True)
     with pytest.raises(ValueError, match="cu_seqlens: .*batch dimension is 1"):
-        kernels.mamba_chunk_scan_combined(**base, chunk_size=32, cu_seqlens=torch.tensor([0, 80]),
+        mamba2_kernels.mamba_chunk_scan_combined(**base, chunk_size=32, cu_seqlens=torch.tensor([0, 80]),
                                           return_varlen_states=True)
 
 
@@ -81,7 +81,7 @@ def test_backward_runs():
     base = _problem(b=1, L=32)
     base["x"].requires_grad_(True)
     with execution_mode("ref"):
-        out = kernels.mamba_chunk_scan_combined(**base, chunk_size=32)
+        out = mamba2_kernels.mamba_chunk_scan_combined(**base, chunk_size=32)
         out.sum().backward()
     assert base["x"].grad is not None and torch.isfinite(base["x"].grad).all()
 
@@ -100,15 +100,15 @@ def test_backward_runs():
 def test_bad_arguments_are_named(change, message):
     arguments = {**_problem(), "chunk_size": 32, **change}
     with pytest.raises(ValueError, match=message):
-        kernels.mamba_chunk_scan_combined(**arguments)
+        mamba2_kernels.mamba_chunk_scan_combined(**arguments)
 
 
 def test_a_chunk_size_not_a_power_of_two_is_refused_before_any_kernel_runs():
     """mamba-ssm takes any chunk length; ours tiles the chunk, so the call says so up front, not from a kernel
     deep in the forward after others ran."""
-    from kernels._runtime import capture_launches
+    from mamba2_kernels._runtime import capture_launches
 
     with capture_launches() as launches, execution_mode("ref"), pytest.raises(
             NotImplementedError, match="chunk_size: only powers of two are supported, got 48"):
-        kernels.mamba_chunk_scan_combined(**_problem(), chunk_size=48)
+        mamba2_kernels.mamba_chunk_scan_combined(**_problem(), chunk_size=48)
     assert launches == []

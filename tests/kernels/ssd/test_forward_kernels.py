@@ -1,5 +1,5 @@
-"""The Helion SSD forward kernels (kernels/ssd/{chunk_cumsum,bmm_chunk,chunk_scan,chunk_state_passing}.py)
-against the fp64 references of kernels/ssd/naive.py and against mamba-ssm (the parity kernels: parity/).
+"""The Helion SSD forward kernels (mamba2_kernels/ssd/{chunk_cumsum,bmm_chunk,chunk_scan,chunk_state_passing}.py)
+against the fp64 references of mamba2_kernels/ssd/naive.py and against mamba-ssm (the parity kernels: parity/).
 
 CPU: Helion ref mode (the kernel bodies as PyTorch) at the smoke shape and odd shapes, plus seq_idx and
 the optional arguments; Triton's interpreter with a temporary config file whose block sizes are smaller
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import registry, suites
-from kernels._runtime import pinned_config
-from kernels.ssd import _keys, bmm_chunk, chunk_cumsum, chunk_scan, chunk_state_passing, naive
-from kernels.testing import execution_mode
+from mamba2_kernels import registry, suites
+from mamba2_kernels._runtime import pinned_config
+from mamba2_kernels.ssd import _keys, bmm_chunk, chunk_cumsum, chunk_scan, chunk_state_passing, naive
+from mamba2_kernels.testing import execution_mode
 
 from . import checks
 from .checks import (

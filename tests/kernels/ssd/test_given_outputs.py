@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import registry, suites
-from kernels.ssd import bmm_chunk_bwd, chunk_cumsum_bwd, chunk_scan_bwd, chunk_scan_chunk_state_bwd
-from kernels.ssd.combined import ssd_backward
-from kernels.testing import column_slice, execution_mode
+from mamba2_kernels import registry, suites
+from mamba2_kernels.ssd import bmm_chunk_bwd, chunk_cumsum_bwd, chunk_scan_bwd, chunk_scan_chunk_state_bwd
+from mamba2_kernels.ssd.combined import ssd_backward
+from mamba2_kernels.testing import column_slice, execution_mode
 
 SHAPE = suites.load().shape("smoke").replace(seqlen=80, batch=2)  # b2 L80 h4 p16 g2 n16 Q32: ragged last chunk
 b, L, h, p, g, n = SHAPE.batch, SHAPE.seqlen, SHAPE.nheads, SHAPE.headdim, SHAPE.ngroups, SHAPE.dstate

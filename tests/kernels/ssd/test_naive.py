@@ -1,4 +1,4 @@
-"""Tests of the SSD references in kernels/ssd/naive.py.
+"""Tests of the SSD references in mamba2_kernels/ssd/naive.py.
 
 1. Each stage reference against the mamba-ssm wrapper it mirrors, run by Triton's CPU interpreter (fp32).
 2. fp64: the chunked reference against the per-step recurrence and mamba-ssm's ``ssd_minimal_discrete``.
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.ssd import naive as N
+from mamba2_kernels.ssd import naive as N
 
 H, P, N_STATE, Q = 4, 16, 16, 32
 INF_LIMIT = (0.0, float("inf"))
@@ -99,8 +99,8 @@ STAGES = [
 @pytest.fixture(scope="module")
 def mamba():
     """mamba-ssm's SSD wrappers under Triton's CPU interpreter (deterministic: one config per kernel)."""
-    from kernels import _mamba_ssm as ms
-    from kernels import testing
+    from mamba2_kernels import _mamba_ssm as ms
+    from mamba2_kernels import testing
 
     testing.enable_cpu_interpret()
     mods = SimpleNamespace(
@@ -278,8 +278,8 @@ FWD_CASES = {
 
 
 def _ssd_minimal():
-    from kernels import _mamba_ssm as ms
-    from kernels import testing
+    from mamba2_kernels import _mamba_ssm as ms
+    from mamba2_kernels import testing
 
     testing.enable_cpu_interpret()  # ssd_minimal imports mamba-ssm's Triton modules
     return ms.module(ms.SSD_MINIMAL).ssd_minimal_discrete

@@ -1,4 +1,4 @@
-"""The state passes by path (``kernels.ssd.state_paths``): the GPU's chain rule decides which kernels a call
+"""The state passes by path (``mamba2_kernels.ssd.state_paths``): the GPU's chain rule decides which kernels a call
 launches, and the chain gives the fused kernels' results, forward and backward, in Helion's ref mode."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import config_store
-from kernels._runtime import capture_launches
-from kernels.ssd import state_paths
-from kernels.testing import execution_mode
+import mamba2_kernels
+from mamba2_kernels import config_store
+from mamba2_kernels._runtime import capture_launches
+from mamba2_kernels.ssd import state_paths
+from mamba2_kernels.testing import execution_mode
 from tests.kernels.ssd.checks import seq_idx_rows
 
 CHAINS = {"chunk_state_passing": {"chunk_state", "state_passing"},
@@ -31,7 +31,7 @@ def _call(b=2, L=80, h=4, p=16, g=2, n=16, chunk_size=32, seed=0):
 def _launched_kernels(tensors, options) -> set[str]:
     leaves = {name: t.clone().requires_grad_(True) for name, t in tensors.items()}
     with execution_mode("ref"), capture_launches() as launches:
-        out, final = kernels.mamba_chunk_scan_combined(**leaves, **options)
+        out, final = mamba2_kernels.mamba_chunk_scan_combined(**leaves, **options)
         (out.sum() + final.sum()).backward()
     return {kernel.name for kernel, _ in launches}
 
@@ -39,7 +39,7 @@ def _launched_kernels(tensors, options) -> set[str]:
 def _results(tensors, options):
     leaves = {name: t.clone().requires_grad_(True) for name, t in tensors.items()}
     with execution_mode("ref"):
-        out, final = kernels.mamba_chunk_scan_combined(**leaves, **options)
+        out, final = mamba2_kernels.mamba_chunk_scan_combined(**leaves, **options)
         gen = torch.Generator().manual_seed(7)
         (out * torch.randn(out.shape, generator=gen)).sum().backward(inputs=list(leaves.values()), retain_graph=True)
         (final * torch.randn(final.shape, generator=gen)).sum().backward(inputs=list(leaves.values()))

@@ -1,10 +1,10 @@
 """Variable-length states: ``mamba_chunk_scan_combined(..., cu_seqlens=..., return_varlen_states=True)`` and its
-kernel ``kernels.ssd.chunk_state_varlen``, on CPU.
+kernel ``mamba2_kernels.ssd.chunk_state_varlen``, on CPU.
 
 (a) the whole call against mamba-ssm's own varlen path (its Triton kernels in the interpreter): out, final_states
     and varlen_states; (b) against a sequential fp64 recurrence run on each sequence alone; (c) the Helion kernel
     in ref mode and in Triton's interpreter (blocks below every dimension) against the fp64 reference of
-    ``kernels.ssd.naive``; (d) the argument errors; and the gradients: out's are those of a call without
+    ``mamba2_kernels.ssd.naive``; (d) the argument errors; and the gradients: out's are those of a call without
     return_varlen_states, and a gradient reaching varlen_states is refused.
 Sequences are 1, 2 and 4 per call, with boundaries inside chunks and on chunk edges (chunk 32), seq_idx derived
 from cu_seqlens as Mamba2's callers do.
@@ -15,11 +15,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import _mamba_ssm, registry
-from kernels._runtime import pinned_config
-from kernels.ssd import chunk_state_varlen, naive
-from kernels.testing import execution_mode
+import mamba2_kernels
+from mamba2_kernels import _mamba_ssm, registry
+from mamba2_kernels._runtime import pinned_config
+from mamba2_kernels.ssd import chunk_state_varlen, naive
+from mamba2_kernels.testing import execution_mode
 
 Q = 32
 # (cu_seqlens, ngroups, initial_states)
@@ -51,7 +51,7 @@ def _problem(cu, g, init, h=4, p=16, n=16, seed=0):
 
 def _ours(args, options, **flags):
     with execution_mode("ref"):
-        return kernels.mamba_chunk_scan_combined(**args, **options, **flags)
+        return mamba2_kernels.mamba_chunk_scan_combined(**args, **options, **flags)
 
 
 def _close(got, expected, atol=1e-4, rtol=1e-4):
@@ -173,7 +173,7 @@ def test_kernel_fp16_in_interpreter_matches_mamba_ssm():
 
 
 def _call(args, options, **changes):
-    return kernels.mamba_chunk_scan_combined(**args, **{**options, "return_varlen_states": True, **changes})
+    return mamba2_kernels.mamba_chunk_scan_combined(**args, **{**options, "return_varlen_states": True, **changes})
 
 
 @pytest.mark.parametrize(("cu_seqlens", "message"), [

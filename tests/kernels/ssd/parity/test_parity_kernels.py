@@ -1,5 +1,5 @@
-"""The parity kernels (kernels/ssd/parity/: mamba-ssm's unfused kernels, four of them the state passes' chains)
-against the fp64 references of kernels/ssd/naive.py and against mamba-ssm.
+"""The parity kernels (mamba2_kernels/ssd/parity/: mamba-ssm's unfused kernels, four of them the state passes' chains)
+against the fp64 references of mamba2_kernels/ssd/naive.py and against mamba-ssm.
 
 CPU: Helion ref mode at the smoke shape and odd shapes, plus seq_idx, initial and final states and both
 forms (loop, associative scan) of the state passing kernels; Triton's interpreter with a temporary config
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import registry, suites
-from kernels._runtime import pinned_config
-from kernels.ssd import naive
-from kernels.ssd.parity import chunk_scan_bwd_dstates, chunk_state, state_passing, state_passing_bwd
-from kernels.testing import execution_mode
+import mamba2_kernels
+from mamba2_kernels import registry, suites
+from mamba2_kernels._runtime import pinned_config
+from mamba2_kernels.ssd import naive
+from mamba2_kernels.ssd.parity import chunk_scan_bwd_dstates, chunk_state, state_passing, state_passing_bwd
+from mamba2_kernels.testing import execution_mode
 
 from ..checks import (
     ODD,
@@ -39,7 +39,7 @@ from ..checks import (
 )
 
 MODULES = tuple(importlib.import_module(entry.helion.split(":")[0]) for entry in registry.ENTRIES
-                if entry.helion and entry.helion.startswith("kernels.ssd.parity."))
+                if entry.helion and entry.helion.startswith("mamba2_kernels.ssd.parity."))
 KERNELS = entries_of(MODULES)
 # Block sizes (in register_block_size order) below every dimension they tile at TILED.
 SMALL = {
@@ -55,13 +55,13 @@ SCAN = {"state_passing_scan": state_passing.state_passing_kernel,
 
 
 def test_every_parity_kernel_has_its_own_module_and_only_the_state_pass_chains_import_them():
-    """The registry names them (by "module:function" strings); beyond it, only ``kernels.ssd.state_paths``
+    """The registry names them (by "module:function" strings); beyond it, only ``mamba2_kernels.ssd.state_paths``
     imports the four kernels of the state passes' chains, so no user call reaches the others."""
     assert set(KERNELS) == set(SMALL) and len(MODULES) == len(KERNELS)
     parity = Path(MODULES[0].__file__).parent
-    chains = {f"kernels.ssd.parity.{name}" for name in
+    chains = {f"mamba2_kernels.ssd.parity.{name}" for name in
               ("chunk_state", "state_passing", "chunk_scan_bwd_dstates", "state_passing_bwd")}
-    for source in Path(kernels.__file__).parent.rglob("*.py"):
+    for source in Path(mamba2_kernels.__file__).parent.rglob("*.py"):
         if parity not in source.parents:
             allowed = chains if source.name == "state_paths.py" else set()
             for node in ast.walk(ast.parse(source.read_text())):

@@ -1,3 +1,0 @@
-from guard.cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,3 @@
+from mamba2_guard.cli import main
+
+raise SystemExit(main())

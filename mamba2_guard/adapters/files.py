@@ -1,0 +1,51 @@
+"""Files: the stale temp files of atomic writes, a writability check, and the tail of a log.
+
+The one atomic write is ``mamba2_kernels.config_store.atomic_write`` (kernels never import mamba2_guard, so it lives
+there); everything writes through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+
+STALE_TEMP_S = 600.0  # a temp file of an atomic write this old belongs to a writer that was killed
+
+
+def clean_stale_temp_files(folder: Path, *, recursive: bool = True, older_than_s: float = STALE_TEMP_S) -> list[Path]:
+    """Remove the temp files (``.<name>.<random>.tmp``) that killed atomic writes left in ``folder``.
+
+    Only those older than ``older_than_s``: a younger one may be a live writer's (the daemon's state file
+    while a CLI cycle starts). Returns what was removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    now = time.time()
+    removed = []
+    for path in (folder.rglob if recursive else folder.glob)(".*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_file() and now - path.stat().st_mtime > older_than_s:
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
+def check_writable(folder: Path) -> Path:
+    """Create ``folder`` and prove that a file can be written in it; an OSError naming the path if not."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+    return folder
+
+
+def tail(path: Path, lines: int = 1) -> str:
+    """The last ``lines`` lines of a log, joined with `` | `` and cut to 300 characters ("" if unreadable)."""
+    try:
+        text = Path(path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])[-300:]

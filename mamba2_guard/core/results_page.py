@@ -1,0 +1,268 @@
+"""The results page of one GPU model: ``docs/results/<slug>.md`` from ``baselines/<slug>.yaml``.
+
+Pure: the baseline document as plain data (what ``yaml.safe_load`` gives) in, Markdown text out; no file,
+GPU or clock access. ``docs/results/build.py`` reads the files and writes (or ``--check``s) the pages.
+
+Rows are grouped by suite when the baseline's cases say which suite they belong to (a ``suite`` field),
+otherwise by shape. A case is held out when its ``heldout`` field is true or its suite's name says so
+(``heldout``, ``held-out``, ``zoo``); held-out groups come first, as they are the claim: the configs were
+not tuned on them. Within a group, whole calls and the layer (phases ``call_*`` and ``layer_*``) come
+first, then the kernels by name. Each row names its run: the file under ``baselines/runs/`` when the
+caller maps the case's ``recorded_at`` to one, else the ``recorded_at`` itself.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+HELDOUT_SUITE_WORDS = ("heldout", "held-out", "held_out", "zoo")
+COMPOSITE_PREFIXES = ("call_", "layer_")
+FINGERPRINT_FIELDS = (("gpu_name", "GPU"), ("compute_capability", "compute capability"), ("sm_count", "SMs"),
+                      ("driver_version", "driver"), ("cuda_runtime", "CUDA"), ("torch", "torch"),
+                      ("triton", "triton"), ("helion", "helion"), ("mamba_ssm", "mamba-ssm"),
+                      ("python", "python"), ("kernels_source_hash", "kernel source hash"))
+HEADER = ("| kernel | phase | ours ms | mamba-ssm ms | speedup | roofline | precision | "
+          "max rel err vs fp64 (ours / mamba-ssm) | timing | run |")
+RULE = "|---|---|--:|--:|--:|--:|---|---|---|---|"
+
+
+def is_composite(phase: str | None) -> bool:
+    return bool(phase) and str(phase).startswith(COMPOSITE_PREFIXES)
+
+
+def is_heldout(case: Mapping[str, Any], shape: str = "", heldout_shapes: Iterable[str] = ()) -> bool:
+    if case.get("heldout") is True or shape in heldout_shapes:
+        return True
+    suite = str(case.get("suite") or "").lower()
+    return any(word in suite for word in HELDOUT_SUITE_WORDS)
+
+
+def _median(side: Any) -> float | None:
+    if isinstance(side, Mapping):
+        value = side.get("median_ms")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if value >= 0.1 else f"{value:.4f}"
+
+
+def _speedup(case: Mapping[str, Any]) -> float | None:
+    value = case.get("speedup_vs_mamba_ssm")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    ours, theirs = _median(case.get("helion")), _median(case.get("mamba_ssm"))
+    if ours and theirs:
+        return theirs / ours
+    return None
+
+
+def _precision(case: Mapping[str, Any]) -> tuple[str, str]:
+    precision = case.get("precision")
+    if not isinstance(precision, Mapping):
+        return "n/a", "n/a"
+    passed = precision.get("allclose") is True and precision.get("finite") is not False
+    verdict = "pass" if passed else "FAIL"
+
+    def err(key: str) -> str:
+        value = precision.get(key)
+        return f"{value:.1e}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
+
+    return verdict, f"{err('max_rel_err_vs_fp64')} / {err('mamba_ssm_max_rel_err_vs_fp64')}"
+
+
+def _run(case: Mapping[str, Any], runs: Mapping[str, str]) -> str:
+    recorded = str(case.get("recorded_at") or "")
+    name = runs.get(recorded)
+    if name:
+        return f"[`{name}`](../../baselines/runs/{name})"
+    return f"recorded {recorded}" if recorded else "n/a"
+
+
+def _order(item: tuple[str, Mapping[str, Any]]) -> tuple[int, str, str]:
+    kernel, case = item
+    phase = str(case.get("phase") or "")
+    return (0 if is_composite(phase) else 1, phase if is_composite(phase) else "", kernel)
+
+
+def row(kernel: str, case: Mapping[str, Any], runs: Mapping[str, str]) -> str:
+    speedup = _speedup(case)
+    roofline = case.get("roofline_fraction")
+    verdict, errs = _precision(case)
+    cells = [
+        f"`{kernel}`",
+        str(case.get("phase") or "n/a"),
+        _ms(_median(case.get("helion"))),
+        _ms(_median(case.get("mamba_ssm"))),
+        f"{speedup:.2f}x" if speedup is not None else "n/a",
+        f"{100 * roofline:.0f} %" if isinstance(roofline, (int, float)) and not isinstance(roofline, bool) else "n/a",
+        verdict,
+        errs,
+        str(case.get("timing_method") or "n/a"),
+        _run(case, runs),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _rank(order: list[str]):
+    return lambda name: (order.index(name) if name in order else len(order), name)
+
+
+def groups(results: Mapping[str, Mapping[str, Mapping[str, Any]]],
+           order: Iterable[str] = (), heldout_shapes: Iterable[str] = ()) -> list[tuple[str, str, bool, list]]:
+    """[(kind, name, heldout, [(kernel, shape, case)])]: by suite when every case names one, else by shape;
+    held-out groups (``heldout_shapes`` among them) first, then in ``order`` (others after, by name)."""
+    heldout_shapes = set(heldout_shapes)
+    rank = _rank(list(order))
+    cases = [(kernel, shape, case) for kernel, by_shape in results.items() for shape, case in by_shape.items()]
+    by_suite = bool(cases) and all(case.get("suite") for _, _, case in cases)
+    found: dict[tuple[str, bool], list] = {}
+    for kernel, shape, case in cases:
+        name = str(case["suite"]) if by_suite else shape
+        found.setdefault((name, is_heldout(case, shape, heldout_shapes)), []).append((kernel, shape, case))
+    kind = "suite" if by_suite else "shape"
+    return [(kind, name, heldout, found[(name, heldout)])
+            for name, heldout in sorted(found, key=lambda k: (not k[1], rank(k[0])))]
+
+
+def _table(items: Iterable[tuple[str, Mapping[str, Any]]], runs: Mapping[str, str]) -> list[str]:
+    return [HEADER, RULE, *(row(kernel, case, runs) for kernel, case in sorted(items, key=_order))]
+
+
+def _composite_kernels(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """The whole calls and the layer among the baseline's kernels, by phase."""
+    composite = {k for k, by_shape in results.items() if any(is_composite(c.get("phase")) for c in by_shape.values())}
+    return sorted(composite, key=lambda k: (str(next(iter(results[k].values())).get("phase")), k))
+
+
+def _headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], order: list[str]) -> list[str]:
+    composite = _composite_kernels(results)
+    shapes = sorted({shape for by_shape in results.values() for shape in by_shape}, key=_rank(order))
+    if not composite or not shapes:
+        return []
+    lines = ["| speedup vs mamba-ssm | " + " | ".join(shapes) + " |", "|---|" + "--:|" * len(shapes)]
+    for kernel in composite:
+        cells = []
+        for shape in shapes:
+            case = results[kernel].get(shape)
+            speedup = _speedup(case) if case is not None else None
+            cells.append(f"{speedup:.2f}x" if speedup is not None else "n/a")
+        lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _group_means(results: Mapping[str, Mapping[str, Mapping[str, Any]]], tuned: list[str],
+                 heldout_shapes: Iterable[str]) -> list[str]:
+    """Per whole call and layer, the geometric mean of the speedups over the held-out shapes and over the
+    tuned ones, each with its range and the number of shapes with a row: the claim and what tuning reaches."""
+    heldout = set(heldout_shapes)
+    columns = [("held out", lambda shape: shape in heldout), ("tuned", lambda shape: shape in tuned)]
+    lines = []
+    for kernel in _composite_kernels(results):
+        cells = []
+        for _, member in columns:
+            speedups = [x for shape, c in results[kernel].items() if member(shape) and (x := _speedup(c)) is not None]
+            cells.append(f"{statistics.geometric_mean(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}x; "
+                         f"{len(speedups)})" if speedups else "n/a")
+        lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
+    if not lines or not heldout:
+        return []
+    return ["| geometric mean of the speedups (range; shapes) | " + " | ".join(name for name, _ in columns) + " |",
+            "|---|" + "--:|" * len(columns), *lines]
+
+
+def _first_call_table(first_calls: Mapping[str, Mapping[str, Any]], tuned: list[str],
+                      heldout_shapes: Iterable[str]) -> list[str]:
+    """The first calls (``mamba2_guard.core.first_calls``), held-out shapes first."""
+    heldout = list(heldout_shapes)
+    rank = _rank(heldout + tuned)
+    lines = ["| shape | entries | ours s | mamba-ssm s | ours / mamba-ssm | compile caches | measured | run |",
+             "|---|---|--:|--:|--:|---|---|---|"]
+    for shape in sorted(first_calls, key=lambda name: (name not in heldout, rank(name))):
+        rec = first_calls[shape]
+        label = f"`{shape}`" + (" (held out)" if shape in heldout else " (tuned)" if shape in tuned else "")
+        log = rec.get("log")
+        lines.append(f"| {label} | {', '.join(rec['entries'])} | {rec['helion_s']:.1f} | {rec['mamba_ssm_s']:.1f} | "
+                     f"{rec['helion_s'] / rec['mamba_ssm_s']:.2f} | {rec['caches']} | {str(rec['measured_at'])[:10]} | "
+                     + (f"[`{log}`](../../baselines/runs/{log})" if log else "n/a") + " |")
+    return lines
+
+
+def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | None = None,
+           tuned_shapes: Iterable[str] = (), heldout_shapes: Iterable[str] = (), source: str | None = None,
+           first_calls: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """The page. ``runs`` maps a case's ``recorded_at`` to the run file it came from; ``tuned_shapes`` are
+    the shapes the stored configs may have been tuned at, ``heldout_shapes`` those never tuned or fitted on (the
+    claim); ``source`` is the baseline's path as the page cites it; ``first_calls`` the GPU's first-call records
+    (``mamba2_guard.core.first_calls``), if any."""
+    runs = dict(runs or {})
+    tuned = list(dict.fromkeys(tuned_shapes))
+    source = source or f"baselines/{slug}.yaml"
+    results = baseline.get("results") or {}
+    fingerprint = baseline.get("fingerprint") or {}
+    title = fingerprint.get("gpu_name") or slug
+    out = [f"# Results: {title}", "",
+           f"Generated by `python docs/results/build.py` from `{source}`; do not edit by hand (CI runs "
+           "`python docs/results/build.py --check`).", ""]
+    env = [f"{label} {fingerprint[key]}" for key, label in FINGERPRINT_FIELDS if fingerprint.get(key) is not None]
+    if env:
+        out += ["Environment: " + ", ".join(env) + ".", ""]
+    peaks = baseline.get("device_peaks") or {}
+    copy_bw, flops = peaks.get("copy_bytes_per_s"), peaks.get("bf16_matmul_flops_per_s")
+    if isinstance(copy_bw, (int, float)) and isinstance(flops, (int, float)):
+        out += [f"Measured peaks (the roofline's denominators): copy {copy_bw / 1e12:.2f} TB/s, bf16 matmul "
+                f"{flops / 1e12:.0f} TFLOP/s" + (f" ({peaks['method']})" if peaks.get("method") else "") + ".", ""]
+    out += ["Columns: medians of the interleaved, L2-flushed timing rounds (device time) of ours (Helion) and "
+            "mamba-ssm in one process; speedup = mamba-ssm / ours; roofline = the fraction of the device's "
+            "measured peak the case reaches (bytes or FLOPs, whichever bounds it); precision = allclose "
+            "against mamba-ssm and fp64 and finite; timing = `eager` (CUDA events around each call) or "
+            "`cuda-graph` (graph replays); run = the raw bench result the row was taken from.", ""]
+    all_groups = groups(results, tuned, heldout_shapes)
+    heldout = [g for g in all_groups if g[2]]
+    out += ["## Which shapes are the claim", ""]
+    if tuned:
+        out += ["The stored configs (`mamba2_kernels/configs/" + slug + ".yaml`) were tuned at shapes among "
+                + ", ".join(f"`{s}`" for s in tuned) + "."]
+    if heldout:
+        out += ["Held-out groups (" + ", ".join(f"`{g[1]}`" for g in heldout) + ") were not tuned on: they are "
+                "the claim, and come first. The tuned shapes show what tuning reaches."]
+    else:
+        out += ["This baseline has no held-out shapes yet: every row below is at a shape the configs were tuned "
+                "at, so it shows what tuning reaches there, not what a new shape gets."]
+    out += [""]
+    headline = _headline(results, tuned)
+    if headline:
+        out += ["## Whole calls and the layer", "", *headline, ""]
+        means = _group_means(results, tuned, heldout_shapes)
+        if means:
+            out += [*means, ""]
+    if first_calls:
+        out += ["## First call at a shape", "",
+                "The seconds of a training job's first call of the entries, each side in a fresh process, ours "
+                "compiling the configs it selects and mamba-ssm's autotuning (`mamba2-guard dev first-call "
+                f"--record`, kept in `baselines/first-call/{slug}.yaml`); `empty` compile caches are a machine that "
+                "never ran the shape.", "", *_first_call_table(first_calls, tuned, heldout_shapes), ""]
+    for kind, name, is_held, items in all_groups:
+        label = f"{kind} `{name}`" + (" (held out)" if is_held else (" (tuned)" if name in tuned else ""))
+        out += [f"## {label[0].upper()}{label[1:]}", ""]
+        if kind == "suite":
+            for shape in sorted({shape for _, shape, _ in items}, key=_rank(tuned)):
+                out += [f"### Shape `{shape}`", "",
+                        *_table([(k, c) for k, s, c in items if s == shape], runs), ""]
+        else:
+            out += [*_table([(k, c) for k, _, c in items], runs), ""]
+    cited = sorted({str(c["recorded_at"]) for by_shape in results.values() for c in by_shape.values()
+                    if c.get("recorded_at")})
+    if cited:
+        out += ["## Runs", "", "| recorded at | raw result |", "|---|---|"]
+        out += [f"| {t} | " + (f"`baselines/runs/{runs[t]}`" if t in runs else "not kept in baselines/runs/")
+                + " |" for t in cited]
+        out += [""]
+    return "\n".join(out)

@@ -1,0 +1,430 @@
+"""The autotune run as data: the job list, its sharding over workers, resume from the journal, the
+keep-or-reject decision for a winner, and the deterministic merge of results into the configs.
+
+Pure: names, plain dicts and sample lists in, plain values out. No GPU, process, file or clock; the I/O
+lives in ``mamba2_guard.flows.autotune`` (orchestrator) and ``mamba2_guard.flows.autotune_worker`` (one job
+in a child process).
+
+Vocabulary
+----------
+*job*      one registry kernel x one suite shape (``<kernel>@<shape>``), run in one child process. Inside,
+           the public function is run once while its Helion launches are recorded; every distinct
+           (Helion kernel, shape key) among them is one *launch* to tune.
+*winner*   the autotuner's best config for one launch.
+*incumbent* what the run-time lookup would use for that launch before this run: the committed config
+           (``committed``: exact key, or ``nearest`` key) when the installed helion accepts it, else
+           Helion's default config (``default``).
+*journal*  one JSON line per finished job attempt (``journal.jsonl`` in the run directory): the
+           source of truth for resume and for the config file, which is rebuilt from it after every job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mamba2_guard.core import stats
+
+OK = "ok"
+FAILED = "failed"
+STATUSES = (OK, FAILED)
+COMMITTED, NEAREST, DEFAULT = "committed", "nearest", "default"
+INCUMBENTS = (COMMITTED, NEAREST, DEFAULT)
+
+
+# ----------------------------------------------------------------------------------------------
+# Jobs and sharding
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int  # position in the plan: the order of merging, whatever order jobs finish in
+    kernel: str  # registry entry name
+    shape: str  # suite shape name
+
+    @property
+    def id(self) -> str:
+        return f"{self.kernel}@{self.shape}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "kernel": self.kernel, "shape": self.shape, "id": self.id}
+
+
+def plan_jobs(kernels: Sequence[str], shapes: Sequence[str]) -> list[Job]:
+    """Shape-major (as ``bench``), each in the given order; duplicates dropped, first kept."""
+    kernels = list(dict.fromkeys(kernels))
+    shapes = list(dict.fromkeys(shapes))
+    return [Job(i, k, s) for i, (s, k) in enumerate((s, k) for s in shapes for k in kernels)]
+
+
+def assign(jobs: Sequence[Job], workers: int, cost: Mapping[str, float] | None = None) -> list[list[Job]]:
+    """Jobs to workers, each worker's list in plan order. Without ``cost``: static round-robin by plan
+    index, job i to worker ``i % workers``, so neighbours in the plan (the same shape) spread over the GPUs.
+
+    With ``cost`` (seconds per job id, from an earlier run): longest first. Jobs in decreasing cost (plan
+    index breaks ties) each go to the worker with the least cost so far (the lower index breaks ties); a job
+    without a known cost counts as the median known one. Round-robin gave one of two H200s both whole-call
+    cases of a bench (161 s against 93 s). Either way deterministic: no dependence on this run's timing."""
+    if workers < 1:
+        raise ValueError(f"workers: expected >= 1, got {workers}")
+    ordered = sorted(jobs, key=lambda j: j.index)
+    shards: list[list[Job]] = [[] for _ in range(workers)]
+    known = sorted(float(cost[j.id]) for j in ordered if cost and j.id in cost)
+    if not known:
+        for job in ordered:
+            shards[job.index % workers].append(job)
+        return shards
+    typical = known[len(known) // 2]
+    weight = {j.id: float(cost[j.id]) if j.id in cost else typical for j in ordered}
+    loads = [0.0] * workers
+    for job in sorted(ordered, key=lambda j: (-weight[j.id], j.index)):
+        target = min(range(workers), key=lambda w: (loads[w], w))
+        shards[target].append(job)
+        loads[target] += weight[job.id]
+    return [sorted(shard, key=lambda j: j.index) for shard in shards]
+
+
+def run_id(plan: Mapping[str, Any]) -> str:
+    """A short stable id of what a run is (jobs, effort, seed, environment digest, target): a rerun with
+    the same plan resumes the same journal; any change starts a new one."""
+    return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------------------------
+# Journal and resume
+
+
+def parse_journal(text: str) -> list[dict[str, Any]]:
+    """Entries of a journal; a torn last line (a kill during the append) and blank lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("job"), str) and entry.get("status") in STATUSES:
+            out.append(entry)
+    return out
+
+
+def latest_by_job(entries: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """The last attempt of each job; an ``ok`` attempt is never replaced by a later failed one."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for entry in entries:
+        previous = out.get(entry["job"])
+        if previous is not None and previous.get("status") == OK and entry.get("status") != OK:
+            continue
+        out[entry["job"]] = entry
+    return out
+
+
+def launches_by_job(entries: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Each job's launch records from all its attempts, the latest attempt's first. The worker saves each
+    launch as it finishes, so an attempt that was killed or crashed keeps the launches it finished; its
+    retry skips them (``tuned_launches``) and tunes only the rest."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in reversed(list(entries)):
+        out.setdefault(entry["job"], []).extend(entry.get("launches") or ())
+    return out
+
+
+def attempts(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry["job"]] = counts.get(entry["job"], 0) + 1
+    return counts
+
+
+def pending(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]], max_attempts: int = 2) -> list[Job]:
+    """Jobs still to run: those without an ``ok`` attempt and with fewer than ``max_attempts`` failed
+    ones. A finished job is never redone; a failed one is retried (at once, ``retry_now``, and by later
+    runs) until the limit."""
+    done = latest_by_job(entries)
+    tries = attempts(entries)
+    out = []
+    for job in jobs:
+        last = done.get(job.id)
+        if last is not None and last.get("status") == OK:
+            continue
+        if tries.get(job.id, 0) >= max_attempts:
+            continue
+        out.append(job)
+    return out
+
+
+def isolate_candidates(job_id: str, entries: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether ``job_id``'s next attempt benchmarks Helion's candidates in Helion's own subprocess: after
+    an attempt that crashed or hung. In the job's child a candidate that faults the GPU (an illegal
+    address: chunk_scan at long-context on the H200) ends the search, and the same seed would meet it
+    again; isolated, the search outlives it at the cost of the subprocess's start (15 s on the H200)."""
+    return any(entry["job"] == job_id and entry.get("status") == FAILED and entry.get("reason") in {"crash", "timeout"}
+               for entry in entries)
+
+
+def retry_now(job_id: str, entries: Sequence[Mapping[str, Any]], max_attempts: int = 2) -> bool:
+    """Whether the worker reruns ``job_id`` at once: its last attempt failed (crashed or hung) and it has
+    attempts left. The rerun is isolated (``isolate_candidates``), so a faulting candidate no longer ends
+    the search; waiting for the next run would leave the job, and the config file's stamp, for another
+    night."""
+    mine = [e for e in entries if e.get("job") == job_id]
+    return bool(mine) and mine[-1].get("status") == FAILED and len(mine) < max_attempts
+
+
+def job_seconds(journals: Iterable[Iterable[Mapping[str, Any]]]) -> dict[str, float]:
+    """Seconds per job id of the finished attempts in ``journals`` (oldest first: a later run's time
+    replaces an earlier one's), the costs ``assign`` splits a new run by."""
+    out: dict[str, float] = {}
+    for entries in journals:
+        for entry in entries:
+            seconds = entry.get("seconds")
+            if entry.get("status") == OK and isinstance(seconds, int | float) and seconds > 0:
+                out[str(entry["job"])] = float(seconds)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# A job's launches: which to search first, and for how long
+
+
+def search_order(device_ms: Sequence[float]) -> list[int]:
+    """The indices of a job's launches, the one with the most device time per call first (ties, and
+    launches whose time is unknown (NaN), in launch order, the unknown last). A whole call's costly
+    kernels (the backward's dx and dCB) come late in launch order: searched in that order, a job cut at its
+    timeout lost exactly them, and a budget split evenly gave a kernel of 1 % of the call as long a search
+    as one of 20 %."""
+    known = [i for i, ms in enumerate(device_ms) if not math.isnan(ms)]
+    unknown = [i for i, ms in enumerate(device_ms) if math.isnan(ms)]
+    return sorted(known, key=lambda i: -device_ms[i]) + unknown  # sorted() is stable: ties keep launch order
+
+
+def launch_budget(seconds_left: float, device_ms: Sequence[float], floor: int = 10) -> int:
+    """Seconds of search for the first of the launches still to search (``device_ms``, their device times per
+    call, in search order), out of ``seconds_left``: its share of their time, at least ``floor`` (a shorter
+    search compiles next to nothing). Without the times (any NaN or none above 0) an even split."""
+    times = [float(ms) for ms in device_ms]
+    if not times:
+        raise ValueError("launch_budget: expected the device times of at least one launch")
+    total = sum(times)
+    known = total > 0 and not any(math.isnan(ms) or ms < 0 for ms in times)
+    share = times[0] / total if known else 1.0 / len(times)
+    return max(floor, int(max(seconds_left, 0.0) * share))
+
+
+def innermost_first(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``config`` with each tiled loop launching its last-declared dimension fastest, or None where it
+    already does or has no loop of two or more dimensions. Our kernels declare a grid outermost first
+    ([batch, chunk, head or group, row block, column block]): the blocks of one chunk load the same states
+    and inputs, and launched next to each other they find them in L2. Helion's default order launches the
+    first dimension fastest, and its search changes the order only by random mutation, so it seldom tries
+    this one. It is not faster everywhere (docs/kernels.md, "Launch order"): one more seed, for the search
+    to measure."""
+    orders = [list(order) for order in config.get("loop_orders") or []]
+    flipped = [sorted(order, reverse=True) for order in orders]
+    if flipped == orders or not any(len(order) > 1 for order in orders):
+        return None
+    return {**config, "loop_orders": flipped}
+
+
+# ----------------------------------------------------------------------------------------------
+# Keep or reject one winner
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """When a winner replaces the incumbent.
+
+    * ``margin = 0.02``: against a committed config the winner must be at least 2 % faster by the
+      median of interleaved samples; below that, churn in the config files is not worth a PR (and
+      autotuner winners within 2 % are often the same config measured twice).
+    * ``alpha = 0.01``: and the speed-up must be significant (two-sided Mann-Whitney on the paired
+      interleaved samples, as the nightly's verdicts) with the whole one-sided ``confidence`` bound of
+      the shift on the faster side: a noisy "win" is rejected, so a slower config is never shipped.
+    * ``min_samples = 10``: fewer samples cannot reach such a p; the winner is then rejected.
+    * against Helion's default config (no valid committed config) the winner only has to be no slower
+      (median not above the default's): the run-time would otherwise use that default.
+    """
+
+    margin: float = 0.02
+    alpha: float = 0.01
+    confidence: float = 0.95
+    min_samples: int = 10
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.margin < 1):
+            raise ValueError(f"autotune.margin: expected 0 <= margin < 1, got {self.margin!r}")
+        if not (0 < self.alpha < 1):
+            raise ValueError(f"autotune.alpha: expected 0 < alpha < 1, got {self.alpha!r}")
+        if not (0.5 <= self.confidence < 1):
+            raise ValueError(f"autotune.confidence: expected 0.5 <= confidence < 1, got {self.confidence!r}")
+        if self.min_samples < 2:
+            raise ValueError(f"autotune.min_samples: expected >= 2, got {self.min_samples!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"margin": self.margin, "alpha": self.alpha, "confidence": self.confidence,
+                "min_samples": self.min_samples}
+
+
+@dataclass(frozen=True)
+class Decision:
+    keep: bool
+    reason: str
+    effect: float | None = None  # median(candidate) / median(incumbent) - 1; negative = faster
+    p_value: float | None = None
+    upper: float | None = None  # upper confidence bound of that relative shift
+    # The winner lost to Helion's default config, measured: the default is stored as the tuned config, so
+    # the choice is on record (and stays if a later helion changes its default) and lookups stop falling back.
+    store_default: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"keep": self.keep, "reason": self.reason, "effect": _finite(self.effect),
+                "p_value": _finite(self.p_value), "upper": _finite(self.upper), "store_default": self.store_default}
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
+
+
+def decide(launch: Mapping[str, Any], criteria: Criteria = Criteria()) -> Decision:
+    """Keep the launch's winner or keep the incumbent. ``launch`` is what the worker reports:
+    ``config`` (the winner or None), ``error``, ``incumbent`` (kind), ``incumbent_config``,
+    ``precision`` ({ok, detail}) of the public function run with the winner, ``incumbent_precision``
+    (the same with the incumbent; absent for Helion's default) and ``samples_ms``
+    {incumbent: [...], candidate: [...]} measured interleaved."""
+    if launch.get("error"):
+        return Decision(False, f"tuning failed: {launch['error']}")
+    config = launch.get("config")
+    if not isinstance(config, Mapping) or not config:
+        return Decision(False, "no winner")
+    incumbent = launch.get("incumbent") or DEFAULT
+    if incumbent not in INCUMBENTS:
+        return Decision(False, f"unknown incumbent kind {incumbent!r}")
+    if incumbent == COMMITTED and dict(config) == dict(launch.get("incumbent_config") or {}):
+        return Decision(False, "the winner is the committed config")
+    precision = launch.get("precision") or {}
+    if precision.get("ok") is not True:
+        why = precision.get("detail") or "not checked"
+        return Decision(False, f"precision: {why}")
+    samples = launch.get("samples_ms") or {}
+    c = stats.compare(samples.get("incumbent"), samples.get("candidate"), min_samples=criteria.min_samples,
+                      confidence=criteria.confidence)
+    base = {"effect": c.effect, "p_value": c.p_value, "upper": c.upper}
+    wrong = launch.get("incumbent_precision") or {}
+    if incumbent != DEFAULT and wrong.get("ok") is False:
+        # A config that computes wrong results (after an upgrade) goes, whatever the winner's speed.
+        return Decision(True, f"replaces the {incumbent} config, which fails precision now "
+                              f"({wrong.get('detail') or 'see the record'})", **base)
+    if c.effect is None:
+        return Decision(False, "no timing samples")
+    if incumbent == DEFAULT:
+        if c.effect <= 0:
+            than = "faster than" if c.effect < 0 else "as fast as"
+            return Decision(True, f"{than} Helion's default config ({c.effect:+.1%})", **base)
+        return Decision(False, f"slower than Helion's default config ({c.effect:+.1%}); the default is stored",
+                        store_default=True, **base)
+    if c.p_value is None:
+        return Decision(False, f"too few samples to show a speed-up ({c.n_baseline}/{c.n_current})", **base)
+    if c.effect > -criteria.margin:
+        return Decision(False, f"{c.effect:+.1%} vs the {incumbent} config: not faster by the "
+                               f"{criteria.margin:.0%} margin", **base)
+    if c.p_value >= criteria.alpha:
+        return Decision(False, f"{c.effect:+.1%} but not significant (p={c.p_value:.3g})", **base)
+    if c.upper is None or c.upper >= 0:
+        return Decision(False, f"{c.effect:+.1%} but the {criteria.confidence:.0%} bound reaches no change",
+                        **base)
+    return Decision(True, f"{c.effect:+.1%} vs the {incumbent} config (p={c.p_value:.2g})", **base)
+
+
+# ----------------------------------------------------------------------------------------------
+# Merge
+
+
+@dataclass(frozen=True)
+class Accepted:
+    kernel: str  # Helion kernel name (the config-store section)
+    key: str
+    config: Mapping[str, Any]
+    job: str
+
+
+def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> list[Accepted]:
+    """What the jobs' attempts store, in plan order (a job's latest attempt first): kept winners; Helion's
+    default where it beat the search; and a ``nearest`` incumbent that was not replaced, pinned under its own
+    key. Unpinned, that key would follow its neighbour, which this run may change: on the H200 the
+    long-context dstates launch kept nemotron3-nano's config and ran 18 % slower on nemotron3-nano's new one.
+
+    A (kernel, key) tuned by several jobs (two entries launching the same Helion kernel at the same key)
+    belongs to the first job in the plan that tuned it, kept or not, so the result never depends on which
+    worker finished first, nor on whether a later job skipped it (``tuned_launches``)."""
+    by_job = launches_by_job(entries)
+    owners: dict[tuple[str, str], Accepted | None] = {}
+    for job_id in sorted(by_job, key=lambda j: (order.get(j, math.inf), j)):
+        for launch in by_job[job_id]:
+            slot = (str(launch["kernel"]), str(launch["key"]))
+            if not searched(launch) or slot in owners:
+                continue
+            decision = launch.get("decision") or {}
+            stored = (launch.get("config") if decision.get("keep") else
+                      launch.get("incumbent_config")
+                      if decision.get("store_default") or launch.get("incumbent") == NEAREST else None)
+            owners[slot] = Accepted(slot[0], slot[1], dict(stored), job_id) if stored else None
+    return [a for a in owners.values() if a is not None]
+
+
+def searched(launch: Mapping[str, Any]) -> bool:
+    """Whether the tuner ran a search for this launch: it returned a winner, or the search itself failed.
+    A failed search (NoConfigFound: the gated RMSNorm backward's candidates compile for longer than a
+    10 s budget) fails again with the same seed and budget, so the whole-call jobs do not repeat it: on
+    the H200 they spent 117 s doing so for nothing."""
+    return bool(launch.get("config") or launch.get("error"))
+
+
+def failed_searches(entries: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``kernel[key]: error type`` of each launch whose search or validation failed in the jobs' attempts,
+    sorted: the old config stays there, and a reviewer should know that nothing was tried."""
+    out = set()
+    for launches in launches_by_job(entries).values():
+        for launch in launches:
+            if launch.get("error"):
+                out.add(f"{launch['kernel']}[{launch['key']}]: {str(launch['error']).split(':')[0]}")
+    return sorted(out)
+
+
+def tuned_launches(entries: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    """The (Helion kernel, key) pairs that jobs already searched (finished launches of killed attempts
+    too), sorted. A retry skips them, and so does a later job (a whole call launches the same kernels as
+    the per-kernel jobs before it): its result for them would lose the merge to the earlier job anyway."""
+    slots = {(str(launch["kernel"]), str(launch["key"]))
+             for launches in launches_by_job(entries).values() for launch in launches if searched(launch)}
+    return [list(slot) for slot in sorted(slots)]
+
+
+def merge(base: Mapping[str, Mapping[str, Mapping[str, Any]]] | None,
+          winners: Iterable[Accepted]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The ``kernels`` section: the committed one with the accepted winners written over it."""
+    out = {k: {key: dict(cfg) for key, cfg in v.items()} for k, v in (base or {}).items()}
+    for w in winners:
+        out.setdefault(w.kernel, {})[w.key] = dict(w.config)
+    return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
+
+
+def summary(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Counts for the report: jobs ok / failed / not run, winners kept / rejected."""
+    latest = latest_by_job(entries)
+    ok = [j for j in jobs if (latest.get(j.id) or {}).get("status") == OK]
+    failed = [j for j in jobs if (latest.get(j.id) or {}).get("status") == FAILED]
+    kept = rejected = 0
+    for launches in launches_by_job(entries).values():
+        for launch in launches:
+            if (launch.get("decision") or {}).get("keep"):
+                kept += 1
+            else:
+                rejected += 1
+    return {"jobs": len(jobs), "ok": len(ok), "failed": len(failed), "not_run": len(jobs) - len(ok) - len(failed),
+            "kept": kept, "rejected": rejected, "failed_jobs": [j.id for j in failed]}

@@ -1,0 +1,164 @@
+"""The full mamba-ssm ``Mamba2`` module, its GEMMs included, on mamba-ssm's kernels and on ours.
+
+Issue #5 reports the layer two ways: its own kernels (the bench's ``mamba2_layer_*`` entries) and the
+whole ``Mamba2`` module as a model runs it: in_proj, the fused layer function, out_proj, and the gradients
+of the input and every parameter. This script builds one ``Mamba2`` at a suite shape (``--d-model``: the
+suite has no model width; nemotron3-nano's is 2688, mamba2-default's 2048), then times, interleaved in one
+process as the bench times whole calls (CUDA-graph replays, L2 flushed before each; ``mamba2_guard.bench.timing``):
+
+  * ``mamba_ssm``: the module as built, on mamba-ssm's kernels (and causal-conv1d's, when installed);
+  * ``helion``: the same module under ``mamba2_kernels.patch_mamba_ssm()``;
+  * ``gemms``: its two projections alone (forward, or forward and both gradients), for their share.
+
+It also reports how far the patched module's output and gradients are from mamba-ssm's (the kernels'
+precision is judged by the bench; this is a cross-check of the patch). Writes one JSON file.
+
+    mamba2-guard dev module-bench --shape nemotron3-nano --d-model 2688 --out module.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import mamba2_kernels
+from mamba2_guard.adapters import fingerprint
+from mamba2_guard.adapters.state import write_json
+from mamba2_guard.bench.timing import Timer
+from mamba2_guard.core import stats
+from mamba2_guard.dev import require_gpu
+from mamba2_kernels import _mamba_ssm, suites
+
+
+def build(shape: suites.ShapeSpec, d_model: int, device: str, seed: int) -> tuple[torch.nn.Module, torch.Tensor,
+                                                                                  torch.Tensor]:
+    """A ``Mamba2`` whose SSM part is ``shape``'s (all of d_inner: no MLP part), and (u, dout)."""
+    mamba2 = _mamba_ssm.module("modules.mamba2")
+    torch.manual_seed(seed)
+    # A fraction keeps d_inner = expand * d_model an int (Mamba2 floor-divides it) for widths such as 2688.
+    module = mamba2.Mamba2(d_model=d_model, d_state=shape.dstate, d_conv=shape.conv_width,
+                           expand=Fraction(shape.d_ssm, d_model), headdim=shape.headdim, ngroups=shape.ngroups,
+                           chunk_size=shape.chunk_size, norm_before_gate=shape.norm_before_gate,
+                           use_mem_eff_path=True, layer_idx=0, device=device, dtype=shape.torch_dtype)
+    if module.norm.group_size != shape.norm_group_size:
+        raise ValueError(f"--shape {shape.name}: Mamba2 normalizes groups of {module.norm.group_size}, the suite "
+                         f"shape of {shape.norm_group_size}")
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    u = torch.randn(shape.batch, shape.seqlen, d_model, generator=g, device=device, dtype=shape.torch_dtype)
+    dout = torch.randn(u.shape, generator=g, device=device, dtype=shape.torch_dtype) * 0.1
+    return module, u.requires_grad_(True), dout
+
+
+def _on_kernels(patched: bool) -> None:
+    (mamba2_kernels.patch_mamba_ssm if patched else mamba2_kernels.unpatch_mamba_ssm)()
+
+
+def module_call(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, *, patched: bool,
+                backward: bool) -> Callable[[], None]:
+    """One forward (no autograd) or forward + backward of the module on the chosen kernels. The patch is
+    set on every call: host work only, so a captured graph holds just the kernels it chose."""
+    def forward() -> None:
+        _on_kernels(patched)
+        with torch.no_grad():
+            module(u)
+
+    def forward_backward() -> None:
+        _on_kernels(patched)
+        module(u).backward(dout)
+
+    return forward_backward if backward else forward
+
+
+def gemms_call(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, *, backward: bool) -> Callable[[], None]:
+    """The module's two projections alone, on tensors of the shapes they see."""
+    hidden = torch.zeros(*u.shape[:-1], module.out_proj.in_features, device=u.device, dtype=u.dtype,
+                         requires_grad=True)
+
+    def run() -> None:
+        with torch.set_grad_enabled(backward):
+            zxbcdt = F.linear(u, module.in_proj.weight, module.in_proj.bias)
+            out = F.linear(hidden, module.out_proj.weight, module.out_proj.bias)
+            if backward:
+                torch.autograd.backward((zxbcdt, out), (torch.ones_like(zxbcdt), dout))
+
+    return run
+
+
+def gradients(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, *,
+              patched: bool) -> dict[str, torch.Tensor]:
+    """Output and every gradient of one forward + backward, from zeroed gradients."""
+    module.zero_grad(set_to_none=True)
+    u.grad = None
+    _on_kernels(patched)
+    out = module(u)
+    out.backward(dout)
+    grads = {"out": out.detach().clone(), "du": u.grad.clone()}
+    grads.update({f"d{name}": p.grad.clone() for name, p in module.named_parameters() if p.grad is not None})
+    module.zero_grad(set_to_none=True)
+    u.grad = None
+    return grads
+
+
+def differences(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> dict[str, dict[str, float]]:
+    """Per tensor: max |ours - theirs|, and that over the rms of theirs (a scale-free figure)."""
+    report = {}
+    for name, ref in theirs.items():
+        diff = (ours[name].double() - ref.double()).abs()
+        rms = ref.double().square().mean().sqrt().item()
+        report[name] = {"max_abs_diff": diff.max().item(), "max_abs_diff_over_rms": diff.max().item() / max(rms, 1e-30),
+                        "mean_abs_diff": diff.mean().item(), "finite": bool(torch.isfinite(ours[name]).all())}
+    return report
+
+
+def summarize(samples: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians, the speedup as the guard reports it (median of the paired rounds' ratios), GEMM shares."""
+    medians = {name: stats.median(values) for name, values in samples.items()}
+    return {"median_ms": medians, "speedup_vs_mamba_ssm": stats.speedup(samples["helion"], samples["mamba_ssm"]),
+            "gemm_share": {name: medians["gemms"] / medians[name] for name in ("helion", "mamba_ssm")},
+            "samples_ms": samples}
+
+
+def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int) -> dict[str, Any]:
+    module, u, dout = build(shape, d_model, "cuda", seed)
+    timer = Timer("cuda")
+    result: dict[str, Any] = {"shape": shape.name, "d_model": d_model,
+                              "parameters": sum(p.numel() for p in module.parameters())}
+    for phase, backward in (("fwd", False), ("fwd_bwd", True)):
+        started = time.monotonic()
+        fns = {"helion": module_call(module, u, dout, patched=True, backward=backward),
+               "mamba_ssm": module_call(module, u, dout, patched=False, backward=backward),
+               "gemms": gemms_call(module, u, dout, backward=backward)}
+        result[phase] = {**summarize(timer.interleaved_graphs(fns, rounds=rounds)),
+                         "seconds": round(time.monotonic() - started, 1)}
+        module.zero_grad(set_to_none=True)
+        u.grad = None
+        torch.cuda.empty_cache()
+    result["precision"] = differences(gradients(module, u, dout, patched=True),
+                                      gradients(module, u, dout, patched=False))
+    mamba2_kernels.unpatch_mamba_ssm()
+    return result
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    shape = suites.load().shape(args.shape)
+    require_gpu(parser, "it times the module")
+    report = {"fingerprint": fingerprint.collect().to_dict(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+              "rounds": args.rounds, **measure(shape, args.d_model, rounds=args.rounds, seed=args.seed)}
+    write_json(args.out, report)
+    for phase in ("fwd", "fwd_bwd"):
+        r = report[phase]
+        m = r["median_ms"]
+        print(f"{shape.name} d_model={args.d_model} {phase}: ours {m['helion']:.3f} ms, "
+              f"mamba-ssm {m['mamba_ssm']:.3f} ms ({r['speedup_vs_mamba_ssm']:.3f}x); "
+              f"the two GEMMs {m['gemms']:.3f} ms")
+    worst = max(report["precision"].items(), key=lambda kv: kv[1]["max_abs_diff_over_rms"])
+    print(f"largest difference from mamba-ssm: {worst[0]} {worst[1]['max_abs_diff']:.3g} "
+          f"({worst[1]['max_abs_diff_over_rms']:.3g} of its rms)")
+    return 0
+

@@ -1,0 +1,398 @@
+"""One nightly cycle, composed from the pieces: lock, fingerprint, drift, bench, check (with confirming
+re-runs), reports, history. The daemon and the CLI both call ``run_cycle``.
+
+On embedded defaults it runs on a laptop: without a GPU it benches the smoke suite in CPU interpret mode
+(precision only), with the state directory under the user's state dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mamba2_guard import EXIT_BUSY
+from mamba2_guard import config as guard_config
+from mamba2_guard.adapters import fingerprint
+from mamba2_guard.adapters.files import check_writable, clean_stale_temp_files
+from mamba2_guard.adapters.history import History
+from mamba2_guard.adapters.state import exclusive
+from mamba2_guard.bench.run import Progress, bench_case, plain_progress
+from mamba2_guard.core import drift as drift_mod
+from mamba2_guard.core import report
+from mamba2_guard.core.results import BenchResult, CaseResult
+from mamba2_guard.core.verdicts import Policy, Verdict, exit_code
+from mamba2_guard.flows import baselines
+from mamba2_guard.flows.check import run_check
+from mamba2_kernels import config_store, registry, suites
+from mamba2_kernels.config_store import atomic_write
+
+log = logging.getLogger("mamba2_guard.nightly")
+
+
+class CycleBusy(RuntimeError):
+    """Another cycle holds this state directory."""
+
+
+@dataclass
+class CycleOptions:
+    suite: str = "default"
+    shapes: Sequence[str] = ()
+    kernels: Sequence[str] = ()
+    seed: int = 0
+    rounds: int = 30
+    confirm: bool = True
+    strict: bool = False  # missing kernels fail the run
+    update_baseline: bool = False
+    out_dir: str | None = None  # also copy the reports here (CI artifacts)
+    force_retune: bool = False  # re-tune even without drift (the daemon's drift watch, workflow_dispatch)
+    cuda_graphs: bool = False  # time CUDA-graph replays (mamba2_guard.bench.timing.Timer.interleaved_graphs)
+    config: str | None = None  # guard config file (default: <state>/guard.yaml if present, else defaults)
+    root: str | None = None  # checkout holding mamba2_kernels/configs and baselines (default: this one)
+    pr: bool = True  # run the PR step when drift or a re-tune calls for it (also guard config pr.enabled)
+    policy: Policy = field(default_factory=Policy)
+    workers: int | str = 1  # bench workers, one per GPU: a number or "auto" (mamba2_guard.bench.shard)
+    bench_fn: str | None = None  # module:function of the sharded bench's worker (tests: a fake one)
+    case_timeout_s: float = 1800.0  # a sharded worker with no finished case for this long is killed
+
+
+@dataclass
+class CycleOutcome:
+    exit_code: int
+    result: BenchResult
+    verdicts: list[Verdict]
+    drift: drift_mod.DriftReport
+    paths: dict[str, str]
+    steps: dict[str, Any] = field(default_factory=dict)  # retune / pr: what the follow-up steps did
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+# The zoo's whole calls, benched by every GPU nightly of the default suite: the shapes users run, tuned or not.
+ZOO_SUITES = ("zoo-heldout", "zoo-fit")
+ZOO_ENTRIES = ("ssd_combined_fwd", "ssd_combined_fwd_bwd")
+
+
+def zoo_selection(options: CycleOptions, on_gpu: bool) -> tuple[list[registry.KernelEntry], list]:
+    """The zoo's whole calls x shapes a nightly benches besides its suite: on a GPU, for the default suite
+    chosen by name (not for explicit shapes or kernels); none otherwise."""
+    if not on_gpu or options.suite != "default" or options.shapes or options.kernels:
+        return [], []
+    loaded = suites.load()
+    return registry.select(list(ZOO_ENTRIES)), [shape for name in ZOO_SUITES for shape in loaded.suite(name)]
+
+
+def selection(options: CycleOptions, progress: Progress) -> tuple[str, list[registry.KernelEntry], list]:
+    loaded = suites.load()
+    suite = options.suite
+    loaded.suite(suite)  # an unknown name is a usage error here too, not silently the smoke suite
+    if not torch.cuda.is_available() and not options.shapes and suite != "smoke":
+        progress(f"no GPU: the smoke suite in CPU interpret mode replaces suite {suite!r}")
+        suite = "smoke"
+    shapes = [loaded.shape(s) for s in options.shapes] if options.shapes else loaded.suite(suite)
+    return suite, registry.select(list(options.kernels) or None), shapes
+
+
+def recorded_paths(slug: str, root: Path | str | None = None) -> tuple[Path, Path]:
+    """``mamba2_kernels/configs/<slug>.yaml`` and ``baselines/<slug>.yaml`` of a checkout (default: this one)."""
+    if root is None:
+        return config_store.path_for(slug), baselines.path_for(slug)
+    root = Path(root)
+    configs = config_store.path_for(slug, root / "mamba2_kernels" / "configs")
+    return configs, baselines.path_for(slug, root / "baselines")
+
+
+def invalid_configs(slug: str) -> dict[tuple[str, str], str]:
+    """Stored configs of this GPU that the installed helion rejected while kernels ran in this process."""
+    return {(kernel, key): why for (where, kernel, key), why in config_store.INVALID.items() if where == slug}
+
+
+def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | None = None,
+                 root: Path | str | None = None, slug: str | None = None) -> drift_mod.DriftReport:
+    slug = slug or fingerprint.gpu_slug(fp)
+    configs_path, baseline_path = recorded_paths(slug, root)
+    configs = config_store.load(configs_path) if configs_path.exists() else None
+    configs_fp = configs.fingerprint if configs is not None else None
+    unknown = sorted(set(configs.kernels) - registry.tuned_kernel_names()) if configs is not None else []
+    if unknown:
+        log.warning("%s: kernels: unknown kernel name(s) %s, whose configs no call uses (valid: the names of "
+                    "`mamba2-guard list`'s Helion kernels)", configs_path, ", ".join(unknown))
+    baseline_doc = baselines.read_document(baseline_path)
+    baseline_fp = (baseline_doc or {}).get("fingerprint")
+    report = drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(slug), policy)
+    borrowed = [] if configs is not None else config_store.borrowable_files(slug, fp.compute_capability,
+                                                                            configs_path.parent)
+    if borrowed:  # "no configs" would read as Helion's defaults: say what the jobs run on meanwhile
+        report = dataclasses.replace(report, notes=report.notes + (
+            f"until this GPU's configs are tuned, its jobs run on {borrowed[0][0]}'s (same architecture, "
+            f"compute capability {fp.compute_capability})",))
+    return report
+
+
+def rerun_on_device(options: CycleOptions, gpu_uuid: str | None = None) -> Any:
+    """The confirmation re-run of one case, in this process (GPU only)."""
+    if not torch.cuda.is_available():
+        return None
+    from mamba2_guard.bench.nvml import Nvml
+    from mamba2_guard.bench.timing import Timer
+
+    device = torch.device("cuda")
+    timer, nvml = Timer(device), Nvml(torch.cuda.current_device(), uuid=gpu_uuid)
+    loaded = suites.load()
+
+    def rerun(case: CaseResult) -> CaseResult:
+        return bench_case(registry.get(case.kernel), loaded.shape(case.shape), seed=options.seed + 1,
+                          device=device, rounds=options.rounds, warmup=3, timer=timer, nvml=nvml, peaks={},
+                          cuda_graphs=options.cuda_graphs)
+    return rerun
+
+
+def write_reports(state_dir: Path, stamp: str, result: BenchResult, verdicts: list[Verdict],
+                  baseline, policy: Policy) -> dict[str, str]:
+    reports = state_dir / "reports"
+    paths = {"result": reports / f"{stamp}-result.json", "report_json": reports / f"{stamp}-report.json",
+             "report_md": reports / f"{stamp}-report.md"}
+    atomic_write(paths["result"], json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
+    atomic_write(paths["report_json"], json.dumps(report.render_json(result, verdicts, baseline, policy),
+                                                       indent=1, allow_nan=False) + "\n")
+    markdown = report.render_markdown(result, verdicts, baseline)
+    atomic_write(paths["report_md"], markdown)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            with open(summary, "a") as handle:
+                handle.write(markdown + "\n")
+        except OSError as exc:  # a full disk: name the file
+            raise OSError(exc.errno, exc.strerror, summary) from exc
+    return {k: str(v) for k, v in paths.items()}
+
+
+def copy_reports(paths: dict[str, str], out_dir: Path) -> dict[str, str]:
+    """Stable names for CI: report.md, report.json, result.json."""
+    copies = {}
+    for key, name in (("report_md", "report.md"), ("report_json", "report.json"), ("result", "result.json")):
+        target = out_dir / name
+        atomic_write(target, Path(paths[key]).read_text())
+        copies[f"out_{key}"] = str(target)
+    return copies
+
+
+def tune_seconds_by_kernel(journal: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Seconds Helion's autotuner spent per kernel in one re-tune (from the autotune journal)."""
+    seconds: dict[str, float] = {}
+    for record in journal:
+        for launch in record.get("launches") or ():
+            if launch.get("tune_seconds") is not None:
+                seconds[launch["kernel"]] = seconds.get(launch["kernel"], 0.0) + float(launch["tune_seconds"])
+    return seconds
+
+
+def export_metrics(state_dir: Path, result: BenchResult, verdicts: list[Verdict], fp: fingerprint.Fingerprint,
+                   drift: drift_mod.DriftReport, steps: dict[str, Any]) -> dict[str, str]:
+    """The snapshot the daemon's /metrics serves, and the node-exporter textfile of a one-shot run; drift and PR
+    events carry this moment's timestamp (the dashboard's annotations)."""
+    from mamba2_guard.adapters import metrics
+    from mamba2_guard.adapters.state import StateDir
+
+    now = _now().timestamp()
+    events = {"drift": now} if drift.found else {}
+    for event in ("retune", "pr"):
+        if (steps.get(event) or {}).get("status") == "done":
+            events[event] = now
+    snapshot = metrics.write_snapshot(state_dir, result, verdicts, fingerprint=fp.to_dict(), drift=drift.to_dict(),
+                                      events=events, autotune_s=(steps.get("retune") or {}).get("autotune_s"))
+    exporter = metrics.GuardMetrics()
+    exporter.load_snapshot(snapshot)
+    textfile = StateDir(state_dir).textfile
+    exporter.write_textfile(textfile)
+    return {"metrics_snapshot": str(snapshot), "metrics_textfile": str(textfile)}
+
+
+def daemon_cycle(state_dir: str | Path, reason: str | None = None, **options: Any) -> int:
+    """The daemon's entry point (run in a child process): options by keyword, the exit code back."""
+    known = {f.name for f in dataclasses.fields(CycleOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"daemon_cycle: unknown option(s) {unknown}; expected some of {sorted(known)}")
+    if reason:
+        plain_progress(f"cycle triggered by {reason}")
+    try:
+        return run_cycle(Path(state_dir), CycleOptions(**options), job="retune" if reason else "nightly").exit_code
+    except CycleBusy as exc:
+        plain_progress(f"skipped: {exc}")
+        return EXIT_BUSY
+
+
+def run_cycle(state_dir: Path, options: CycleOptions | None = None, progress: Progress = plain_progress,
+              job: str = "nightly") -> CycleOutcome:
+    options = options or CycleOptions()
+    check_writable(state_dir)
+    cfg = guard_config.load(options.config, state_dir)  # a bad file stops the cycle before it prints or locks
+    with exclusive(state_dir / "nightly.lock", CycleBusy, "cycle"):
+        configs, baseline = recorded_paths("any", options.root)
+        for folder, recursive in ((state_dir, True), (configs.parent, False), (baseline.parent, False)):
+            for path in clean_stale_temp_files(folder, recursive=recursive):
+                progress(f"removed {path}, left by an interrupted write")
+        return _cycle(state_dir, options, cfg, progress, job)
+
+
+def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig, progress: Progress,
+           job: str) -> CycleOutcome:
+    started = _now()
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    if not torch.cuda.is_available():
+        from mamba2_kernels.testing import enable_cpu_interpret
+
+        enable_cpu_interpret()
+    fp = fingerprint.collect()
+    slug = fingerprint.gpu_slug(fp)
+    progress(f"fingerprint {fp.digest()[:12]} on {fp.gpu_name or 'CPU'} ({slug}): torch {fp.torch}, "
+             f"triton {fp.triton}, helion {fp.helion}, mamba-ssm {fp.mamba_ssm}, driver {fp.driver_version}")
+    suite, entries, shapes = selection(options, progress)
+    progress(f"suite {suite}: {len(entries)} kernels x {len(shapes)} shapes "
+             f"({sum(not e.has_helion for e in entries)} kernels not implemented yet)")
+    from mamba2_guard.bench import shard
+
+    # Before any GPU work: the baseline and the history (run_cycle checked the state dir and the config).
+    policy = cfg.verdict_policy if options.policy == Policy() else options.policy
+    baseline_path = recorded_paths(slug, options.root)[1]
+    baseline = baselines.load(baseline_path)
+    with History(state_dir / "history.sqlite") as history:
+        bench = functools.partial(
+            shard.bench, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), state_dir=state_dir, suite=suite,
+            seed=options.seed, rounds=options.rounds, progress=progress, cuda_graphs=options.cuda_graphs,
+            workers=options.workers, bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
+        result = bench(entries, shapes)
+        zoo_entries, zoo_shapes = zoo_selection(options, torch.cuda.is_available())
+        if zoo_shapes:
+            progress(f"the model zoo: {len(zoo_entries)} whole calls x {len(zoo_shapes)} shapes")
+            zoo = bench(zoo_entries, zoo_shapes)
+            result = dataclasses.replace(result, cases=result.cases + zoo.cases)
+        verdicts: list[Verdict] = []
+        try:
+            # After the bench: it also reports configs the installed helion rejected.
+            drift = detect_drift(fp, policy=cfg.drift_policy, root=options.root, slug=slug)
+            progress(drift.render_text())
+            # A sharded result re-runs a flagged case on the GPU that measured it (mamba2_guard.bench.shard).
+            rerun = None
+            if options.confirm:
+                rerun = shard.rerun_on_measuring_gpu(
+                    result, state_dir=state_dir, seed=options.seed, rounds=options.rounds,
+                    cuda_graphs=options.cuda_graphs, fingerprint_digest=fp.digest(), progress=progress,
+                    bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
+                rerun = rerun or rerun_on_device(options, fp.gpu_uuid)
+            result, verdicts = run_check(result, baseline, history, policy, rerun)
+        finally:  # the measured result and a report, whatever failed after the bench
+            paths = write_reports(state_dir, stamp, result, verdicts, baseline, policy)
+        code = exit_code(verdicts, missing_fails=options.strict)
+        if options.out_dir:
+            paths.update(copy_reports(paths, Path(options.out_dir)))
+        if options.update_baseline:
+            left_out = baselines.update(baseline_path, result)
+            paths["baseline"] = str(baseline_path)
+            if left_out:
+                progress(f"not written to the baseline: {', '.join(left_out)}")
+        steps = retune_and_propose(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress)
+        paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))
+        # Last: a run in the history is a cycle that finished.
+        history.record(result, verdicts, _now(), job=job, status="pass" if code == 0 else "fail")
+    return CycleOutcome(code, result, verdicts, drift, paths, steps)
+
+
+def retune_plan(entries: Sequence[registry.KernelEntry], shapes: Sequence, seen: Sequence,
+                fell_back: Sequence[str] = ()) -> tuple[list[str], list]:
+    """The kernels and shapes a nightly re-tunes: the cycle's, plus the shapes training jobs called without a
+    tuned config (``seen``, whose calls fell back at kernels ``fell_back``) with the entries that launch those
+    calls' keys, call pattern included (``registry.seen_entries``)."""
+    kernels = [e.name for e in entries if e.has_helion]
+    if seen:
+        kernels = list(dict.fromkeys([*kernels, *registry.seen_entries(fell_back)]))
+    known = {shape.name for shape in shapes}
+    return kernels, [*shapes, *(shape for shape in seen if shape.name not in known)]
+
+
+def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint,
+                       slug: str, drift: drift_mod.DriftReport, entries: Sequence[registry.KernelEntry],
+                       shapes: Sequence, paths: dict[str, str], progress: Progress) -> dict[str, Any]:
+    """Re-tune where the drift policy says so (GPU only), then the PR step. Neither step can fail the
+    cycle: their problems are reported and recorded in the outcome's ``steps``."""
+    steps: dict[str, Any] = {}
+    configs_path, baseline_path = recorded_paths(slug, options.root)
+    produced = bool(options.update_baseline)
+    loaded = suites.load()
+    seen = suites.seen_on(loaded, slug)
+    if drift.action == "retune" or options.force_retune or seen:
+        why = drift.summary() if drift.action == "retune" else "forced" if options.force_retune else (
+            f"{len(seen)} shapes called without a tuned config")
+        tuned, shapes = retune_plan(entries, shapes, seen,
+                                    [kernel for shape in seen for kernel, _ in loaded.seen_keys[shape.name]])
+        if not torch.cuda.is_available():
+            message = (f"re-tune needed ({why}) but there is no GPU here: re-tune skipped; run "
+                       f"`mamba2-guard autotune` then `mamba2-guard pr` on a {slug} GPU runner")
+            progress(message)
+            steps["retune"] = {"status": "skipped", "detail": message}
+        else:
+            from mamba2_guard.bench import shard
+            from mamba2_guard.flows import autotune
+
+            try:
+                opts = autotune.AutotuneOptions(
+                    kernels=tuned, shapes=[s.name for s in shapes], out=configs_path, state_dir=state_dir,
+                    gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
+                    devices=shard.visible_devices(), **autotune.config_options(cfg),
+                    whole_suite=autotune.covers_whole_suite(tuned, [s.name for s in shapes]))
+                progress(f"re-tune ({why}): {len(tuned)} kernels x {len(shapes)} shapes")
+                outcome = autotune.run_autotune(opts, progress)
+                steps["retune"] = {"status": "done", **outcome.to_dict(),
+                                   "autotune_s": tune_seconds_by_kernel(outcome.entries)}
+                if not outcome.complete:
+                    done = outcome.summary
+                    progress(f"re-tune partial: {done['ok']}/{done['jobs']} jobs done ({done['failed']} failed, "
+                             f"{done['not_run']} not run); the next re-tune of this environment resumes it")
+                produced = produced or outcome.written
+                if outcome.changed:
+                    steps["rebaseline"] = autotune.rebaseline(tuned, [s.name for s in shapes], state_dir, progress,
+                                                              seed=options.seed, rounds=options.rounds,
+                                                              path=baseline_path)
+                    paths["baseline"] = str(baseline_path)
+            except Exception as exc:  # noqa: BLE001 (the cycle's verdicts stand; the re-tune is reported)
+                progress(f"re-tune failed: {type(exc).__name__}: {exc}")
+                steps["retune"] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
+    elif drift.action == "rebaseline" and not options.update_baseline:
+        progress("drift policy asks for a re-baseline: run `mamba2-guard nightly --update-baseline` on this GPU")
+    if not (options.pr and cfg.pr_enabled):
+        steps["pr"] = {"status": "disabled"}
+        return steps
+    if not (drift.found or produced):
+        return steps
+    from mamba2_guard.flows import pr as prflow
+
+    dry = not produced
+    try:
+        pr = prflow.run_pr(state_dir, cfg, fp.to_dict(), slug, root=Path(options.root) if options.root else
+                           prflow.PROJECT_ROOT, dry_run=dry, drift=drift, progress=progress)
+    except Exception as exc:  # noqa: BLE001
+        progress(f"PR step failed: {type(exc).__name__}: {exc}")
+        steps["pr"] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
+        return steps
+    body_path = state_dir / "reports" / f"{stamp}-pr.md"
+    atomic_write(body_path, f"# {pr.title}\n\n{pr.body}\n\n```diff\n{pr.diff}```\n")
+    paths["pr_body"] = str(body_path)
+    if dry:
+        progress("PR step dry: nothing new was produced in this cycle to propose; body and diff in " + str(body_path))
+    for message in pr.messages:
+        progress(f"PR: {message}")
+    steps["pr"] = {"status": "dry-run" if dry else "done", "branch": pr.branch, "origin": pr.origin,
+                   "git": pr.git, "github": pr.github, "messages": pr.messages}
+    return steps

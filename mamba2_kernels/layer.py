@@ -1,0 +1,134 @@
+"""Swap mamba-ssm's Mamba-2 kernels for the Helion drop-ins, and back.
+
+``patch_mamba_ssm()`` makes a ``mamba_ssm.modules.mamba2.Mamba2`` (and ``Mamba2Simple``) run the Helion
+kernels in both ``use_mem_eff_path`` modes, and so does model code that imported mamba-ssm's functions by
+name (Hugging Face's modeling files, a hub model's remote code), imported before or after the patch. It
+replaces, in every imported module that holds them (by identity, so aliases such as ``mamba2.RMSNormGated``
+are found too; this package's own modules aside):
+
+  * ``ssd_combined.mamba_chunk_scan_combined``         -> ``mamba2_kernels.ssd.combined.mamba_chunk_scan_combined``
+  * ``ssd_combined.mamba_split_conv1d_scan_combined``  -> ``mamba2_kernels.layer_fn.mamba_split_conv1d_scan_combined``
+  * ``layernorm_gated.rmsnorm_fn``                     -> ``mamba2_kernels.norm.rmsnorm.rmsnorm_fn``
+  * ``layernorm_gated.RMSNorm`` (``RMSNormGated``)      -> ``mamba2_kernels.norm.rmsnorm.RMSNormGated``
+
+and sets ``causal_conv1d_fn`` in ``mamba_ssm.modules.mamba2`` and ``mamba2_simple`` (causal-conv1d's function,
+or None without that package, where the layer falls back to ``nn.Conv1d``) to
+``mamba2_kernels.conv.causal_conv1d.causal_conv1d_fn``. It imports those two modules first (skipping one whose
+import fails, e.g. without huggingface_hub). Modules imported later pick the patched attributes up from
+``ssd_combined`` / ``layernorm_gated``.
+
+Model code that imported causal-conv1d's ``causal_conv1d_fn`` itself keeps it (ours takes no initial states).
+
+``unpatch_mamba_ssm()`` restores exactly what was there, also in mamba-ssm's modules imported while patched
+(another module imported while patched keeps what it imported: ours). Both are idempotent. Already-built
+``Mamba2`` modules follow the patch both ways (their norm's forward calls the module-level ``rmsnorm_fn``); a
+``Mamba2`` *built* while patched keeps its Helion ``RMSNormGated`` instance after unpatching (same parameters
+and state_dict). ``Mamba2.step`` (decoding) is not touched.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from mamba2_kernels._targets import load_target
+
+# (mamba-ssm module, attribute, ours as "module:attribute")
+SWAPS = (
+    ("ops.triton.ssd_combined", "mamba_chunk_scan_combined", "mamba2_kernels.ssd.combined:mamba_chunk_scan_combined"),
+    ("ops.triton.ssd_combined", "mamba_split_conv1d_scan_combined",
+     "mamba2_kernels.layer_fn:mamba_split_conv1d_scan_combined"),
+    ("ops.triton.layernorm_gated", "rmsnorm_fn", "mamba2_kernels.norm.rmsnorm:rmsnorm_fn"),
+    ("ops.triton.layernorm_gated", "RMSNorm", "mamba2_kernels.norm.rmsnorm:RMSNormGated"),
+)
+# Modules that import causal-conv1d's ``causal_conv1d_fn`` under a guard (None when it is not installed).
+CONV_MODULES = ("modules.mamba2", "modules.mamba2_simple")
+CONV_NAME = "causal_conv1d_fn"
+CONV_OURS = "mamba2_kernels.conv.causal_conv1d:causal_conv1d_fn"
+
+_lock = threading.Lock()
+_originals: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, ours)
+_saved: dict[tuple[str, str], Any] = {}  # (module name, attribute) -> the value before patching
+
+
+def _mamba_modules() -> list[tuple[str, Any]]:
+    return [(name, module) for name, module in list(sys.modules.items())
+            if module is not None and (name == "mamba_ssm" or name.startswith("mamba_ssm."))]
+
+
+def _holders() -> list[tuple[str, Any]]:
+    """Every imported module that may hold mamba-ssm's objects: a model's code (Hugging Face's modeling files,
+    a hub model's remote code) imports them by name, often before a job patches. Not this package's modules,
+    which hold ours on purpose."""
+    own = __name__.partition(".")[0]
+    return [(name, module) for name, module in list(sys.modules.items())
+            if module is not None and name != own and not name.startswith(own + ".")]
+
+
+def patch_mamba_ssm() -> list[str]:
+    """Install the Helion kernels; returns the names of the modules patched (sorted)."""
+    from mamba2_kernels import _mamba_ssm
+
+    with _lock:
+        ours_by_original: dict[int, Any] = {}
+        for source_name, attr, target in SWAPS:
+            ours = load_target(target)
+            current = getattr(_mamba_ssm.module(source_name), attr)
+            if current is not ours and id(current) not in _originals:
+                _originals[id(current)] = (current, ours)
+        for original, ours in _originals.values():
+            ours_by_original[id(original)] = ours
+        conv_modules = []
+        for name in CONV_MODULES:
+            try:
+                conv_modules.append(_mamba_ssm.module(name))
+            except ImportError:  # e.g. mamba2.py needs huggingface_hub
+                continue
+        for name, module in _holders():
+            try:
+                held = list(vars(module).items())
+            except TypeError:  # an object without a __dict__ that put itself in sys.modules
+                continue
+            for attr, value in held:
+                ours = ours_by_original.get(id(value))
+                if ours is not None and value is _originals[id(value)][0]:
+                    _saved.setdefault((name, attr), value)
+                    setattr(module, attr, ours)
+        conv = load_target(CONV_OURS)
+        for module in conv_modules:
+            if hasattr(module, CONV_NAME) and getattr(module, CONV_NAME) is not conv:
+                _saved.setdefault((module.__name__, CONV_NAME), getattr(module, CONV_NAME))
+                setattr(module, CONV_NAME, conv)
+        return sorted({name for name, _ in _saved})
+
+
+def unpatch_mamba_ssm() -> list[str]:
+    """Restore mamba-ssm's own objects wherever ``patch_mamba_ssm`` put ours; returns those modules."""
+    with _lock:
+        restored = set()
+        conv = load_target(CONV_OURS)
+        for (name, attr), value in _saved.items():
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            current = getattr(module, attr, None)
+            if current is conv or any(current is ours for _, ours in _originals.values()):
+                setattr(module, attr, value)
+                restored.add(name)
+        # mamba-ssm's modules imported while patched copied ours from ssd_combined / layernorm_gated. (Other
+        # modules imported while patched keep ours: they cannot be told apart from code that imports ours.)
+        original_by_ours = {id(ours): original for original, ours in _originals.values()}
+        for name, module in _mamba_modules():
+            for attr, value in list(vars(module).items()):
+                original = original_by_ours.get(id(value))
+                if original is not None and (name, attr) not in _saved:
+                    setattr(module, attr, original)
+                    restored.add(name)
+        _saved.clear()
+        _originals.clear()
+        return sorted(restored)
+
+
+def is_patched() -> bool:
+    return bool(_saved)

@@ -1,0 +1,132 @@
+"""The SSD forward and backward as mamba-ssm's ``_mamba_chunk_scan_combined_fwd`` / ``_bwd`` compose them,
+written once over a set of stage functions: ``mamba2_kernels.ssd.naive`` (the pure-PyTorch references) and the
+Helion kernels both run through it, so the two can only differ in their stages. Pure PyTorch glue; it
+imports no kernel implementation itself. Changes from mamba-ssm's order, each a fused stage that
+spares a round trip through memory (``chain_*`` below are their unfused forms, the references):
+  * chunk_state_passing_fwd: the chunk states and their passing in one pass (mamba-ssm: chunk_state_fwd then
+    state_passing_fwd), in the forward and in the backward's recompute;
+  * chunk_state_passing_bwd: the states' gradient from the outputs and its passing back in one pass
+    (mamba-ssm: chunk_scan_bwd_dstates then state_passing_bwd);
+  * the intra-chunk ddA comes from the dCB stage (its ``CB=`` form), which has the same products in hand,
+    not from a separate pass (``chunk_scan_bwd_ddAcs_stable``) that recomputes them;
+  * the three ddA terms are combined by the last stage, ``chunk_cumsum_bwd_of_terms``, in whatever form the
+    dB, dC and dCB stages return them (finished in naive; partials that its kernel sums, for Helion).
+
+``stages`` is any object with the stage functions as attributes, named as in ``mamba2_kernels.ssd.naive``:
+chunk_cumsum_fwd, chunk_state_passing_fwd, bmm_chunk_fwd, chunk_scan_fwd, chunk_scan_bwd_dz,
+chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db, chunk_scan_bwd_dC,
+chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_cumsum_bwd_of_terms; and chunk_state_varlen, which the forward
+calls only when given cu_seqlens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mamba2_kernels._buffers import check_out
+
+INF = float("inf")
+
+
+def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    """(..., p, n) -> (..., p*n): the layout the state-passing stages take."""
+    return None if t is None else t.reshape(*t.shape[:-2], -1)
+
+
+def _unflat(t: torch.Tensor | None, dstate: int) -> torch.Tensor | None:
+    return None if t is None else t.reshape(*t.shape[:-1], -1, dstate)
+
+
+def chain_chunk_state_passing(stages: Any, B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, out_dtype=None):
+    """``chunk_state_passing_fwd`` as mamba-ssm computes it: ``stages.chunk_state_fwd`` (fp32 states) then
+    ``stages.state_passing_fwd`` on them flattened. Returns (the states entering each chunk (b, c, h, p, n) in
+    out_dtype (default fp32), final_states (b, h, p, n) fp32)."""
+    dstate = B.shape[-1]
+    states = stages.chunk_state_fwd(B, x, dt, dA_cumsum, seq_idx=seq_idx, states_in_fp32=True)
+    states, final_states = stages.state_passing_fwd(
+        _flat(states), dA_cumsum[:, :, :, -1], initial_states=_flat(initial_states), seq_idx=seq_idx,
+        chunk_size=dt.shape[-1], out_dtype=out_dtype)
+    return _unflat(states, dstate), _unflat(final_states, dstate)
+
+
+def chain_chunk_state_passing_bwd(stages: Any, C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None,
+                                  has_initial_states=False, dstates_dtype=None, states_dtype=None):
+    """``chunk_state_passing_bwd`` as mamba-ssm computes it: ``stages.chunk_scan_bwd_dstates`` (in the states'
+    dtype) then ``stages.state_passing_bwd`` on the flattened states. Returns (dstates (b, c, h, p, n),
+    ddA_chunk_cumsum (b, h, c), dinitial_states or None[, the states converted, when states_dtype is given])."""
+    dstate = C.shape[-1]
+    dstates = stages.chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
+    results = stages.state_passing_bwd(
+        _flat(states), dA_cumsum[:, :, :, -1], _flat(dstates), dfinal_states=_flat(dfinal_states), seq_idx=seq_idx,
+        has_initial_states=has_initial_states, dstates_dtype=dstates_dtype, states_dtype=states_dtype,
+        chunk_size=dA_cumsum.shape[-1])
+    dstates, ddA_chunk_cumsum, dinitial_states, *converted = results
+    return (_unflat(dstates, dstate), ddA_chunk_cumsum, _unflat(dinitial_states, dstate),
+            *(_unflat(t, dstate) for t in converted))
+
+
+def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+            seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), cu_seqlens=None):
+    """Returns (out, out_x, dt, dA_cumsum, states, final_states), as ``_mamba_chunk_scan_combined_fwd``; with
+    cu_seqlens (batch 1: the caller checks it), varlen_states (num_seqs, h, p, n) in C's dtype is appended:
+    ``stages.chunk_state_varlen`` over the states entering each chunk, as mamba-ssm does."""
+    dA_cumsum, dt = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                            dt_limit=dt_limit)
+    states, final_states = stages.chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=initial_states,
+                                                          seq_idx=seq_idx, out_dtype=C.dtype)
+    cb = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
+    out, out_x = stages.chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
+    if cu_seqlens is None:
+        return out, out_x, dt, dA_cumsum, states, final_states
+    varlen_states = stages.chunk_state_varlen(B[0], x[0], dt[0], dA_cumsum[0], cu_seqlens, states[0])
+    return out, out_x, dt, dA_cumsum, states, final_states, varlen_states
+
+
+def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None,
+             initial_states=None, dfinal_states=None, seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF),
+             dx=None, ddt=None, dB=None, dC=None, dz=None):
+    """``_mamba_chunk_scan_combined_bwd``: recompute the forward stages, then the backward chain.
+
+    ``out`` is the forward's pre-gate output when z is given, else its output. Returns
+    (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states).
+
+    dx, ddt, dB, dC, dz: optional output buffers, each of its input's shape and dtype and any strides (such
+    as slices of one layer gradient): the stage that computes a gradient writes it there, and the buffer is
+    returned. The stages of ``mamba2_kernels.ssd.naive`` ignore them, as documented there."""
+    for name, given, like in (("dx", dx, x), ("ddt", ddt, dt), ("dB", dB, B), ("dC", dC, C)):
+        check_out(name, given, like.shape, like.dtype)
+    if dz is not None:
+        if z is None:
+            raise ValueError("dz: given without z")
+        check_out("dz", dz, z.shape, z.dtype)
+    ngroups = B.shape[2]
+    dA_cumsum, dt_out = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                dt_limit=dt_limit)
+    CB = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
+    states, _ = stages.chunk_state_passing_fwd(B, x, dt_out, dA_cumsum, initial_states=initial_states,
+                                               seq_idx=seq_idx)
+    dD = None
+    if z is not None:
+        dz, dout, dD = stages.chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=False, D=D, dz=dz)
+    dstates, ddA_chunk_cumsum, dinitial_states, states = stages.chunk_state_passing_bwd(
+        C, dA_cumsum, dout, states, dfinal_states=dfinal_states, seq_idx=seq_idx,
+        has_initial_states=initial_states is not None, dstates_dtype=x.dtype, states_dtype=x.dtype)
+    dx, ddt_from_x, dD_from_x = stages.chunk_scan_chunk_state_bwd_dx(x, dt_out, dA_cumsum, B, CB, dout, dstates,
+                                                                     D=D, seq_idx=seq_idx, dx=dx)
+    dB_state, ddA_next = stages.chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, seq_idx=seq_idx, B=B,
+                                                   ngroups=ngroups)
+    dC_state, ddA_cumsum_prev = stages.chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C,
+                                                         ngroups=ngroups)
+    dCB, ddA_intra = stages.chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, seq_idx=seq_idx, CB=CB, ngroups=ngroups)
+    # The intra-chunk (CB) terms are added to the state terms and stored in B's / C's dtype, as mamba-ssm does.
+    dB = stages.bmm_chunk_bwd(C, dCB, residual=dB_state, out=torch.empty_like(B) if dB is None else dB)
+    dC = stages.bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC_state,
+                              out=torch.empty_like(C) if dC is None else dC)
+    if z is None:
+        dD = dD_from_x
+    ddt, dA, ddt_bias = stages.chunk_cumsum_bwd_of_terms(ddA_intra, ddA_next, ddA_cumsum_prev, ddA_chunk_cumsum,
+                                                         ddt_from_x, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                         dt_limit=dt_limit, ddt=ddt)
+    return dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states

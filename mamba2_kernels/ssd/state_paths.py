@@ -1,0 +1,89 @@
+"""The SSD's state pass, forward and backward, as one fused kernel or as the two kernels it fuses.
+
+The fused kernels (``mamba2_kernels.ssd.chunk_state_passing`` and ``..._bwd``) walk the chunks in order, one program
+per (batch, head, headdim block, dstate block): they never write the per-chunk states, but their parallel
+work is only the state's elements. At long chunks and small states (few heads, batch 1) the walk leaves most
+of the GPU idle, and mamba-ssm's two kernels, parallel over chunks too (``mamba2_kernels.ssd.parity``: chunk states,
+then an associative scan over chunks), are faster despite the states they write and read back. Which one runs
+is the GPU's fitted ``ChainRule`` (the config file's ``selection.<stage>.chain``, ``mamba2_kernels.config_store``;
+a GPU without a file of its own takes that of the GPU whose file serves its configs); without a rule the fused
+kernel runs. ``docs/config-selection.md`` says how the rule is measured and fitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import types
+from collections.abc import Iterator
+
+import torch
+
+from mamba2_kernels import config_store
+from mamba2_kernels._runtime import device_capability, device_slug
+from mamba2_kernels.ssd import compose
+from mamba2_kernels.ssd.chunk_state_passing import chunk_state_passing_fwd as fused_fwd
+from mamba2_kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd as fused_bwd
+from mamba2_kernels.ssd.parity.chunk_scan_bwd_dstates import chunk_scan_bwd_dstates
+from mamba2_kernels.ssd.parity.chunk_state import chunk_state_fwd
+from mamba2_kernels.ssd.parity.state_passing import state_passing_fwd
+from mamba2_kernels.ssd.parity.state_passing_bwd import state_passing_bwd
+
+FWD, BWD = "chunk_state_passing", "chunk_state_passing_bwd"  # the fused kernels' names: their rules' keys
+PATHS = ("fused", "chain")
+CHAIN_STAGES = types.SimpleNamespace(chunk_state_fwd=chunk_state_fwd, state_passing_fwd=state_passing_fwd,
+                                     chunk_scan_bwd_dstates=chunk_scan_bwd_dstates, state_passing_bwd=state_passing_bwd)
+_forced = threading.local()
+
+
+@contextlib.contextmanager
+def forced(stage: str, path: str) -> Iterator[None]:
+    """Run ``stage`` by ``path`` whatever the rule says, in this thread: how the rule's data is measured."""
+    if stage not in (FWD, BWD) or path not in PATHS:
+        raise ValueError(f"forced: expected a stage of {(FWD, BWD)} and a path of {PATHS}, got {stage!r}, {path!r}")
+    before = getattr(_forced, stage, None)
+    setattr(_forced, stage, path)
+    try:
+        yield
+    finally:
+        setattr(_forced, stage, before)
+
+
+def state_elements(batch: int, nheads: int, headdim: int, dstate: int) -> int:
+    return batch * nheads * headdim * dstate
+
+
+def chained(stage: str, x: torch.Tensor, dstate: int, chunk_size: int) -> bool:
+    """Whether ``stage`` runs as its chain for a call with ``x`` (batch, seqlen, nheads, headdim)."""
+    path = getattr(_forced, stage, None)
+    if path is not None:
+        return path == "chain"
+    cf = config_store.serving_file(device_slug(x.device), device_capability(x.device))
+    batch, _, nheads, headdim = x.shape
+    return cf is not None and chains_by_rule(cf, stage, batch, nheads, headdim, dstate, chunk_size)
+
+
+def chains_by_rule(cf: config_store.ConfigFile, stage: str, batch: int, nheads: int, headdim: int, dstate: int,
+                   chunk_size: int) -> bool:
+    """Whether ``cf``'s chain rule for ``stage`` chains a call of these sizes (no rule: fused)."""
+    rule = cf.chain_rule(stage)
+    return rule is not None and rule.chains(chunk_size, state_elements(batch, nheads, headdim, dstate))
+
+
+def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, out_dtype=None):
+    """``mamba2_kernels.ssd.chunk_state_passing.chunk_state_passing_fwd``, by the path the rule picks."""
+    run = fused_fwd
+    if chained(FWD, x, B.shape[-1], dt.shape[-1]):
+        run = functools.partial(compose.chain_chunk_state_passing, CHAIN_STAGES)
+    return run(B, x, dt, dA_cumsum, initial_states=initial_states, seq_idx=seq_idx, out_dtype=out_dtype)
+
+
+def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,
+                            dstates_dtype=None, states_dtype=None):
+    """``mamba2_kernels.ssd.chunk_state_passing_bwd.chunk_state_passing_bwd``, by the path the rule picks."""
+    run = fused_bwd
+    if chained(BWD, dout, C.shape[-1], dA_cumsum.shape[-1]):
+        run = functools.partial(compose.chain_chunk_state_passing_bwd, CHAIN_STAGES)
+    return run(C, dA_cumsum, dout, states, dfinal_states=dfinal_states, seq_idx=seq_idx,
+               has_initial_states=has_initial_states, dstates_dtype=dstates_dtype, states_dtype=states_dtype)
