@@ -1,10 +1,13 @@
 """Swap mamba-ssm's Mamba-2 kernels for the Helion drop-ins, and back.
 
 ``patch_mamba_ssm()`` makes a ``mamba_ssm.modules.mamba2.Mamba2`` (and ``Mamba2Simple``) run the Helion
-kernels in both ``use_mem_eff_path`` modes, and so does model code that imported mamba-ssm's functions by
-name (Hugging Face's modeling files, a hub model's remote code), imported before or after the patch. It
-replaces, in every imported module that holds them (by identity, so aliases such as ``mamba2.RMSNormGated``
-are found too; this package's own modules aside):
+kernels in both ``use_mem_eff_path`` modes, and so does model code that took mamba-ssm's functions when it
+was imported, before or after the patch: by name (a hub model's remote code, transformers 4's modeling
+files), or inside a wrapper (transformers 5's modeling files: their hub-kernel fallback keeps the function it
+resolved in its closure). By identity (so aliases such as ``mamba2.RMSNormGated`` are found too), in every
+imported module but this package's own, it replaces the module attributes that hold them, and the closure
+cells that hold them in the module's functions (or in the ``forward`` of a function-like object, which
+Hugging Face's ``kernels`` makes of transformers' wrappers), up to three wrappers deep:
 
   * ``ssd_combined.mamba_chunk_scan_combined``         -> ``mamba2_kernels.ssd.combined.mamba_chunk_scan_combined``
   * ``ssd_combined.mamba_split_conv1d_scan_combined``  -> ``mamba2_kernels.layer_fn.mamba_split_conv1d_scan_combined``
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import sys
 import threading
+import types
+from collections.abc import Iterator
 from typing import Any
 
 from mamba2_kernels._targets import load_target
@@ -50,6 +55,11 @@ CONV_OURS = "mamba2_kernels.conv.causal_conv1d:causal_conv1d_fn"
 _lock = threading.Lock()
 _originals: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, ours)
 _saved: dict[tuple[str, str], Any] = {}  # (module name, attribute) -> the value before patching
+_saved_cells: dict[int, tuple[str, Any, Any]] = {}  # id(closure cell) -> (module name, cell, the value before)
+# How many wrappers deep the closures are searched: transformers 5 with Hugging Face's `kernels` needs two
+# (a function-like module's forward, then the fallback wrapper that holds mamba-ssm's function); one more
+# leaves room for a decorator on top.
+_CLOSURE_DEPTH = 3
 
 
 def _mamba_modules() -> list[tuple[str, Any]]:
@@ -95,12 +105,42 @@ def patch_mamba_ssm() -> list[str]:
                 if ours is not None and value is _originals[id(value)][0]:
                     _saved.setdefault((name, attr), value)
                     setattr(module, attr, ours)
+                else:
+                    for cell in _closure_cells(value, _CLOSURE_DEPTH, set()):
+                        held_there = cell.cell_contents
+                        ours = ours_by_original.get(id(held_there))
+                        if ours is not None and held_there is _originals[id(held_there)][0]:
+                            _saved_cells.setdefault(id(cell), (name, cell, held_there))
+                            cell.cell_contents = ours
         conv = load_target(CONV_OURS)
         for module in conv_modules:
             if hasattr(module, CONV_NAME) and getattr(module, CONV_NAME) is not conv:
                 _saved.setdefault((module.__name__, CONV_NAME), getattr(module, CONV_NAME))
                 setattr(module, CONV_NAME, conv)
-        return sorted({name for name, _ in _saved})
+        return sorted({name for name, _ in _saved} | {name for name, _, _ in _saved_cells.values()})
+
+
+def _closure_cells(value: Any, depth: int, seen: set[int]) -> Iterator[Any]:
+    """The filled closure cells of ``value`` (a function, or an object whose class defines ``forward``) and of
+    the functions those cells hold, ``depth`` wrappers deep; not this package's functions."""
+    if depth <= 0 or id(value) in seen:
+        return
+    seen.add(id(value))
+    # type(), not isinstance(): the latter reads ``__class__``, which some module attributes warn on
+    function = value if type(value) is types.FunctionType else vars(type(value)).get("forward")
+    if type(function) is not types.FunctionType or not function.__closure__:
+        return
+    own = __name__.partition(".")[0]
+    if function.__module__ == own or str(function.__module__).startswith(own + "."):
+        return
+    for cell in function.__closure__:
+        try:
+            held = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        yield cell
+        if type(held) is types.FunctionType:
+            yield from _closure_cells(held, depth - 1, seen)
 
 
 def unpatch_mamba_ssm() -> list[str]:
@@ -116,6 +156,10 @@ def unpatch_mamba_ssm() -> list[str]:
             if current is conv or any(current is ours for _, ours in _originals.values()):
                 setattr(module, attr, value)
                 restored.add(name)
+        for name, cell, value in _saved_cells.values():
+            if any(cell.cell_contents is ours for _, ours in _originals.values()):
+                cell.cell_contents = value
+                restored.add(name)
         # mamba-ssm's modules imported while patched copied ours from ssd_combined / layernorm_gated. (Other
         # modules imported while patched keep ours: they cannot be told apart from code that imports ours.)
         original_by_ours = {id(ours): original for original, ours in _originals.values()}
@@ -126,9 +170,10 @@ def unpatch_mamba_ssm() -> list[str]:
                     setattr(module, attr, original)
                     restored.add(name)
         _saved.clear()
+        _saved_cells.clear()
         _originals.clear()
         return sorted(restored)
 
 
 def is_patched() -> bool:
-    return bool(_saved)
+    return bool(_saved or _saved_cells)
