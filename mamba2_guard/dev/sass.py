@@ -38,6 +38,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 from mamba2_kernels import registry, suites  # noqa: E402
 from mamba2_kernels._runtime import SLUG_ENV, TunedKernel, capture_launches  # noqa: E402
+from mamba2_kernels.config_store import atomic_write  # noqa: E402
 
 _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
@@ -134,7 +135,7 @@ def compile_sass(tuned: TunedKernel, args: tuple[Any, ...], config: dict[str, An
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         for suffix, text in ((".py", code), (".ptx", compiled.asm["ptx"]), (".sass", sass)):
-            (out_dir / f"{tuned.name}{suffix}").write_text(text)
+            atomic_write(out_dir / f"{tuned.name}{suffix}", text)
     return SassReport(kernel=tuned.name, config_source=config_source, instructions=sum(opcodes.values()),
                       registers=int(resources.get("REG", 0)), stack_bytes=int(resources.get("STACK", 0)),
                       shared_bytes=compiled.metadata.shared, opcodes=dict(opcodes.most_common()),
@@ -175,6 +176,6 @@ def run(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                   f"{r['registers']} registers, {r['stack_bytes']} B stack, {r['shared_bytes']} B shared; {top}"
                   + (f" (dropped config keys: {dropped})" if dropped else ""))
     if opts.json:
-        opts.json.write_text(json.dumps(results, indent=1))
+        atomic_write(opts.json, json.dumps(results, indent=1))
     return 0
 
