@@ -10,7 +10,6 @@ parameters; the patch and its inverse. GPU tests compare with mamba-ssm itself (
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 
 import pytest
@@ -382,82 +381,6 @@ def test_patch_reaches_model_code_that_imported_mamba_ssms_functions(mamba2, mon
     assert dict(vars(remote)) == before
     assert later.mamba_chunk_scan_combined is mamba2_kernels.mamba_chunk_scan_combined
     assert ours_module.mamba_chunk_scan_combined is mamba2_kernels.mamba_chunk_scan_combined
-
-
-# ---------------------------------------------------------------------------------------------------
-# transformers 5's modeling files: mamba-ssm's functions bound in wrappers when the file is imported
-
-TRANSFORMERS_MODELS = ("mamba2", "bamba", "nemotron_h", "zamba2", "falcon_h1", "granitemoehybrid")
-
-
-@pytest.fixture
-def transformers_modeling(mamba2, monkeypatch):
-    """Imports a transformers modeling file afresh, unpatched, as a job does when it loads its model before it
-    patches. transformers sends only CUDA inputs to mamba-ssm's functions; CPU inputs are let through here."""
-    from transformers.integrations import hub_kernels
-
-    from mamba2_kernels.layer import is_patched
-
-    assert not is_patched()
-    monkeypatch.setitem(hub_kernels._PACKAGE_SUPPORTED_DEVICES, "mamba_ssm", ("cuda", "cpu"))
-
-    def load(model: str):
-        name = f"transformers.models.{model}.modeling_{model}"
-        monkeypatch.delitem(sys.modules, name, raising=False)
-        return importlib.import_module(name)
-
-    return load
-
-
-def _hf_scan_inputs(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(1, 32, 4, 8, generator=g)
-    dt = torch.randn(1, 32, 4, generator=g)
-    B, C = torch.randn(1, 32, 2, 8, generator=g), torch.randn(1, 32, 2, 8, generator=g)
-    A = -torch.rand(4, generator=g) - 0.5
-    return (x, dt, A, B, C, 16), {"D": torch.randn(4, generator=g), "dt_bias": torch.randn(4, generator=g),
-                                  "dt_softplus": True}
-
-
-def _hf_layer_inputs(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    d_inner, conv_dim, nheads = 32, 32 + 2 * 2 * 8, 4
-    zxbcdt = torch.randn(1, 32, 2 * d_inner + 2 * 2 * 8 + nheads, generator=g)
-    args = (zxbcdt, torch.randn(conv_dim, 4, generator=g) * 0.3, torch.randn(conv_dim, generator=g),
-            torch.randn(nheads, generator=g), -torch.rand(nheads, generator=g) - 0.5, torch.randn(nheads, generator=g),
-            16)
-    return args, {"headdim": 8, "ngroups": 2, "rmsnorm_weight": torch.ones(d_inner), "norm_before_gate": False}
-
-
-@pytest.mark.parametrize("model", TRANSFORMERS_MODELS)
-def test_patch_reaches_transformers_5_modeling_files_imported_before_it(transformers_modeling, model, monkeypatch):
-    """transformers 5 resolves mamba-ssm's SSD and layer functions when a modeling file is imported and keeps
-    them in its fallback wrappers' closures (under a module object's forward, with Hugging Face's `kernels`,
-    which it requires). A job that patched after loading its model silently trained on mamba-ssm's kernels.
-    Now the wrappers call ours, and mamba-ssm's again after unpatch."""
-    modeling = transformers_modeling(model)
-    import mamba2_kernels.layer_fn as layer_fn
-    from mamba2_kernels.ssd import combined
-
-    calls = []
-    for module in (combined, layer_fn):
-        original = module.ssd_forward
-        monkeypatch.setattr(module, "ssd_forward",
-                            lambda *a, _f=original, _m=module.__name__, **k: (calls.append(_m), _f(*a, **k))[1])
-    scan_args, scan_kwargs = _hf_scan_inputs()
-    layer_args, layer_kwargs = _hf_layer_inputs()
-    try:
-        assert f"transformers.models.{model}.modeling_{model}" in mamba2_kernels.patch_mamba_ssm()
-        scanned = modeling.mamba2_chunk_scan(*scan_args, **scan_kwargs)
-        layered = modeling.mamba2_split_conv1d_scan_combined(*layer_args, **layer_kwargs)
-        assert calls == [combined.__name__, layer_fn.__name__]
-    finally:
-        mamba2_kernels.unpatch_mamba_ssm()
-    torch.testing.assert_close(layered, mamba2_kernels.mamba_split_conv1d_scan_combined(*layer_args, **layer_kwargs))
-    calls.clear()
-    theirs = modeling.mamba2_chunk_scan(*scan_args, **scan_kwargs)  # mamba-ssm's, in Triton's interpreter
-    assert calls == []
-    torch.testing.assert_close(scanned, theirs, atol=1e-4, rtol=1e-4)
 
 
 def test_unpatched_mamba2_falls_back_as_before(mamba2, monkeypatch):

@@ -1,0 +1,170 @@
+"""Hugging Face transformers 5's Mamba-2 models, patched: their modeling files take mamba-ssm's functions when
+imported (bound in the closures of their hub-kernel fallback wrappers), and a patched model must train on ours
+and agree with transformers' own PyTorch path.
+
+transformers sends only CUDA inputs to mamba-ssm's functions (CPU inputs take its PyTorch path); here each
+modeling file is imported afresh with the test's device let through, so that the wrappers call what they
+bound. The PyTorch path, the reference, comes from a second fresh import that lets no device through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+
+import pytest
+import torch
+import transformers
+from transformers.integrations import hub_kernels
+
+import mamba2_kernels
+from mamba2_kernels import _mamba_ssm
+from mamba2_kernels.layer import is_patched
+from mamba2_kernels.testing import execution_mode
+
+MODELS = ("mamba2", "bamba", "nemotron_h", "zamba2", "falcon_h1", "granitemoehybrid")
+
+# Tiny configs: 8 heads of 16, 2 groups, state 16, chunk 16 (3 chunks of a 40-token sequence), two Mamba layers.
+_COMMON = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "use_cache": False}
+_MAMBA = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+          "mamba_expand": 2, "mamba_chunk_size": 16}
+CONFIGS = {
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM",
+               {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2, "num_heads": 8, "head_dim": 16,
+                "n_groups": 2, "state_size": 16, "conv_kernel": 4, "expand": 2, "chunk_size": 16, "use_cache": False}),
+    "bamba": ("BambaConfig", "BambaForCausalLM", {**_COMMON, "num_hidden_layers": 2, "attn_layer_indices": [],
+                                                  **_MAMBA}),
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM",
+                   {**_COMMON, "layers_block_type": ["mamba", "mlp", "mamba"], "head_dim": 32, "ssm_state_size": 16,
+                    "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "conv_kernel": 4, "chunk_size": 16,
+                    "expand": 2}),
+    "zamba2": ("Zamba2Config", "Zamba2ForCausalLM",
+               {**_COMMON, "num_hidden_layers": 2, "layers_block_type": ["mamba", "mamba"], "mamba_d_state": 16,
+                "mamba_d_conv": 4, "mamba_expand": 2, "mamba_ngroups": 2, "n_mamba_heads": 8, "chunk_size": 16,
+                "attention_head_dim": 32}),
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM",
+                  {**_COMMON, "num_hidden_layers": 2, "head_dim": 32, "mamba_d_ssm": 128, **_MAMBA}),
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                         {**_COMMON, "num_hidden_layers": 2, "layer_types": ["mamba", "mamba"],
+                          "num_local_experts": 0, "shared_intermediate_size": 96, **_MAMBA}),
+}
+
+
+@pytest.fixture
+def modeling(monkeypatch):
+    """``modeling(model, to_mamba_ssm, device="cpu")``: the model's modeling file, imported afresh and
+    unpatched, as a job does when it loads its model before it patches; with ``to_mamba_ssm`` its wrappers
+    call what they bound for inputs on ``device``, without it they take transformers' PyTorch path."""
+    _mamba_ssm.module(_mamba_ssm.SSD_COMBINED)  # importable, as on a GPU: transformers binds mamba-ssm's functions
+    assert not is_patched()
+
+    def load(model: str, to_mamba_ssm: bool, device: str = "cpu"):
+        monkeypatch.setitem(hub_kernels._PACKAGE_SUPPORTED_DEVICES, "mamba_ssm", (device,) if to_mamba_ssm else ())
+        name = f"transformers.models.{model}.modeling_{model}"
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        return importlib.import_module(name)
+
+    yield load
+    mamba2_kernels.unpatch_mamba_ssm()
+
+
+@pytest.fixture
+def ssd_calls(monkeypatch):
+    """The modules (our SSD call, our layer) whose SSD forward ran, in order."""
+    import mamba2_kernels.layer_fn as layer_fn
+    from mamba2_kernels.ssd import combined
+
+    calls = []
+    for module in (combined, layer_fn):
+        original = module.ssd_forward
+        monkeypatch.setattr(module, "ssd_forward",
+                            lambda *a, _f=original, _m=module.__name__, **k: (calls.append(_m), _f(*a, **k))[1])
+    return calls
+
+
+def _scan_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 32, 4, 8, generator=g)
+    dt = torch.randn(1, 32, 4, generator=g)
+    B, C = torch.randn(1, 32, 2, 8, generator=g), torch.randn(1, 32, 2, 8, generator=g)
+    A = -torch.rand(4, generator=g) - 0.5
+    return (x, dt, A, B, C, 16), {"D": torch.randn(4, generator=g), "dt_bias": torch.randn(4, generator=g),
+                                  "dt_softplus": True}
+
+
+def _layer_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    d_inner, conv_dim, nheads = 32, 32 + 2 * 2 * 8, 4
+    zxbcdt = torch.randn(1, 32, 2 * d_inner + 2 * 2 * 8 + nheads, generator=g)
+    args = (zxbcdt, torch.randn(conv_dim, 4, generator=g) * 0.3, torch.randn(conv_dim, generator=g),
+            torch.randn(nheads, generator=g), -torch.rand(nheads, generator=g) - 0.5, torch.randn(nheads, generator=g),
+            16)
+    return args, {"headdim": 8, "ngroups": 2, "rmsnorm_weight": torch.ones(d_inner), "norm_before_gate": False}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_patch_reaches_the_functions_a_modeling_file_bound_before_it(modeling, ssd_calls, model):
+    """transformers 5 resolves mamba-ssm's SSD and layer functions when a modeling file is imported and keeps
+    them in its fallback wrappers' closures (under a function-like module's forward, with Hugging Face's
+    `kernels`, which it requires). A job that patched after loading its model silently trained on mamba-ssm's
+    kernels. Now the wrappers call ours, and mamba-ssm's again after unpatch."""
+    file = modeling(model, True)
+    scan_args, scan_kwargs = _scan_inputs()
+    layer_args, layer_kwargs = _layer_inputs()
+    assert file.__name__ in mamba2_kernels.patch_mamba_ssm()
+    with execution_mode("ref"):
+        scanned = file.mamba2_chunk_scan(*scan_args, **scan_kwargs)
+        layered = file.mamba2_split_conv1d_scan_combined(*layer_args, **layer_kwargs)
+        assert ssd_calls == ["mamba2_kernels.ssd.combined", "mamba2_kernels.layer_fn"]
+        mamba2_kernels.unpatch_mamba_ssm()
+        direct = mamba2_kernels.mamba_split_conv1d_scan_combined(*layer_args, **layer_kwargs)
+    torch.testing.assert_close(layered, direct)
+    ssd_calls.clear()
+    theirs = file.mamba2_chunk_scan(*scan_args, **scan_kwargs)  # mamba-ssm's, in Triton's interpreter
+    assert ssd_calls == []
+    torch.testing.assert_close(scanned, theirs, atol=1e-4, rtol=1e-4)
+
+
+def _train_step(model, ids):
+    model.zero_grad()
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return out.loss.detach(), {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("model", MODELS)
+def test_a_patched_model_trains_as_transformers_pytorch_path(modeling, ssd_calls, model, device):
+    """A tiny model of each family, patched after it was built: a training step runs our whole layer in each
+    Mamba layer (transformers' fused path), evaluation our SSD call (its unfused path), and the loss, every
+    parameter's gradient and the logits agree with transformers' own PyTorch implementation. On a GPU the
+    kernels' fp32 dots may round as TF32 does, hence the looser tolerance there."""
+    config_name, model_name, kwargs = CONFIGS[model]
+    config = getattr(transformers, config_name)(**kwargs)
+    torch.manual_seed(0)
+    reference = getattr(modeling(model, False, device), model_name)(config).to(device).train()
+    patched = getattr(modeling(model, True, device), model_name)(config).to(device).train()
+    patched.load_state_dict(reference.state_dict())
+    mamba2_kernels.patch_mamba_ssm()
+    ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(1)).to(device)
+    ours = (lambda: execution_mode("ref")) if device == "cpu" else contextlib.nullcontext
+    tolerance = 1e-4 if device == "cpu" else 5e-3
+
+    with ours():
+        loss, grads = _train_step(patched, ids)
+    assert ssd_calls == ["mamba2_kernels.layer_fn"] * 2
+    ref_loss, ref_grads = _train_step(reference, ids)
+    torch.testing.assert_close(loss, ref_loss, atol=tolerance / 10, rtol=tolerance / 10)
+    assert set(grads) == set(ref_grads)
+    for name, grad in grads.items():
+        scale = ref_grads[name].abs().max().item() + 1e-12
+        torch.testing.assert_close(grad / scale, ref_grads[name] / scale, atol=tolerance, rtol=0, msg=f"d{name}")
+
+    ssd_calls.clear()
+    with torch.no_grad(), ours():
+        logits = patched.eval()(input_ids=ids).logits
+        ref_logits = reference.eval()(input_ids=ids).logits
+    assert ssd_calls == ["mamba2_kernels.ssd.combined"] * 2
+    torch.testing.assert_close(logits, ref_logits, atol=tolerance, rtol=tolerance)
