@@ -31,6 +31,7 @@ and state_dict). ``Mamba2.step`` (decoding) is not touched.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import threading
 import types
@@ -80,6 +81,12 @@ def patch_mamba_ssm() -> list[str]:
     """Install the Helion kernels; returns the names of the modules patched (sorted)."""
     from mamba2_kernels import _mamba_ssm
 
+    if "mamba_ssm" not in sys.modules and importlib.util.find_spec("mamba_ssm") is None:
+        # transformers and model code call mamba-ssm's kernels only where it is installed
+        raise _mamba_ssm.MambaSsmUnavailable(
+            "patch_mamba_ssm: mamba-ssm is not installed, so nothing here runs its kernels and there is nothing "
+            "to replace; call mamba2_kernels.mamba_chunk_scan_combined or mamba_split_conv1d_scan_combined directly"
+        )
     with _lock:
         ours_by_original: dict[int, Any] = {}
         for source_name, attr, target in SWAPS:

@@ -383,6 +383,19 @@ def test_patch_reaches_model_code_that_imported_mamba_ssms_functions(mamba2, mon
     assert ours_module.mamba_chunk_scan_combined is mamba2_kernels.mamba_chunk_scan_combined
 
 
+def test_patching_without_mamba_ssm_says_there_is_nothing_to_replace(monkeypatch):
+    """A training environment without mamba-ssm: nothing calls its kernels (transformers takes its PyTorch
+    path), so the patch refuses in one line that points at the functions themselves, and changes nothing."""
+    from mamba2_kernels import layer
+
+    monkeypatch.delitem(sys.modules, "mamba_ssm", raising=False)
+    monkeypatch.setattr(layer.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(_mamba_ssm.MambaSsmUnavailable) as refused:
+        mamba2_kernels.patch_mamba_ssm()
+    message = str(refused.value)
+    assert "\n" not in message and "mamba-ssm is not installed" in message
+    assert "mamba2_kernels.mamba_chunk_scan_combined" in message and not layer.is_patched()
+
 def test_unpatched_mamba2_falls_back_as_before(mamba2, monkeypatch):
     # Without causal-conv1d, mamba-ssm's own non-fused path uses nn.Conv1d; after unpatch it does again.
     mamba2_kernels.patch_mamba_ssm()
