@@ -188,3 +188,26 @@ def test_a_patched_model_compiles(modeling, ssd_calls):
     torch.testing.assert_close(compiled_loss, loss)
     for name, grad in compiled_grads.items():
         torch.testing.assert_close(grad, grads[name.removeprefix("_orig_mod.")], msg=f"d{name}")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_packed_documents_train_as_the_documents_one_by_one(modeling, ssd_calls, model):
+    """Packed training (transformers' DataCollatorWithFlattening with return_seq_idx=True: one row of several
+    documents, with ``seq_idx`` and restarted ``position_ids``) reaches our layer through the model's keyword
+    arguments: each document's logits are those of the document alone on transformers' PyTorch path."""
+    config_name, model_name, kwargs = CONFIGS[model]
+    config = getattr(transformers, config_name)(**kwargs)
+    torch.manual_seed(0)
+    reference = getattr(modeling(model, False), model_name)(config)
+    patched = getattr(modeling(model, True), model_name)(config).train()
+    patched.load_state_dict(reference.state_dict())
+    mamba2_kernels.patch_mamba_ssm()
+    g = torch.Generator().manual_seed(1)
+    documents = [torch.randint(0, 128, (1, length), generator=g) for length in (23, 17)]  # 23: inside a chunk
+    seq_idx = torch.cat([torch.full((1, len(d[0])), i, dtype=torch.int32) for i, d in enumerate(documents)], 1)
+    position_ids = torch.cat([torch.arange(len(d[0])) for d in documents])[None]
+    with torch.no_grad(), execution_mode("ref"):
+        packed = patched(input_ids=torch.cat(documents, 1), seq_idx=seq_idx, position_ids=position_ids).logits
+        alone = torch.cat([reference.eval()(input_ids=d).logits for d in documents], 1)
+    assert ssd_calls == ["mamba2_kernels.layer_fn"] * 2
+    torch.testing.assert_close(packed, alone, atol=1e-4, rtol=1e-4)
