@@ -109,11 +109,12 @@ def test_patch_reaches_the_functions_a_modeling_file_bound_before_it(modeling, s
     """transformers 5 resolves mamba-ssm's SSD and layer functions when a modeling file is imported and keeps
     them in its fallback wrappers' closures (under a function-like module's forward, with Hugging Face's
     `kernels`, which it requires). A job that patched after loading its model silently trained on mamba-ssm's
-    kernels. Now the wrappers call ours, and mamba-ssm's again after unpatch."""
+    kernels. Now the wrappers call ours, and mamba-ssm's again after unpatch (once, however often patched)."""
     file = modeling(model, True)
     scan_args, scan_kwargs = _scan_inputs()
     layer_args, layer_kwargs = _layer_inputs()
-    assert file.__name__ in mamba2_kernels.patch_mamba_ssm()
+    patched = mamba2_kernels.patch_mamba_ssm()
+    assert file.__name__ in patched and mamba2_kernels.patch_mamba_ssm() == patched  # idempotent
     with execution_mode("ref"):
         scanned = file.mamba2_chunk_scan(*scan_args, **scan_kwargs)
         layered = file.mamba2_split_conv1d_scan_combined(*layer_args, **layer_kwargs)
