@@ -15,13 +15,17 @@ import sys
 
 import pytest
 import torch
-import transformers
-from transformers.integrations import hub_kernels
 
 import mamba2_kernels
 from mamba2_kernels import _mamba_ssm
 from mamba2_kernels.layer import is_patched
 from mamba2_kernels.testing import execution_mode
+
+# The dev extra installs transformers (tests/kernels/foundation/test_environment.py fails without it). Where it
+# is missing, as on a GPU runner set up from the guard's wheel folder (scripts/gpu-wheels.sh), these skip
+# rather than fail the collection of a `pytest -m gpu` run.
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (the dev extra has it)")
+hub_kernels = pytest.importorskip("transformers.integrations.hub_kernels")
 
 MODELS = ("mamba2", "bamba", "nemotron_h", "zamba2", "falcon_h1", "granitemoehybrid")
 
