@@ -1,6 +1,6 @@
 """Autotuner seeds for the SSD kernels: mamba-ssm 2.3.2.post1's own Triton autotune lists
 (``mamba_ssm/ops/triton/ssd_*.py``), written as partial Helion configs over each kernel's block sizes in
-the order the kernel registers them, plus configs that hand sweeps (``scripts/config_sweep.py``) found
+the order the kernel registers them, plus configs that hand sweeps (``mamba2-guard dev sweep``) found
 faster than the tuner's picks. Triton's default warps (4) and stages (3) fill in where mamba-ssm sets none.
 They only start the search: Helion's tuner measures them with everything else it tries."""
 

@@ -68,7 +68,8 @@ def test_forward_matches_fp64_reference(options, L, g):
 
 
 def test_varlen_arguments_are_checked_by_name():
-    """cu_seqlens and return_varlen_states work (tests/ssd/test_varlen.py); here only their errors at batch 2."""
+    """cu_seqlens and return_varlen_states work (tests/kernels/ssd/test_varlen.py); here only their errors at
+    batch 2."""
     base = _problem()
     with pytest.raises(ValueError, match="return_varlen_states: cu_seqlens must be provided"):
         mamba2_kernels.mamba_chunk_scan_combined(**base, chunk_size=32, return_varlen_states=True)
