@@ -68,13 +68,23 @@ def _mamba_modules() -> list[tuple[str, Any]]:
             if module is not None and (name == "mamba_ssm" or name.startswith("mamba_ssm."))]
 
 
+def _in_this_package(module_name: Any) -> bool:
+    own = __name__.partition(".")[0]
+    return module_name == own or str(module_name).startswith(own + ".")
+
+
 def _holders() -> list[tuple[str, Any]]:
     """Every imported module that may hold mamba-ssm's objects: a model's code (Hugging Face's modeling files,
     a hub model's remote code) imports them by name, often before a job patches. Not this package's modules,
     which hold ours on purpose."""
-    own = __name__.partition(".")[0]
     return [(name, module) for name, module in list(sys.modules.items())
-            if module is not None and name != own and not name.startswith(own + ".")]
+            if module is not None and not _in_this_package(name)]
+
+
+def _ours_for(value: Any) -> Any:
+    """Ours in place of ``value`` where it is one of mamba-ssm's objects that the patch replaces, else None."""
+    pair = _originals.get(id(value))
+    return pair[1] if pair is not None and pair[0] is value else None
 
 
 def patch_mamba_ssm() -> list[str]:
@@ -88,14 +98,11 @@ def patch_mamba_ssm() -> list[str]:
             "to replace; call mamba2_kernels.mamba_chunk_scan_combined or mamba_split_conv1d_scan_combined directly"
         )
     with _lock:
-        ours_by_original: dict[int, Any] = {}
         for source_name, attr, target in SWAPS:
             ours = load_target(target)
             current = getattr(_mamba_ssm.module(source_name), attr)
             if current is not ours and id(current) not in _originals:
                 _originals[id(current)] = (current, ours)
-        for original, ours in _originals.values():
-            ours_by_original[id(original)] = ours
         conv_modules = []
         for name in CONV_MODULES:
             try:
@@ -108,17 +115,17 @@ def patch_mamba_ssm() -> list[str]:
             except TypeError:  # an object without a __dict__ that put itself in sys.modules
                 continue
             for attr, value in held:
-                ours = ours_by_original.get(id(value))
-                if ours is not None and value is _originals[id(value)][0]:
+                ours = _ours_for(value)
+                if ours is not None:
                     _saved.setdefault((name, attr), value)
                     setattr(module, attr, ours)
-                else:
-                    for cell in _closure_cells(value, _CLOSURE_DEPTH, set()):
-                        held_there = cell.cell_contents
-                        ours = ours_by_original.get(id(held_there))
-                        if ours is not None and held_there is _originals[id(held_there)][0]:
-                            _saved_cells.setdefault(id(cell), (name, cell, held_there))
-                            cell.cell_contents = ours
+                    continue
+                for cell in _closure_cells(value, _CLOSURE_DEPTH, set()):
+                    held_there = cell.cell_contents
+                    ours = _ours_for(held_there)
+                    if ours is not None:
+                        _saved_cells.setdefault(id(cell), (name, cell, held_there))
+                        cell.cell_contents = ours
         conv = load_target(CONV_OURS)
         for module in conv_modules:
             if hasattr(module, CONV_NAME) and getattr(module, CONV_NAME) is not conv:
@@ -135,10 +142,7 @@ def _closure_cells(value: Any, depth: int, seen: set[int]) -> Iterator[Any]:
     seen.add(id(value))
     # type(), not isinstance(): the latter reads ``__class__``, which some module attributes warn on
     function = value if type(value) is types.FunctionType else vars(type(value)).get("forward")
-    if type(function) is not types.FunctionType or not function.__closure__:
-        return
-    own = __name__.partition(".")[0]
-    if function.__module__ == own or str(function.__module__).startswith(own + "."):
+    if type(function) is not types.FunctionType or not function.__closure__ or _in_this_package(function.__module__):
         return
     for cell in function.__closure__:
         try:
@@ -155,21 +159,21 @@ def unpatch_mamba_ssm() -> list[str]:
     with _lock:
         restored = set()
         conv = load_target(CONV_OURS)
+        original_by_ours = {id(ours): original for original, ours in _originals.values()}
         for (name, attr), value in _saved.items():
             module = sys.modules.get(name)
             if module is None:
                 continue
             current = getattr(module, attr, None)
-            if current is conv or any(current is ours for _, ours in _originals.values()):
+            if current is conv or id(current) in original_by_ours:
                 setattr(module, attr, value)
                 restored.add(name)
         for name, cell, value in _saved_cells.values():
-            if any(cell.cell_contents is ours for _, ours in _originals.values()):
+            if id(cell.cell_contents) in original_by_ours:
                 cell.cell_contents = value
                 restored.add(name)
         # mamba-ssm's modules imported while patched copied ours from ssd_combined / layernorm_gated. (Other
         # modules imported while patched keep ours: they cannot be told apart from code that imports ours.)
-        original_by_ours = {id(ours): original for original, ours in _originals.values()}
         for name, module in _mamba_modules():
             for attr, value in list(vars(module).items()):
                 original = original_by_ours.get(id(value))
