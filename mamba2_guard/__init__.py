@@ -17,5 +17,4 @@ class EnvironmentProblem(RuntimeError):
     """The environment cannot run the guard (exit code 2)."""
 
 
-
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

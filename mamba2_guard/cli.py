@@ -1,4 +1,4 @@
-"""The ``mamba2-guard`` command line. Thin: each command composes the pieces of ``guard``.
+"""The ``mamba2-guard`` command line. Thin: each command composes the pieces of ``mamba2_guard``.
 
 Exit codes (``EPILOG``): 0 all good, 1 a regression or precision failure, 2 a usage or environment error.
 """

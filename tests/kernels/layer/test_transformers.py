@@ -132,6 +132,24 @@ def test_patch_reaches_the_functions_a_modeling_file_bound_before_it(modeling, s
     torch.testing.assert_close(scanned, theirs, atol=1e-4, rtol=1e-4)
 
 
+def _build(modeling, model: str, to_mamba_ssm: bool, device: str = "cpu"):
+    """A tiny model of ``model``'s family (``CONFIGS``), seeded, from a fresh import of its modeling file."""
+    config_name, model_name, kwargs = CONFIGS[model]
+    torch.manual_seed(0)
+    file = modeling(model, to_mamba_ssm, device)
+    return getattr(file, model_name)(getattr(transformers, config_name)(**kwargs)).to(device)
+
+
+def _reference_and_patched(modeling, model: str, device: str = "cpu"):
+    """The model on transformers' PyTorch path, and a copy of it whose wrappers call what they bound, patched
+    after it was built."""
+    reference = _build(modeling, model, False, device)
+    patched = _build(modeling, model, True, device)
+    patched.load_state_dict(reference.state_dict())
+    mamba2_kernels.patch_mamba_ssm()
+    return reference, patched
+
+
 def _train_step(model, ids):
     model.zero_grad()
     out = model(input_ids=ids, labels=ids)
@@ -146,13 +164,9 @@ def test_a_patched_model_trains_as_transformers_pytorch_path(modeling, ssd_calls
     Mamba layer (transformers' fused path), evaluation our SSD call (its unfused path), and the loss, every
     parameter's gradient and the logits agree with transformers' own PyTorch implementation. On a GPU the
     kernels' fp32 dots may round as TF32 does, hence the looser tolerance there."""
-    config_name, model_name, kwargs = CONFIGS[model]
-    config = getattr(transformers, config_name)(**kwargs)
-    torch.manual_seed(0)
-    reference = getattr(modeling(model, False, device), model_name)(config).to(device).train()
-    patched = getattr(modeling(model, True, device), model_name)(config).to(device).train()
-    patched.load_state_dict(reference.state_dict())
-    mamba2_kernels.patch_mamba_ssm()
+    reference, patched = _reference_and_patched(modeling, model, device)
+    reference.train()
+    patched.train()
     ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(1)).to(device)
     ours = (lambda: execution_mode("ref")) if device == "cpu" else contextlib.nullcontext
     tolerance = 1e-4 if device == "cpu" else 5e-3
@@ -179,9 +193,7 @@ def test_a_patched_model_compiles(modeling, ssd_calls):
     """torch.compile around a patched transformers model: Dynamo traces transformers' wrapper and breaks the
     graph at our functions (kernels._runtime.eager_under_compile), which run as in eager mode, with the
     eager results."""
-    config_name, model_name, kwargs = CONFIGS["bamba"]
-    torch.manual_seed(0)
-    model = getattr(modeling("bamba", True), model_name)(getattr(transformers, config_name)(**kwargs)).train()
+    model = _build(modeling, "bamba", True).train()
     mamba2_kernels.patch_mamba_ssm()
     ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(1))
     torch._dynamo.reset()
@@ -200,13 +212,8 @@ def test_packed_documents_train_as_the_documents_one_by_one(modeling, ssd_calls,
     """Packed training (transformers' DataCollatorWithFlattening with return_seq_idx=True: one row of several
     documents, with ``seq_idx`` and restarted ``position_ids``) reaches our layer through the model's keyword
     arguments: each document's logits are those of the document alone on transformers' PyTorch path."""
-    config_name, model_name, kwargs = CONFIGS[model]
-    config = getattr(transformers, config_name)(**kwargs)
-    torch.manual_seed(0)
-    reference = getattr(modeling(model, False), model_name)(config)
-    patched = getattr(modeling(model, True), model_name)(config).train()
-    patched.load_state_dict(reference.state_dict())
-    mamba2_kernels.patch_mamba_ssm()
+    reference, patched = _reference_and_patched(modeling, model)
+    patched.train()
     g = torch.Generator().manual_seed(1)
     documents = [torch.randint(0, 128, (1, length), generator=g) for length in (23, 17)]  # 23: inside a chunk
     seq_idx = torch.cat([torch.full((1, len(d[0])), i, dtype=torch.int32) for i, d in enumerate(documents)], 1)
