@@ -48,7 +48,7 @@ import re
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -349,6 +349,30 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> N
 
 def save(path: Path, cf: ConfigFile) -> None:
     atomic_write(path, dumps(cf))
+
+
+WRITER_WAIT_S = 120.0
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Hold the writers' lock of the config file ``path`` (``.<name>.lock`` beside it) around a read, change
+    and save of it. Its writers (autotune runs of different state directories, a fit, a restamp) each write
+    their change over the file as they read it: without the lock, two of them reading before either saves
+    would drop the first one's change. An flock, so the kernel drops it when its holder dies."""
+    from filelock import FileLock, Timeout
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path.with_name(f".{path.name}.lock")), timeout=WRITER_WAIT_S)
+    try:
+        lock.acquire()
+    except Timeout as exc:
+        raise ConfigFileError(f"{path}: another writer has held {lock.lock_file} for {WRITER_WAIT_S:.0f} s") from exc
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def candidates(cf: ConfigFile, kernel: str, key: ShapeKey) -> list[Lookup]:

@@ -39,9 +39,10 @@ def run(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     baseline = baselines.path_for(opts.gpu_slug, root / "baselines")
     if not configs.exists():
         parser.error(f"--gpu-slug: no config file {configs}")
-    cf = config_store.load(configs)
-    cf.fingerprint = restamped(cf.fingerprint, files)
-    config_store.save(configs, cf)
+    with config_store.writing(configs):
+        cf = config_store.load(configs)
+        cf.fingerprint = restamped(cf.fingerprint, files)
+        config_store.save(configs, cf)
     print(f"stamped {configs}")
     doc = baselines.read_document(baseline)
     if doc and doc.get("fingerprint"):

@@ -245,8 +245,8 @@ class Run:
         return cf, tuneplan.merge(self.base.kernels, winners) != tuneplan.merge(self.base.kernels, ())
 
     def save(self) -> bool:
-        with self.lock:
-            out = Path(self.opts.out)
+        out = Path(self.opts.out)
+        with self.lock, config_store.writing(out):
             cf, changed = self.rebuild(self.entries(), config_store.load(out) if out.exists() else self.base)
             config_store.save(out, cf)
             return changed

@@ -388,10 +388,11 @@ def fit_into(path: Path, measurements: Path) -> list[fitting.Fit]:
         raise ValueError(f"{path}: no such config file; the fit goes into the config file of the GPU that "
                          "measured it: pass --gpu-slug (e.g. nvidia-h200) or --out")
     try:
-        new, fits = apply_fit(config_store.load(path), records)
+        with config_store.writing(path):
+            new, fits = apply_fit(config_store.load(path), records)
+            config_store.save(path, new)
     except config_store.ConfigFileError as exc:
         raise ValueError(str(exc)) from exc
-    config_store.save(path, new)
     return fits
 
 

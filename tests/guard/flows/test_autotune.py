@@ -351,6 +351,51 @@ def test_one_autotune_at_a_time_per_state_directory(tmp_path):
     assert set(config_store.load(out).kernels) == {"chunk_cumsum_k", "chunk_state_k"}
 
 
+# A fit whose save waits until another writer changed the config file after the fit read it (or 5 s pass).
+LATE_FIT = """
+import sys, time
+from pathlib import Path
+from mamba2_kernels import config_store
+from mamba2_guard.flows import selection
+out, measurements, read = map(Path, sys.argv[1:4])
+save = config_store.save
+def save_late(path, cf):
+    read.touch()
+    before, deadline = out.read_bytes(), time.monotonic() + 5
+    while out.read_bytes() == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    save(path, cf)
+config_store.save = save_late
+selection.fit_into(out, measurements)
+"""
+
+
+def test_a_save_waits_for_another_writer_between_its_read_and_its_save(tmp_path):
+    """Autotune runs of two state directories, or a run and a fit, write one config file, each its change
+    over the file as it read it: a save while another writer is between its read and its save would be
+    overwritten by that writer's. The save waits for it, and both changes stay."""
+    out = tmp_path / "configs" / "fake.yaml"
+    config_store.save(out, config_store.ConfigFile())
+    measurements, read = tmp_path / "m.jsonl", tmp_path / "fit-read"
+    key = "dstate=64,tokens=8192"
+    measurements.write_text(json.dumps({"shape": "s", "kernel": "chunk_scan", "key": key, "ms": {key: 0.5},
+                                        "errors": {}, "configs": {key: {"num_warps": 4}}, "aliases": {}}) + "\n")
+    fit = subprocess.Popen([sys.executable, "-c", LATE_FIT, str(out), str(measurements), str(read)], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not read.exists():
+            assert fit.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1]), quiet)
+        assert fit.wait(timeout=60) == 0
+    finally:
+        fit.kill()
+    written = config_store.load(out)
+    assert "chunk_cumsum_k" in written.kernels  # the run's winner
+    assert written.kernels["chunk_scan"] == {key: {"num_warps": 4}}  # the fit's winner and rule
+    assert written.selection["chunk_scan"]["fitted_on"] == 1
+
+
 def test_candidates_are_timed_through_the_public_function_with_their_config_pinned(monkeypatch):
     """The worker times the registry entry's public function (host-side sums of partials included), with
     the candidate pinned for its own shape key only, and leaves the kernel's normal lookup afterwards."""
