@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 
 # A daemon cycle that found its state dir held by another cycle (a CLI nightly): skipped (EX_TEMPFAIL).
 EXIT_BUSY = 75

@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import re
+import stat
 import tempfile
 import threading
 from collections import Counter
@@ -314,16 +315,37 @@ def dumps(cf: ConfigFile) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _process_umask() -> int:
+    """Read without setting it where Linux allows: setting it, even back, races other threads' file creation."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o77)  # a file another thread makes meanwhile is at worst too private
+    os.umask(umask)
+    return umask
+
+
 def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` so that a kill at any moment leaves the old file or the new one.
 
-    A temp file in the same folder is written, fsynced (and given ``mode``, if any), renamed over
-    ``path``; the folder is fsynced after the rename. Text is written as UTF-8.
+    A temp file in the same folder is written, fsynced, given ``mode`` (by default the replaced file's, or
+    for a new file what ``open`` would give it under the umask), renamed over ``path``; the folder is fsynced
+    after the rename. Text is written as UTF-8. The temp file alone would be owner-only: a config file, a
+    baseline or a fallback record that other users' jobs and the guard read must keep their read bits.
     """
     path = Path(path)
     folder = path.parent
     folder.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else bytes(data)
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            mode = 0o666 & ~_process_umask()
     handle = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".tmp", delete=False)  # noqa: SIM115
     tmp_name = handle.name
     try:
@@ -331,8 +353,7 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> N
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
-            if mode is not None:
-                os.fchmod(handle.fileno(), mode)
+            os.fchmod(handle.fileno(), mode)
         os.replace(tmp_name, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
