@@ -315,6 +315,11 @@ def dumps(cf: ConfigFile) -> str:
     return "\n".join(lines) + "\n"
 
 
+def new_file_mode() -> int:
+    """The mode ``open`` gives a new file under this process's umask (a temp file gets 0600 instead)."""
+    return 0o666 & ~_process_umask()
+
+
 def _process_umask() -> int:
     """Read without setting it where Linux allows: setting it, even back, races other threads' file creation."""
     try:
@@ -345,7 +350,7 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> N
         try:
             mode = stat.S_IMODE(path.stat().st_mode)
         except FileNotFoundError:
-            mode = 0o666 & ~_process_umask()
+            mode = new_file_mode()
     handle = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".tmp", delete=False)  # noqa: SIM115
     tmp_name = handle.name
     try:

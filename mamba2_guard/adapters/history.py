@@ -24,6 +24,7 @@ from typing import Any
 
 from mamba2_guard.core.results import BenchResult, CaseResult, HistoryPoint
 from mamba2_guard.core.verdicts import PRECISION_FAIL, Verdict, exit_code
+from mamba2_kernels.config_store import new_file_mode
 
 SCHEMA_VERSION = 1
 RUN_STATUSES = ("pass", "fail", "error")
@@ -144,6 +145,7 @@ class History:
         tmp = None
         try:
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+            os.fchmod(fd, new_file_mode())  # as SQLite would create it, not owner-only: others may read it
             os.close(fd)
             conn = sqlite3.connect(tmp, isolation_level=None)
             try:

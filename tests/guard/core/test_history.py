@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
@@ -123,6 +125,17 @@ def test_exception_mid_run_rolls_back(tmp_path):
         assert h.runs() == [] and h.conn.execute("SELECT COUNT(*) FROM cases").fetchone()[0] == 0
         h.record(_result(rng, n_kernels=2), [], T0)  # still usable
         assert len(h.runs()) == 1
+
+
+def test_a_new_history_is_readable_as_the_umask_allows(tmp_path):
+    """Made aside as a temp file (owner-only) and linked into place: it gets the mode SQLite would give it."""
+    before = os.umask(0o022)
+    try:
+        with History(tmp_path / "h.sqlite"):
+            pass
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE((tmp_path / "h.sqlite").stat().st_mode) == 0o644
 
 
 def test_killed_mid_transaction_leaves_no_half_run(tmp_path):
