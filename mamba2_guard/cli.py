@@ -662,8 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("bench", "precision and interleaved timing of kernels x shapes")
     selection(p, "default")
     run_options(p)
-    p.add_argument("--json", metavar="PATH", help="where to write the result (default: the state dir); with "
-                   "one worker it is rewritten after every case")
+    p.add_argument("--json", metavar="PATH", help="where to write the result (default: the state dir); "
+                   "rewritten after every case")
     p.add_argument("--resume", action="store_true", help="continue --json PATH where a stopped run left it: keep "
                    "its cases (same environment, GPU, seed, rounds and timing) and measure the rest, and again "
                    "those that failed or ran throttled")

@@ -156,6 +156,30 @@ def with_layer_shares(cases: Sequence[CaseResult]) -> list[CaseResult]:
             if case in counted and totals[case.shape] else case for case in cases]
 
 
+def kept_cases(done: Sequence[CaseResult], planned: Sequence[tuple[str, str]], progress: Progress
+               ) -> list[CaseResult]:
+    """The cases of ``done`` (a resumed run's) in this plan of (shape, kernel): they are not measured again."""
+    keys = set(planned)
+    kept = [case for case in done if (case.shape, case.kernel) in keys]
+    if kept:
+        progress(f"resumed: {len(kept)} of {len(planned)} case(s) measured before, {len(planned) - len(kept)} to go")
+    return kept
+
+
+def result_so_far(cases: Sequence[CaseResult], planned: Sequence[tuple[str, str]], *, fingerprint: dict[str, Any],
+                  device_peaks: dict[str, Any], suite: str | None, started_at: str, extra: dict[str, Any]
+                  ) -> BenchResult:
+    """A run's ``cases`` in the order of its plan of (shape, kernel), with layer shares over them all; marked
+    ``extra["partial"]`` (cases measured of those planned) while some are missing, which ``--resume``
+    continues and ``check`` points out."""
+    order = {key: i for i, key in enumerate(planned)}
+    if len(cases) < len(planned):
+        extra = {**extra, "partial": {"cases": len(cases), "planned": len(planned)}}
+    ordered = sorted(cases, key=lambda c: order[(c.shape, c.kernel)])
+    return BenchResult(fingerprint=measured_under(fingerprint), cases=tuple(with_layer_shares(ordered)),
+                       device_peaks=device_peaks, suite=suite, started_at=started_at, extra=extra)
+
+
 def plain_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -171,20 +195,17 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     started = started_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     plan = [(shape, entry) for shape in shapes for entry in entries]
-    order = {(shape.name, entry.name): i for i, (shape, entry) in enumerate(plan)}
-    cases = [case for case in done if (case.shape, case.kernel) in order]
+    planned = [(shape.name, entry.name) for shape, entry in plan]
+    cases = kept_cases(done, planned, progress)
     measured = {(case.shape, case.kernel) for case in cases}
     todo = [(shape, entry) for shape, entry in plan if (shape.name, entry.name) not in measured]
     total = len(todo)
     peaks: dict[str, Any] = {}
 
     def result() -> BenchResult:
-        extra: dict[str, Any] = {"seed": seed, "rounds": rounds, "device": str(device), "cuda_graphs": cuda_graphs}
-        if len(cases) < len(plan):
-            extra["partial"] = {"cases": len(cases), "planned": len(plan)}
-        ordered = sorted(cases, key=lambda c: order[(c.shape, c.kernel)])
-        return BenchResult(fingerprint=measured_under(fingerprint), cases=tuple(with_layer_shares(ordered)),
-                           device_peaks=peaks, suite=suite, started_at=started, extra=extra)
+        return result_so_far(cases, planned, fingerprint=fingerprint, device_peaks=peaks, suite=suite,
+                             started_at=started, extra={"seed": seed, "rounds": rounds, "device": str(device),
+                                                        "cuda_graphs": cuda_graphs})
 
     def record(i: int, case: CaseResult, seconds: float) -> None:
         progress(_line(i, total, case, seconds))
@@ -192,8 +213,6 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
         if checkpoint is not None:
             checkpoint(result())
 
-    if cases:
-        progress(f"resumed: {len(cases)} of {len(plan)} case(s) measured before, {total} to go")
     if device.type == "cuda":
         index = torch.cuda.current_device()
         lock = gpu_lock(state_dir, fingerprint.get("gpu_uuid") or str(index))

@@ -7,7 +7,9 @@ own assignment). Each worker is a child process (``python -m mamba2_guard.bench.
 warm-up as every other. It rewrites its finished cases atomically to a JSON file under
 ``<state>/shards/<run>/`` after each case; the parent merges those files in plan order into one
 ``BenchResult`` (layer shares computed over the merged cases, as the sequential run does), so verdicts,
-reports, baselines and history are computed exactly as for a single-GPU run.
+reports, baselines and history are computed exactly as for a single-GPU run. As the workers finish cases,
+the parent hands the merged cases so far, marked partial as ``run_bench`` marks them, to the caller's
+checkpoint (``bench --json`` rewrites its file); a resumed run gives the workers only the cases it does not keep.
 
 Per case, ``extra`` records where it was measured (``worker``, ``device`` = the CUDA_VISIBLE_DEVICES value,
 ``gpu_index``, ``gpu_uuid``, ``gpu_name``, ``wall_s``); the result's ``extra["sharding"]`` records the split
@@ -187,8 +189,10 @@ class _Worker:
 
 
 def run_workers(shards: Sequence[tuple[str, list[Job]]], run_dir: Path, spec: dict[str, Any], *,
-                case_timeout_s: float, progress: Progress, poll_s: float = 0.1) -> list[_Worker]:
-    """Start one worker per (device, jobs) shard and wait for all; a crash or hang ends that worker only."""
+                case_timeout_s: float, progress: Progress, poll_s: float = 0.1,
+                on_cases: Callable[[Sequence[_Worker]], None] | None = None) -> list[_Worker]:
+    """Start one worker per (device, jobs) shard and wait for all; a crash or hang ends that worker only.
+    ``on_cases`` gets the workers after each poll in which some of them finished cases."""
     run_dir.mkdir(parents=True, exist_ok=True)
     workers = [_Worker(i, device, jobs, run_dir, spec) for i, (device, jobs) in enumerate(shards)]
     try:
@@ -199,7 +203,7 @@ def run_workers(shards: Sequence[tuple[str, list[Job]]], run_dir: Path, spec: di
         total, finished = sum(len(w.jobs) for w in workers), 0
         while live:
             time.sleep(poll_s)
-            still = []
+            still, seen = [], finished
             for w in live:
                 running = w.poll(case_timeout_s)
                 cases = (w.state() or {}).get("cases") or []
@@ -218,6 +222,8 @@ def run_workers(shards: Sequence[tuple[str, list[Job]]], run_dir: Path, spec: di
                     progress(f"worker {w.index} (CUDA_VISIBLE_DEVICES={w.device}) {w.status}, "
                              f"{done}/{len(w.jobs)} cases in {w.finished - w.started:.1f}s{extra}")
             live = still
+            if on_cases is not None and finished > seen:
+                on_cases(workers)
     except BaseException:
         for w in workers:
             w.kill()
@@ -242,10 +248,9 @@ def _where(w: _Worker, gpu: dict[str, Any] | None) -> dict[str, Any]:
             "gpu_name": gpu.get("name")}
 
 
-def merge(jobs: Sequence[Job], workers: Sequence[_Worker], phases: dict[str, str], seed: int
-          ) -> tuple[list[CaseResult], dict[str, float]]:
-    """Cases in plan order; the jobs a worker did not finish become errors naming the worker and why.
-    Also returns each job's wall seconds (by job id)."""
+def finished_cases(workers: Sequence[_Worker], phases: dict[str, str], seed: int
+                   ) -> tuple[dict[int, CaseResult], dict[str, float]]:
+    """The cases the workers have finished, by job index, and each one's wall seconds (by job id)."""
     by_index: dict[int, CaseResult] = {}
     seconds: dict[str, float] = {}
     for w in workers:
@@ -267,8 +272,18 @@ def merge(jobs: Sequence[Job], workers: Sequence[_Worker], phases: dict[str, str
             by_index[job.index] = dataclasses.replace(case, extra={**case.extra, **where,
                                                                     "wall_s": item.get("wall_s")})
             seconds[job.id] = float(item.get("wall_s") or 0.0)
+    return by_index, seconds
+
+
+def merge(jobs: Sequence[Job], workers: Sequence[_Worker], phases: dict[str, str], seed: int
+          ) -> tuple[list[CaseResult], dict[str, float]]:
+    """Cases in plan order; the jobs a worker did not finish become errors naming the worker and why.
+    Also returns each job's wall seconds (by job id)."""
+    by_index, seconds = finished_cases(workers, phases, seed)
+    for w in workers:
         lost = [j for j in w.jobs if j.index not in by_index]
         if lost:
+            where = _where(w, (w.state() or {}).get("gpu"))
             why = w.detail or "ended without reporting these cases"
             for n, job in enumerate(lost):
                 what = "while measuring this case" if n == 0 and w.status == "timeout" else "before this case"
@@ -332,18 +347,39 @@ def run_sharded(entries: Sequence[Any], shapes: Sequence[Any], *, fingerprint: d
                 fingerprint_digest: str, state_dir: Path, suite: str | None, workers: int, seed: int = 0,
                 rounds: int = 30, warmup: int = 3, progress: Progress, cuda_graphs: bool = False,
                 devices: Sequence[str] | None = None, bench_fn: str | None = None,
-                case_timeout_s: float = DEFAULT_CASE_TIMEOUT_S, extra: dict[str, Any] | None = None) -> BenchResult:
-    """Bench ``entries`` x ``shapes`` over ``workers`` child processes; one merged ``BenchResult``."""
+                case_timeout_s: float = DEFAULT_CASE_TIMEOUT_S, extra: dict[str, Any] | None = None,
+                done: Sequence[CaseResult] = (), started_at: str | None = None,
+                checkpoint: Callable[[BenchResult], None] | None = None) -> BenchResult:
+    """Bench ``entries`` x ``shapes`` over ``workers`` child processes; one merged ``BenchResult``.
+    ``done`` and ``started_at``: a resumed run's, as ``run_bench``; ``checkpoint`` gets the result so far
+    (``run_bench``'s partial marking) whenever workers have finished cases."""
     import torch
 
-    from mamba2_guard.bench.run import with_layer_shares
-    from mamba2_guard.bench.timing import measured_under
+    from mamba2_guard.bench.run import kept_cases, result_so_far
 
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    jobs = plan_jobs([e.name for e in entries], [s.name for s in shapes])
     devices = list(devices) if devices is not None else devices_for(workers)
     if len(devices) != workers:
         raise ValueError(f"devices: expected {workers} CUDA_VISIBLE_DEVICES values, got {len(devices)}")
+    started = started_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    plan = plan_jobs([e.name for e in entries], [s.name for s in shapes])
+    planned = [(j.shape, j.kernel) for j in plan]
+    kept = kept_cases(done, planned, progress)
+    measured = {(c.shape, c.kernel) for c in kept}
+    # numbered among the cases left, so that round-robin spreads them evenly over the workers
+    jobs = [Job(i, j.kernel, j.shape) for i, j in enumerate(j for j in plan if (j.shape, j.kernel) not in measured)]
+    phases = {e.name: e.phase for e in entries}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    settings = {"seed": seed, "rounds": rounds, "device": device, "cuda_graphs": cuda_graphs}
+
+    def result(cases: Sequence[CaseResult], more: dict[str, Any]) -> BenchResult:
+        return result_so_far([*kept, *cases], planned, fingerprint=fingerprint,
+                             device_peaks=_peaks(state_dir, fingerprint_digest, device), suite=suite,
+                             started_at=started, extra={**settings, **more})
+
+    def save(running: Sequence[_Worker]) -> None:
+        if checkpoint is not None:
+            checkpoint(result(list(finished_cases(running, phases, seed)[0].values()), {}))
+
     cost, cost_source = previous_case_seconds(Path(state_dir))
     shards = [(devices[i], shard) for i, shard in enumerate(assign(jobs, workers, cost)) if shard]
     run_dir = Path(state_dir) / "shards" / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
@@ -353,20 +389,17 @@ def run_sharded(entries: Sequence[Any], shapes: Sequence[Any], *, fingerprint: d
     progress(f"sharded bench: {len(jobs)} cases over {len(shards)} worker(s) on CUDA_VISIBLE_DEVICES "
              f"{', '.join(d for d, _ in shards)} ({run_dir})")
     t0 = time.monotonic()
-    done = run_workers(shards, run_dir, spec, case_timeout_s=case_timeout_s, progress=progress)
+    ran = run_workers(shards, run_dir, spec, case_timeout_s=case_timeout_s, progress=progress, on_cases=save)
     wall = time.monotonic() - t0
-    cases, seconds = merge(jobs, done, {e.name: e.phase for e in entries}, seed)
-    split = split_report(done, seconds, wall, f"longest first, by the case times of {cost_source}" if cost_source
+    cases, seconds = merge(jobs, ran, phases, seed)
+    split = split_report(ran, seconds, wall, f"longest first, by the case times of {cost_source}" if cost_source
                          else "round-robin by plan index (no earlier sharded run in the state dir)")
     if split["mixed_fingerprints"]:
         progress("warning: the workers' GPUs have different fingerprints (mixed models or drivers on this host)")
-    progress(f"sharded bench: {wall:.1f}s wall for {split['sum_case_s']:.1f}s of cases; longest case "
-             f"{split['longest_job']['job']} {split['longest_job']['wall_s']:.1f}s")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return BenchResult(fingerprint=measured_under(fingerprint), cases=tuple(with_layer_shares(cases)),
-                       device_peaks=_peaks(state_dir, fingerprint_digest, device), suite=suite, started_at=started,
-                       extra={"seed": seed, "rounds": rounds, "device": device, "cuda_graphs": cuda_graphs,
-                              "sharding": split})
+    if jobs:  # a resumed run that kept every case ran none
+        progress(f"sharded bench: {wall:.1f}s wall for {split['sum_case_s']:.1f}s of cases; longest case "
+                 f"{split['longest_job']['job']} {split['longest_job']['wall_s']:.1f}s")
+    return result(cases, {"sharding": split})
 
 
 def _peaks(state_dir: Path, digest: str, device: str) -> dict[str, Any]:
@@ -381,25 +414,24 @@ def bench(entries: Sequence[Any], shapes: Sequence[Any], *, fingerprint: dict[st
           cuda_graphs: bool = False, workers: Any = 1, bench_fn: str | None = None,
           case_timeout_s: float = DEFAULT_CASE_TIMEOUT_S, resumed: BenchResult | None = None,
           checkpoint: Callable[[BenchResult], None] | None = None) -> BenchResult:
-    """``run_bench`` in this process for one worker and the real bench (today's behaviour), continuing
-    ``resumed``'s cases and start and giving ``checkpoint`` the result after each case; else ``run_sharded``,
-    whose workers keep their finished cases in their shard files (it continues no result)."""
+    """``run_bench`` in this process for one worker and the real bench (today's behaviour), else
+    ``run_sharded``. Either continues ``resumed``'s cases and start, and gives ``checkpoint`` the result so
+    far as cases finish."""
     from mamba2_guard.bench.run import run_bench
 
     n = resolve_workers(workers)
+    resume: dict[str, Any] = {"done": resumed.cases if resumed else (),
+                              "started_at": resumed.started_at if resumed else None, "checkpoint": checkpoint}
     if n == 1 and bench_fn is None and not os.environ.get(BENCH_ENV):
         return run_bench(entries, shapes, fingerprint=fingerprint, fingerprint_digest=fingerprint_digest,
                          state_dir=state_dir, suite=suite, seed=seed, rounds=rounds, progress=progress,
-                         cuda_graphs=cuda_graphs, done=resumed.cases if resumed else (),
-                         started_at=resumed.started_at if resumed else None, checkpoint=checkpoint)
-    if resumed is not None:
-        raise ValueError("--resume: continues a run of one worker (--workers 1)")
+                         cuda_graphs=cuda_graphs, **resume)
     asked = parse_workers(workers)
     if asked != AUTO and n < asked:  # type: ignore[operator]
         progress(f"--workers {asked}: capped to the {n} visible GPU(s)")
     return run_sharded(entries, shapes, fingerprint=fingerprint, fingerprint_digest=fingerprint_digest,
                        state_dir=state_dir, suite=suite, workers=n, seed=seed, rounds=rounds, progress=progress,
-                       cuda_graphs=cuda_graphs, bench_fn=bench_fn, case_timeout_s=case_timeout_s)
+                       cuda_graphs=cuda_graphs, bench_fn=bench_fn, case_timeout_s=case_timeout_s, **resume)
 
 
 def rerun_on_measuring_gpu(result: BenchResult, *, state_dir: Path, seed: int, rounds: int, cuda_graphs: bool,

@@ -7,6 +7,7 @@ overriding ``default``:
   ``crash``  die by SIGSEGV before the case;
   ``hang``   sleep forever before the case.
 The worker's GPU identity is derived from its CUDA_VISIBLE_DEVICES value (``GPU-fake-<value>``).
+With ``$FAKE_BENCH_RAN`` set to a path, each job's id is appended to that file as it is measured.
 """
 
 from __future__ import annotations
@@ -50,4 +51,7 @@ def bench(spec: dict, note):
         if b.get("hang"):
             while True:
                 time.sleep(1)
+        if os.environ.get("FAKE_BENCH_RAN"):
+            with open(os.environ["FAKE_BENCH_RAN"], "a") as ran:
+                ran.write(f"{job['kernel']}@{job['shape']}\n")
         yield make_case(job["kernel"], job["shape"], int(spec["seed"]), float(b.get("slow", 1.0)))

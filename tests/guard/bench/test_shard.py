@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -218,3 +223,65 @@ def test_a_later_sharded_run_splits_by_the_earlier_runs_case_times(tmp_path):
     where = {job: p["worker"] for p in split["per_worker"] for job in p["jobs"]}
     assert where["k0@s_small"] != where["k2@s_small"]
     assert [strip(c) for c in later.cases] == list(sequential(extra=slow).cases)  # same result, other split
+
+
+REPO = Path(__file__).resolve().parents[3]
+GUARD = Path(sys.executable).parent / "mamba2-guard"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    # no GPU for the child either: the split (job i -> worker i % 2) and the smoke suite are the CPU ones
+    return {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
+def killed_sharded_bench(tmp_path: Path) -> tuple[list[str], list[str], BenchResult]:
+    """``bench --workers 2 --json`` killed by SIGKILL once it has finished what it can: plan indexes 0, 1, 3;
+    worker 0 (0, 2, 4) hangs at 2 and worker 1 (1, 3, 5) at 5. Its argv, the kernels and the file then."""
+    from mamba2_kernels import registry
+
+    names = [e.name for e in registry.select(None)][:6]
+    out = tmp_path / "result.json"
+    argv = ["bench", "--workers", "2", "--bench-fn", FAKE, "--kernels", *names, "--shapes", "smoke", "--json", str(out),
+            "--state-dir", str(tmp_path / "state")]
+    hang = {"jobs": {f"{names[2]}@smoke": {"hang": True}, f"{names[5]}@smoke": {"hang": True}}}
+    run = subprocess.Popen([str(GUARD), *argv], cwd=REPO, env=cli_env(FAKE_BENCH_EXTRA=json.dumps(hang)),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while run.poll() is None and time.monotonic() < deadline:
+            if out.exists() and len(json.loads(out.read_text())["cases"]) == 3:  # written atomically: never torn
+                break
+            time.sleep(0.05)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    assert out.exists(), "no --json file while the workers ran"
+    return argv, names, BenchResult.from_dict(json.loads(out.read_text()))
+
+
+def test_a_killed_sharded_bench_keeps_its_finished_cases_in_the_json_file(tmp_path):
+    _, names, stopped = killed_sharded_bench(tmp_path)
+    assert stopped.extra["partial"] == {"cases": 3, "planned": 6}, stopped.extra
+    assert [c.kernel for c in stopped.cases] == [names[0], names[1], names[3]]  # plan order, over both workers
+    assert [c.extra["worker"] for c in stopped.cases] == [0, 1, 1]
+    assert {k: stopped.extra[k] for k in ("seed", "rounds", "cuda_graphs")} == {"seed": 0, "rounds": 30,
+                                                                                 "cuda_graphs": False}
+
+
+def test_resume_with_workers_measures_only_the_missing_cases(tmp_path):
+    argv, names, stopped = killed_sharded_bench(tmp_path)
+    ran = tmp_path / "ran.txt"
+    resumed = subprocess.run([str(GUARD), *argv, "--resume"], cwd=REPO, env=cli_env(FAKE_BENCH_RAN=str(ran)),
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed: 3 of 6 case(s) measured before, 3 to go" in resumed.stderr
+    assert sorted(ran.read_text().split()) == sorted(f"{names[i]}@smoke" for i in (2, 4, 5))
+    final = BenchResult.from_dict(json.loads((tmp_path / "result.json").read_text()))
+    assert [c.kernel for c in final.cases] == names and "partial" not in final.extra
+    assert final.started_at == stopped.started_at and final.extra["sharding"]["workers"] == 2
+
+    def measured(case):
+        return dataclasses.replace(case, layer_share=None)
+
+    assert [measured(final.cases[i]) for i in (0, 1, 3)] == [measured(c) for c in stopped.cases]
+    assert sum(c.layer_share for c in final.cases) == pytest.approx(1.0)  # shares over all six cases
