@@ -2,6 +2,7 @@
 
 Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
   ``sleep``     seconds to sleep before answering;
+  ``until``     a path: wait (at most 120 s) until it exists before answering;
   ``crash``     die by SIGSEGV (a candidate that takes the process down);
   ``crash_in_process``  the same, but only when Helion's benchmarks run in the job's process (a candidate
                 that faults the GPU, which Helion's own subprocess survives);
@@ -48,6 +49,9 @@ def tune(spec: dict) -> dict:
         os.close(fd)
     print(f"fake tuner: {job['id']}", flush=True)  # lands in the job's own log
     time.sleep(float(behaviour.get("sleep", 0)))
+    deadline = time.monotonic() + 120
+    while behaviour.get("until") and not os.path.exists(behaviour["until"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     if behaviour.get("crash") or (behaviour.get("crash_in_process") and not spec.get("helion_benchmark_subprocess")):
         os.kill(os.getpid(), signal.SIGSEGV)
     if behaviour.get("raise"):

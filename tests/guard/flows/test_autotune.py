@@ -331,7 +331,8 @@ def test_one_autotune_at_a_time_per_state_directory(tmp_path):
     cmd = [sys.executable, "-m", "mamba2_guard", "autotune", "--tuner", FAKE, "--shapes", "smoke",
            "--state-dir", str(state), "--out", str(out), "--gpu-slug", "fake", "--budget-seconds", "5",
            "--workers", "1", "--kernels"]
-    env = dict(os.environ, FAKE_TUNE_EXTRA=json.dumps({"default": {"sleep": 3}}))
+    release = tmp_path / "release"  # the first run's job answers once it exists, however slow the machine
+    env = dict(os.environ, FAKE_TUNE_EXTRA=json.dumps({"jobs": {"chunk_cumsum@smoke": {"until": str(release)}}}))
     first = subprocess.Popen([*cmd, "chunk_cumsum"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
@@ -342,6 +343,7 @@ def test_one_autotune_at_a_time_per_state_directory(tmp_path):
         second = subprocess.run([*cmd, "chunk_state"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert second.returncode == 2, second.stdout + second.stderr
         assert second.stderr.strip() == f"mamba2-guard: another autotune run holds {state / 'autotune.lock'}"
+        release.touch()
         assert first.wait(120) == 0
     finally:
         if first.poll() is None:
