@@ -100,8 +100,22 @@ def _selected(args: argparse.Namespace):
     from mamba2_kernels import registry, suites
 
     loaded = suites.load()
+    if not args.shapes and args.suite == suites.SEEN_SUITE:
+        _readable_seen_file("--suite seen")
     shapes = [loaded.shape(s) for s in args.shapes] if args.shapes else loaded.suite(args.suite)
     return registry.select(args.kernels or None), shapes
+
+
+def _readable_seen_file(flag: str) -> None:
+    """A torn seen-keys file is named (exit 2), not taken for "no call fell back": what was seen is unknown."""
+    from mamba2_kernels import seen
+
+    file = seen.path()
+    try:
+        if file is not None:
+            seen.read(file)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -247,6 +261,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise ValueError(f"--result: {exc}") from None
     baseline_path = baseline_path or baselines.path_for_result(result)
     baseline = baselines.load(baseline_path)
+    if baseline is None and args.baseline:  # named, yet empty: "no baseline" would judge nothing
+        raise ValueError(f"--baseline: {baseline_path}: empty; expected a baseline (fingerprint, results)")
     with History(state / "history.sqlite") as history:
         result, verdicts = run_check(result, baseline, history, policy)
         code = exit_code(verdicts, missing_fails=args.strict)
@@ -355,6 +371,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         return 0
     if args.seen:
+        _readable_seen_file("--seen")
         args.shapes = [s.name for s in suites.seen_on(loaded, slug)]
         if not args.shapes:
             print(f"nothing seen to tune on {slug}: no call fell back since the last tune (the seen-keys file)")
@@ -488,6 +505,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def _check_nightly_option(key: str, value: Any) -> None:
     """A ``daemon -o`` value as the nightly's own flag would take it, at start: otherwise every scheduled
     cycle would fail on it, night after night."""
+    from mamba2_guard import config as guard_config
     from mamba2_kernels import registry, suites
 
     numbers = {"rounds": flags.integer(1), "seed": flags.integer(0), "case_timeout_s": flags.seconds(),
@@ -509,9 +527,14 @@ def _check_nightly_option(key: str, value: Any) -> None:
                     loaded.shape(name)
         elif key == "suite":
             suites.load().suite(str(value))
-        elif key in ("out_dir", "config") and value is not None and not isinstance(value, str):  # null: none
-            raise argparse.ArgumentTypeError(f"expected a path, got {value!r}")
-    except (argparse.ArgumentTypeError, KeyError) as exc:
+        elif key in ("out_dir", "config") and value is not None:  # null: none
+            if not isinstance(value, str):
+                raise argparse.ArgumentTypeError(f"expected a path, got {value!r}")
+            if key == "config":
+                guard_config.load(value)
+            else:
+                _directory(value)
+    except (argparse.ArgumentTypeError, KeyError, ValueError) as exc:
         raise ValueError(f"-o {key}: {exc.args[0] if exc.args else exc}") from None
 
 
@@ -544,7 +567,7 @@ def _crontab(text: str) -> str:
 def _daemon_arguments(parser: argparse.ArgumentParser) -> None:
     from mamba2_guard.daemon import DEFAULT_METRICS_PORT, DEFAULT_NIGHTLY_CRON, DRIFT_TARGET, NIGHTLY_TARGET
 
-    parser.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+    parser.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
     parser.add_argument("--nightly-cron", type=_crontab, default=DEFAULT_NIGHTLY_CRON,
                         help="crontab, UTC (default: %(default)s)")
     parser.add_argument("--nightly-interval", type=flags.seconds(), metavar="S",
@@ -576,7 +599,7 @@ def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``mamba2-guard metrics {textfile,push,show}`` (the CLI wires this in)."""
     parser.add_argument("action", choices=("textfile", "push", "show"),
                         help="textfile: write the node-exporter file; push: send to a Pushgateway; show: print")
-    parser.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+    parser.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
     parser.add_argument("--snapshot", help="a latest.json to read (default: <state-dir>/latest.json)")
     parser.add_argument("--path", help="textfile path (default: <state-dir>/metrics/mamba2_guard.prom)")
     parser.add_argument("--gateway", help="Pushgateway URL (default: $MAMBA2_GUARD_PUSHGATEWAY)")
@@ -591,8 +614,10 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     state = StateDir(Path(args.state_dir))
     m = GuardMetrics()
     source = Path(args.snapshot) if args.snapshot else state.latest
-    if not m.load_snapshot(source):
-        print(f"mamba2-guard: no usable snapshot at {source} (run a cycle first)", file=sys.stderr)
+    problem = m.read_snapshot(source)
+    if problem:
+        print(f"mamba2-guard: {'--snapshot: ' if args.snapshot else ''}no usable snapshot at {source}: {problem} "
+              "(run a cycle first)", file=sys.stderr)
         return 2
     if state.daemon_state.exists():
         m.restore(load_daemon_state(state)[0])
@@ -652,7 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--cuda-graphs", action="store_true",
                        help="time every entry as CUDA-graph replays (L2 still flushed before each): device work "
                             "without host overhead; whole calls and the layer are always timed so")
-        p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+        p.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
         p.add_argument("--workers", type=_workers_arg, default=1, metavar="N|auto",
                        help="bench workers, one per GPU (child processes; auto: all visible GPUs; default 1)")
         p.add_argument("--case-timeout", type=flags.seconds(), default=1800.0, metavar="S",
@@ -673,7 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("check", "verdicts for a bench result against baseline and history")
     p.add_argument("--result", metavar="PATH", help="a bench result JSON (default: the latest in the state dir)")
     p.add_argument("--baseline", metavar="PATH", help="default: baselines/<gpu-slug>.yaml")
-    p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+    p.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
     p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the check")
     p.add_argument("--config", metavar="PATH", help="guard config whose policy judges (default: "
                    "<state-dir>/guard.yaml if present)")
@@ -685,7 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-confirm", action="store_true", help="do not re-run flagged cases")
     p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the cycle")
     p.add_argument("--update-baseline", action="store_true", help="also write baselines/<gpu-slug>.yaml")
-    p.add_argument("--out", metavar="DIR", help="also copy report.md, report.json and result.json here")
+    p.add_argument("--out", metavar="DIR", type=_directory,
+                   help="also copy report.md, report.json and result.json here")
     p.add_argument("--force-retune", action="store_true", help="re-tune even without drift")
     p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
     p.set_defaults(func=cmd_nightly)
@@ -699,14 +725,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_metrics)
 
     def guard_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+        p.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
         p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
         p.add_argument("--gpu-slug", metavar="SLUG", type=flags.gpu_slug,
                        help="config/baseline file name (default: this GPU's)")
 
     p = command("drift", "what changed since the configs and baseline were recorded (exit 1: drift)")
     guard_options(p)
-    p.add_argument("--root", metavar="DIR",
+    p.add_argument("--root", metavar="DIR", type=_existing_directory,
                    help="checkout holding mamba2_kernels/configs and baselines (default: this one)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_drift)
@@ -747,18 +773,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("pr", "open or update the config PR for this GPU")
     guard_options(p)
-    p.add_argument("--root", metavar="DIR", help="checkout holding the files to propose (default: this one)")
+    p.add_argument("--root", metavar="DIR", type=_existing_directory,
+                   help="checkout holding the files to propose (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the body and the diff; push nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--repo", metavar="OWNER/NAME", help="GitHub repository (overrides github.repo)")
     p.add_argument("--origin", metavar="URL", help="git remote to push to (overrides git.origin)")
-    p.add_argument("--api-url", metavar="URL", help="GitHub REST base URL, for Enterprise (overrides github.base_url)")
+    p.add_argument("--api-url", metavar="URL", type=_url,
+                   help="GitHub REST base URL, for Enterprise (overrides github.base_url)")
     p.set_defaults(func=cmd_pr)
 
     p = command("config", "the guard's settings file (guard.yaml)")
     p.add_argument("action", choices=("check",), help="check: validate the file (exit 2 names the bad key)")
     p.add_argument("path", nargs="?", metavar="PATH", help="the file (default: <state-dir>/guard.yaml)")
-    p.add_argument("--state-dir", default=str(default_state_dir()), help="default: %(default)s")
+    p.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
     p.set_defaults(func=cmd_config)
 
     from mamba2_guard import dev
@@ -792,6 +820,21 @@ def _directory(text: str) -> str:
     return text
 
 
+def _existing_directory(text: str) -> str:
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"expected an existing directory, got {text!r}")
+    return text
+
+
+def _seen_file(text: str) -> str:
+    """``$MAMBA2_GUARD_SEEN``: ``off``, or a file path (one there, or one that can be created)."""
+    if text.strip().lower() != "off":
+        if Path(text).is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a directory; expected the seen-keys file or off")
+        _directory(str(Path(text).parent))
+    return text
+
+
 def _target(text: str) -> str:
     if text.count(":") != 1 or not all(text.split(":")):
         raise argparse.ArgumentTypeError(f"expected module:function or file.py:function, got {text!r}")
@@ -802,9 +845,10 @@ def _check_environment() -> None:
     """The guard's environment variables, checked before anything runs (exit 2 naming the variable)."""
     from mamba2_guard.bench.worker import BENCH_ENV
     from mamba2_guard.flows.autotune import TUNER_ENV
+    from mamba2_kernels.seen import SEEN_ENV
 
-    checks = {"MAMBA2_GUARD_STATE": _directory, "MAMBA2_GUARD_PUSHGATEWAY": _url, TUNER_ENV: _target,
-              BENCH_ENV: _target}
+    checks = {"MAMBA2_GUARD_STATE": _directory, SEEN_ENV: _seen_file, "MAMBA2_GUARD_PUSHGATEWAY": _url,
+              TUNER_ENV: _target, BENCH_ENV: _target}
     for name, check in checks.items():
         value = os.environ.get(name)
         if value is None:

@@ -153,6 +153,6 @@ def load(explicit: str | Path | None = None, state_dir: str | Path | None = None
         return GuardConfig()
     try:
         data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise GuardConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse(data, path)

@@ -389,7 +389,12 @@ def run_daemon(config: DaemonConfig) -> int:
         CTX.metrics.restore(CTX.data)
         _refresh_snapshot(force=True)
         if config.metrics_port is not None:
-            server = CTX.metrics.serve(config.metrics_port, config.metrics_addr)
+            try:
+                server = CTX.metrics.serve(config.metrics_port, config.metrics_addr)
+            except OSError as exc:  # a bad address, a port in use
+                print(f"mamba2-guard: --metrics-addr {config.metrics_addr} --metrics-port {config.metrics_port}: "
+                      f"{exc.strerror or exc}", file=sys.stderr)
+                return EXIT_USAGE
             log.info("metrics on http://%s:%d/metrics", config.metrics_addr, config.metrics_port)
         catch_up = config.catch_up and catch_up_needed(config, CTX.data)
         if catch_up:

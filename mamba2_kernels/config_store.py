@@ -249,7 +249,7 @@ def load(path: Path) -> ConfigFile:
     """Read and validate one config file. Errors name the file and the key."""
     try:
         data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigFileError(f"{path}: not valid YAML: {exc}") from exc
     if data is None:
         data = {}

@@ -62,6 +62,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from mamba2_kernels import seen
 
 log = logging.getLogger("mamba2_guard.metrics")
+NO_SNAPSHOT = "no such file"  # GuardMetrics.read_snapshot's answer where there is no snapshot yet
 
 PREFIX = "mamba2_guard"
 GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
@@ -323,27 +324,35 @@ class GuardMetrics:
             log.error("metrics: %s", exc)
 
     def load_snapshot(self, path: Path) -> bool:
-        """Fill from a ``latest.json`` snapshot (see :func:`snapshot`). False when absent or unreadable."""
+        """Fill from a ``latest.json`` snapshot (see :func:`snapshot`). False when absent or unreadable (logged)."""
+        problem = self.read_snapshot(path)
+        if problem and problem != NO_SNAPSHOT:
+            log.error("metrics: %s: %s", path, problem)
+        return problem is None
+
+    def read_snapshot(self, path: Path) -> str | None:
+        """Fill from a ``latest.json`` snapshot; None when done, else why not (``NO_SNAPSHOT`` when absent)."""
         from mamba2_guard.adapters.state import read_json
 
         data, problem = read_json(path)
         if data is None:
-            if problem:
-                log.error("metrics: %s: %s", path, problem)
-            return False
+            return problem or NO_SNAPSHOT
+        if not isinstance(data, dict):
+            return f"expected a JSON object with result, verdicts, ..., got {type(data).__name__}"
         try:
             self.update_from_result(data["result"], data.get("verdicts") or (), data.get("fingerprint"),
                                     data.get("drift"))
-        except (KeyError, TypeError, ValueError) as exc:
-            log.error("metrics: %s: cannot use the snapshot: %s", path, exc)
-            return False
-        for event, ts in (data.get("events") or {}).items():
-            if event in EVENTS and ts is not None:
-                self.record_event(event, float(ts))
-        for kernel, seconds in (data.get("autotune_s") or {}).items():
-            self.record_autotune(kernel, float(seconds))
+            for event, ts in (data.get("events") or {}).items():
+                if event in EVENTS and ts is not None:
+                    self.record_event(event, float(ts))
+            for kernel, seconds in (data.get("autotune_s") or {}).items():
+                self.record_autotune(kernel, float(seconds))
+        except KeyError as exc:
+            return f"cannot use the snapshot: no key {exc}"
+        except (AttributeError, TypeError, ValueError) as exc:
+            return f"cannot use the snapshot: {exc}"
         self.load_seen()
-        return True
+        return None
 
     # ------------------------------------------------------------------------------------------
     # Ways out

@@ -164,8 +164,10 @@ def report(result: dict[str, Any]) -> str:
 def run(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         jobs = parse_spec(json.loads(opts.spec.read_text()))
-    except (OSError, json.JSONDecodeError, ValueError) as exc:
-        parser.error(str(exc))
+    except OSError as exc:
+        parser.error(f"{opts.spec}: {exc.strerror}")
+    except ValueError as exc:  # JSON, UTF-8 and the spec's own errors
+        parser.error(f"{opts.spec}: {exc}")
     timer = None
     if opts.device == "cuda":
         from mamba2_guard.bench.timing import Timer

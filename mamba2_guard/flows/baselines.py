@@ -55,7 +55,7 @@ def read_document(path: Path) -> dict[str, Any] | None:
         return None
     try:
         doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise BaselineFileError(f"{path}: not valid YAML: {exc}") from exc
     if doc is not None and not isinstance(doc, dict):
         raise BaselineFileError(f"{path}: expected a mapping (fingerprint, cases, ...), got {type(doc).__name__}")

@@ -357,6 +357,8 @@ def read_records(path: Path) -> list[dict]:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the measurements: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not JSON lines of measurement records: {exc}") from exc
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -387,6 +389,9 @@ def fit_into(path: Path, measurements: Path) -> list[fitting.Fit]:
         # On a machine without a GPU the default slug names no committed file: say which one to give.
         raise ValueError(f"{path}: no such config file; the fit goes into the config file of the GPU that "
                          "measured it: pass --gpu-slug (e.g. nvidia-h200) or --out")
+    if not records:
+        raise ValueError(f"{measurements}: no measurement records (expected `mamba2-guard dev measure-selection`'s "
+                         "JSON lines)")
     try:
         with config_store.writing(path):
             new, fits = apply_fit(config_store.load(path), records)

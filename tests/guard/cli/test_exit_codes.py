@@ -30,6 +30,15 @@ def _snapshot(state: Path) -> Path:
     return state
 
 
+def _file(t: Path, name: str, data: bytes) -> str:
+    (t / name).write_bytes(data)
+    return str(t / name)
+
+
+def _result(t: Path) -> str:
+    return _file(t, "result.json", json.dumps(sample.result()).encode())
+
+
 # (id, argv(tmp), env(tmp), expected exit code, what the one line must name)
 USAGE = [
     ("rounds-0", lambda t: [*NIGHTLY, "--rounds", "0"], {}, "--rounds"),
@@ -75,6 +84,35 @@ USAGE = [
      "MAMBA2_GUARD_PUSHGATEWAY"),
     ("tuner-env-not-a-target", lambda t: ["list"], {"MAMBA2_GUARD_TUNER": "nope"}, "MAMBA2_GUARD_TUNER"),
     ("state-env-empty", lambda t: ["list"], {"MAMBA2_GUARD_STATE": " "}, "MAMBA2_GUARD_STATE"),
+    ("seen-env-a-directory", lambda t: ["list"], {"MAMBA2_GUARD_SEEN": "/tmp"},
+     "$MAMBA2_GUARD_SEEN: /tmp is a directory"),
+    ("state-dir-a-file", lambda t: ["bench", "--shapes", "smoke", "--kernels", "chunk_cumsum", "--state-dir",
+                                    _file(t, "f", b"x")], {}, "--state-dir"),
+    ("nightly-out-a-file", lambda t: [*NIGHTLY, "--state-dir", str(t / "s"), "--out", _file(t, "f", b"x")], {},
+     "--out"),
+    ("drift-root-missing", lambda t: ["drift", "--root", str(t / "nope"), "--state-dir", str(t / "s")], {}, "--root"),
+    ("pr-api-url-not-a-url", lambda t: ["pr", "--dry-run", "--api-url", "github.example", "--state-dir",
+                                        str(t / "s")], {}, "--api-url"),
+    ("config-not-utf8", lambda t: ["config", "check", _file(t, "g.yaml", b"\xff\xfe")], {}, "g.yaml: not valid YAML"),
+    ("baseline-not-utf8", lambda t: ["check", "--result", _result(t), "--baseline", _file(t, "b.yaml", b"\xff"),
+                                     "--state-dir", str(t / "s")], {}, "b.yaml: not valid YAML"),
+    ("baseline-empty", lambda t: ["check", "--result", _result(t), "--baseline", _file(t, "b.yaml", b""),
+                                  "--state-dir", str(t / "s")], {}, "--baseline"),
+    ("fit-selection-not-utf8", lambda t: ["autotune", "--fit-selection", _file(t, "m.jsonl", b"\xff"), "--out",
+                                          _file(t, "c.yaml", b"{}\n")], {}, "m.jsonl: not JSON lines"),
+    ("fit-selection-empty", lambda t: ["autotune", "--fit-selection", _file(t, "m.jsonl", b""), "--out",
+                                       _file(t, "c.yaml", b"{}\n")], {}, "m.jsonl: no measurement records"),
+    ("sweep-spec-not-json", lambda t: ["dev", "sweep", _file(t, "spec.json", b"[1"), "--out", str(t / "o.json")], {},
+     "spec.json"),
+    ("snapshot-not-json", lambda t: ["metrics", "show", "--snapshot", _file(t, "latest.json", b"{torn"), "--state-dir",
+                                     str(t / "s")], {}, "--snapshot: no usable snapshot at"),
+    ("daemon-option-config-missing", lambda t: ["daemon", "-o", f"config={t / 'nope.yaml'}", "--state-dir",
+                                                str(t / "s")], {}, "-o config"),
+    ("daemon-option-out-dir-a-file", lambda t: ["daemon", "-o", f"out_dir={_file(t, 'f', b'x')}", "--state-dir",
+                                                str(t / "s")], {}, "-o out_dir"),
+    ("daemon-metrics-addr-unresolvable", lambda t: ["daemon", "--metrics-addr", "no-such-host.invalid",
+                                                    "--metrics-port", str(free_port()), "--state-dir", str(t / "s")],
+     {}, "--metrics-addr no-such-host.invalid"),
 ]
 
 
@@ -136,6 +174,19 @@ def test_environment_errors_exit_2_with_one_line_naming_the_file(tmp_path, argv,
         assert list((tmp_path / "s" / "reports").glob("*-report.md"))
     else:
         assert not benched, "checked only after the bench"
+
+
+@pytest.mark.parametrize("argv,names", [(["list", "--suite", "seen"], "--suite seen: "),
+                                        (["autotune", "--seen"], "--seen: ")], ids=["list-suite-seen", "autotune-seen"])
+def test_an_unreadable_seen_file_is_named_not_taken_for_nothing_seen(tmp_path, argv, names):
+    """A torn seen-keys file: exit 2 with its reason, not "no call fell back" (list) or nothing to tune, 0."""
+    seen = _file(tmp_path, "seen.json", b"[1, 2")
+    done = _run([*argv, *(["--state-dir", str(tmp_path / "s")] if argv[0] == "autotune" else [])],
+                {"MAMBA2_GUARD_SEEN": seen})
+    assert done.returncode == 2, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # after the seen suite's own warning
+    assert last.startswith(f"mamba2-guard: {names}{seen}: not a readable seen-keys file"), done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 def test_ok_and_precision_failure_exit_0_and_1(tmp_path):

@@ -57,6 +57,7 @@ def test_drift_exit_codes_and_json(tmp_path, capsys, current_fp):
 
     # No configs at all: on a CPU that is no drift (nothing runs compiled); on a GPU it is new-gpu
     # (tests/guard/prbot/test_drift.py).
+    (tmp_path / "empty").mkdir()
     code, out, _ = run_cli(capsys, "drift", "--root", str(tmp_path / "empty"), "--state-dir", state, "--json")
     doc = json.loads(out)
     assert code == 0 and doc["classes"] == [] and any("no GPU" in note for note in doc["notes"])

@@ -259,6 +259,13 @@ def test_malformed_files_name_file_and_key(tmp_path, text, where):
     assert str(path) in str(info.value) and where in str(info.value)
 
 
+def test_a_file_not_in_utf8_is_named(tmp_path):
+    path = tmp_path / "gpu.yaml"
+    path.write_bytes(b"kernels: \xff\n")
+    with pytest.raises(ConfigFileError, match=f"{path}: not valid YAML"):
+        config_store.load(path)
+
+
 def test_save_is_atomic_when_the_write_fails(tmp_path, monkeypatch):
     path = tmp_path / "gpu.yaml"
     config_store.save(path, ConfigFile(kernels={"k": {"a=1": {"num_warps": 4}}}))
