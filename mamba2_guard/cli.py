@@ -101,21 +101,15 @@ def _selected(args: argparse.Namespace):
 
     loaded = suites.load()
     if not args.shapes and args.suite == suites.SEEN_SUITE:
-        _readable_seen_file("--suite seen")
+        _readable_seen_file(loaded, "--suite seen")
     shapes = [loaded.shape(s) for s in args.shapes] if args.shapes else loaded.suite(args.suite)
     return registry.select(args.kernels or None), shapes
 
 
-def _readable_seen_file(flag: str) -> None:
+def _readable_seen_file(loaded, flag: str) -> None:
     """A torn seen-keys file is named (exit 2), not taken for "no call fell back": what was seen is unknown."""
-    from mamba2_kernels import seen
-
-    file = seen.path()
-    try:
-        if file is not None:
-            seen.read(file)
-    except ValueError as exc:
-        raise ValueError(f"{flag}: {exc}") from None
+    if loaded.seen_problem:
+        raise ValueError(f"{flag}: {loaded.seen_problem}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -371,7 +365,7 @@ def cmd_autotune(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         return 0
     if args.seen:
-        _readable_seen_file("--seen")
+        _readable_seen_file(loaded, "--seen")
         args.shapes = [s.name for s in suites.seen_on(loaded, slug)]
         if not args.shapes:
             print(f"nothing seen to tune on {slug}: no call fell back since the last tune (the seen-keys file)")

@@ -91,6 +91,8 @@ class Suites:
     suites: dict[str, tuple[str, ...]]
     # seen suite shape -> the (kernel, key) pairs its call fell back at
     seen_keys: dict[str, tuple[tuple[str, str], ...]] = dataclasses.field(default_factory=dict)
+    # why the seen-keys file gave no shapes when it could not be read (None when read, absent or off)
+    seen_problem: str | None = None
 
     def shape(self, name: str) -> ShapeSpec:
         if name not in self.shapes:
@@ -207,16 +209,17 @@ def load(path: Path = SUITES_FILE) -> Suites:
                     f"{', '.join(sorted(shapes))}")
             expanded += [s for s in ((member,) if member in shapes else suites[member]) if s not in expanded]
         suites[name] = tuple(expanded)
-    seen_shapes, seen_keys = _seen_shapes()
+    seen_shapes, seen_keys, seen_problem = _seen_shapes()
     if seen_shapes:
         shapes.update(seen_shapes)
         suites[SEEN_SUITE] = tuple(seen_shapes)
-    return Suites(shapes, suites, seen_keys)
+    return Suites(shapes, suites, seen_keys, seen_problem)
 
 
-def _seen_shapes() -> tuple[dict[str, ShapeSpec], dict[str, tuple[tuple[str, str], ...]]]:
+def _seen_shapes() -> tuple[dict[str, ShapeSpec], dict[str, tuple[tuple[str, str], ...]], str | None]:
     """Suite shapes of the public calls recorded in the seen-keys file, named ``seen-<gpu slug>-<hash of the
-    call>``, and the (kernel, key) pairs each fell back at; unreadable entries are left out."""
+    call>``, and the (kernel, key) pairs each fell back at; unreadable entries are left out. Third: why the
+    file could not be read, if so."""
     import hashlib
     import json
     import logging
@@ -225,12 +228,12 @@ def _seen_shapes() -> tuple[dict[str, ShapeSpec], dict[str, tuple[tuple[str, str
 
     file = seen.path()
     if file is None:
-        return {}, {}
+        return {}, {}, None
     try:
         entries = seen.read(file)
     except ValueError as exc:
         logging.getLogger(__name__).warning("%s: the seen suite is empty", exc)
-        return {}, {}
+        return {}, {}, str(exc)
     shapes: dict[str, ShapeSpec] = {}
     keys: dict[str, tuple[tuple[str, str], ...]] = {}
     for entry in entries.values():
@@ -244,4 +247,4 @@ def _seen_shapes() -> tuple[dict[str, ShapeSpec], dict[str, tuple[tuple[str, str
             logging.getLogger(__name__).warning("%s: left out of the seen suite", exc)
             continue
         keys[name] = (*keys.get(name, ()), (str(entry["kernel"]), str(entry["key"])))
-    return shapes, keys
+    return shapes, keys, None
