@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mamba2_guard import EnvironmentProblem, __version__
+from mamba2_guard.adapters import files
 from mamba2_guard.adapters.state import default_state_dir
 from mamba2_guard.core import flags
 
@@ -527,7 +528,7 @@ def _check_nightly_option(key: str, value: Any) -> None:
             if key == "config":
                 guard_config.load(value)
             else:
-                _directory(value)
+                files.creatable_directory(value)
     except (argparse.ArgumentTypeError, KeyError, ValueError) as exc:
         raise ValueError(f"-o {key}: {exc.args[0] if exc.args else exc}") from None
 
@@ -561,7 +562,7 @@ def _crontab(text: str) -> str:
 def _daemon_arguments(parser: argparse.ArgumentParser) -> None:
     from mamba2_guard.daemon import DEFAULT_METRICS_PORT, DEFAULT_NIGHTLY_CRON, DRIFT_TARGET, NIGHTLY_TARGET
 
-    parser.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
+    _state_dir_argument(parser)
     parser.add_argument("--nightly-cron", type=_crontab, default=DEFAULT_NIGHTLY_CRON,
                         help="crontab, UTC (default: %(default)s)")
     parser.add_argument("--nightly-interval", type=flags.seconds(), metavar="S",
@@ -593,7 +594,7 @@ def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``mamba2-guard metrics {textfile,push,show}`` (the CLI wires this in)."""
     parser.add_argument("action", choices=("textfile", "push", "show"),
                         help="textfile: write the node-exporter file; push: send to a Pushgateway; show: print")
-    parser.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
+    _state_dir_argument(parser)
     parser.add_argument("--snapshot", help="a latest.json to read (default: <state-dir>/latest.json)")
     parser.add_argument("--path", help="textfile path (default: <state-dir>/metrics/mamba2_guard.prom)")
     parser.add_argument("--gateway", help="Pushgateway URL (default: $MAMBA2_GUARD_PUSHGATEWAY)")
@@ -671,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--cuda-graphs", action="store_true",
                        help="time every entry as CUDA-graph replays (L2 still flushed before each): device work "
                             "without host overhead; whole calls and the layer are always timed so")
-        p.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
+        _state_dir_argument(p)
         p.add_argument("--workers", type=_workers_arg, default=1, metavar="N|auto",
                        help="bench workers, one per GPU (child processes; auto: all visible GPUs; default 1)")
         p.add_argument("--case-timeout", type=flags.seconds(), default=1800.0, metavar="S",
@@ -681,7 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("bench", "precision and interleaved timing of kernels x shapes")
     selection(p, "default")
     run_options(p)
-    p.add_argument("--json", metavar="PATH", help="where to write the result (default: the state dir); "
+    p.add_argument("--json", metavar="PATH", type=files.creatable_file,
+                   help="where to write the result (default: the state dir); "
                    "rewritten after every case")
     p.add_argument("--resume", action="store_true", help="continue --json PATH where a stopped run left it: keep "
                    "its cases (same environment, GPU, seed, rounds and timing) and measure the rest, and again "
@@ -692,7 +694,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("check", "verdicts for a bench result against baseline and history")
     p.add_argument("--result", metavar="PATH", help="a bench result JSON (default: the latest in the state dir)")
     p.add_argument("--baseline", metavar="PATH", help="default: baselines/<gpu-slug>.yaml")
-    p.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
+    _state_dir_argument(p)
     p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the check")
     p.add_argument("--config", metavar="PATH", help="guard config whose policy judges (default: "
                    "<state-dir>/guard.yaml if present)")
@@ -704,7 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-confirm", action="store_true", help="do not re-run flagged cases")
     p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the cycle")
     p.add_argument("--update-baseline", action="store_true", help="also write baselines/<gpu-slug>.yaml")
-    p.add_argument("--out", metavar="DIR", type=_directory,
+    p.add_argument("--out", metavar="DIR", type=files.creatable_directory,
                    help="also copy report.md, report.json and result.json here")
     p.add_argument("--force-retune", action="store_true", help="re-tune even without drift")
     p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
@@ -719,14 +721,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_metrics)
 
     def guard_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
+        _state_dir_argument(p)
         p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
         p.add_argument("--gpu-slug", metavar="SLUG", type=flags.gpu_slug,
                        help="config/baseline file name (default: this GPU's)")
 
     p = command("drift", "what changed since the configs and baseline were recorded (exit 1: drift)")
     guard_options(p)
-    p.add_argument("--root", metavar="DIR", type=_existing_directory,
+    p.add_argument("--root", metavar="DIR", type=files.existing_directory,
                    help="checkout holding mamba2_kernels/configs and baselines (default: this one)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_drift)
@@ -767,7 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("pr", "open or update the config PR for this GPU")
     guard_options(p)
-    p.add_argument("--root", metavar="DIR", type=_existing_directory,
+    p.add_argument("--root", metavar="DIR", type=files.existing_directory,
                    help="checkout holding the files to propose (default: this one)")
     p.add_argument("--dry-run", action="store_true", help="print the body and the diff; push nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -780,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("config", "the guard's settings file (guard.yaml)")
     p.add_argument("action", choices=("check",), help="check: validate the file (exit 2 names the bad key)")
     p.add_argument("path", nargs="?", metavar="PATH", help="the file (default: <state-dir>/guard.yaml)")
-    p.add_argument("--state-dir", type=_directory, default=str(default_state_dir()), help="default: %(default)s")
+    _state_dir_argument(p)
     p.set_defaults(func=cmd_config)
 
     from mamba2_guard import dev
@@ -805,19 +807,9 @@ def _url(text: str) -> str:
     return text
 
 
-def _directory(text: str) -> str:
-    """A directory path, or one that can be created: nothing on it is a file."""
-    path = Path(text)
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise argparse.ArgumentTypeError(f"{existing} is not a directory")
-    return text
-
-
-def _existing_directory(text: str) -> str:
-    if not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"expected an existing directory, got {text!r}")
-    return text
+def _state_dir_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", type=files.creatable_directory, default=str(default_state_dir()),
+                        help="default: %(default)s")
 
 
 def _seen_file(text: str) -> str:
@@ -825,7 +817,7 @@ def _seen_file(text: str) -> str:
     if text.strip().lower() != "off":
         if Path(text).is_dir():
             raise argparse.ArgumentTypeError(f"{text} is a directory; expected the seen-keys file or off")
-        _directory(str(Path(text).parent))
+        files.creatable_directory(str(Path(text).parent))
     return text
 
 
@@ -841,7 +833,7 @@ def _check_environment() -> None:
     from mamba2_guard.flows.autotune import TUNER_ENV
     from mamba2_kernels.seen import SEEN_ENV
 
-    checks = {"MAMBA2_GUARD_STATE": _directory, SEEN_ENV: _seen_file, "MAMBA2_GUARD_PUSHGATEWAY": _url,
+    checks = {"MAMBA2_GUARD_STATE": files.creatable_directory, SEEN_ENV: _seen_file, "MAMBA2_GUARD_PUSHGATEWAY": _url,
               TUNER_ENV: _target, BENCH_ENV: _target}
     for name, check in checks.items():
         value = os.environ.get(name)

@@ -1,4 +1,5 @@
-"""Files: the stale temp files of atomic writes, a writability check, and the tail of a log.
+"""Files: the stale temp files of atomic writes, a writability check, the tail of a log, and the checks of
+command-line paths (argparse ``type=`` functions: a bad path is one line naming the flag, exit 2, before any work).
 
 The one atomic write is ``mamba2_kernels.config_store.atomic_write`` (kernels never import mamba2_guard, so it lives
 there); everything writes through it.
@@ -6,6 +7,7 @@ there); everything writes through it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import tempfile
 import time
@@ -49,3 +51,26 @@ def tail(path: Path, lines: int = 1) -> str:
     except OSError:
         return ""
     return " | ".join(text[-lines:])[-300:]
+
+
+def creatable_directory(text: str) -> str:
+    """A directory path, or one that can be created: nothing on it is a file."""
+    path = Path(text)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{existing} is not a directory")
+    return text
+
+
+def existing_directory(text: str) -> str:
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"expected an existing directory, got {text!r}")
+    return text
+
+
+def creatable_file(text: str) -> str:
+    """A file path to write: not a directory, and its folder exists or can be created."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; expected a file path")
+    creatable_directory(str(Path(text).parent))
+    return text

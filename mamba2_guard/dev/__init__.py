@@ -13,13 +13,22 @@ import importlib
 import os
 from pathlib import Path
 
+from mamba2_guard.adapters import files
 from mamba2_guard.core import flags
+
+
+def _output_file(text: str) -> Path:
+    return Path(files.creatable_file(text))
+
+
+def _output_directory(text: str) -> Path:
+    return Path(files.creatable_directory(text))
 
 
 def sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``mamba2-guard dev sweep`` ."""
     parser.add_argument("spec", type=Path, help="JSON list of jobs (see the module docstring)")
-    parser.add_argument("--out", type=Path, required=True, help="results JSON, rewritten after each shape")
+    parser.add_argument("--out", type=_output_file, required=True, help="results JSON, rewritten after each shape")
     parser.add_argument("--rounds", type=flags.integer(1), default=30, help="timed samples per config (default 30)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: Triton's interpreter, no timing (default cuda)")
@@ -36,8 +45,8 @@ def sass_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-slug", type=flags.gpu_slug,
                         default="nvidia-h200", help="whose configs (default nvidia-h200)")
     parser.add_argument("--arch", type=flags.integer(1), default=90, help="compute capability x 10 (default 90: sm_90)")
-    parser.add_argument("--out", type=Path, help="also write each kernel's Triton code, PTX and SASS here")
-    parser.add_argument("--json", type=Path, help="write the reports as JSON")
+    parser.add_argument("--out", type=_output_directory, help="also write each kernel's Triton code, PTX and SASS here")
+    parser.add_argument("--json", type=_output_file, help="write the reports as JSON")
 
 
 def calibrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +61,8 @@ def calibrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--aa-timing-only", action="store_true",
                         help="A/A runs re-time only; precision is the first bench's")
     parser.add_argument("--seed", type=flags.integer(0), default=0)
-    parser.add_argument("--state-dir", type=Path, default=Path("/tmp/mamba2-guard-calibration"))
-    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--state-dir", type=_output_directory, default=Path("/tmp/mamba2-guard-calibration"))
+    parser.add_argument("--json", type=_output_file, required=True)
 
 
 def module_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +71,7 @@ def module_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-model", type=flags.integer(1), required=True, help="the model width (the suite has none)")
     parser.add_argument("--rounds", type=flags.integer(1), default=30)
     parser.add_argument("--seed", type=flags.integer(0), default=0)
-    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--out", type=_output_file, required=True, help="JSON file to write")
 
 
 def restamp_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,14 +81,14 @@ def restamp_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--all", action="store_true", help="every source file (after re-validating every kernel)")
     parser.add_argument("--gpu-slug", type=flags.gpu_slug,
                         required=True, help="whose config file and baseline, e.g. nvidia-h200")
-    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
+    parser.add_argument("--root", type=files.existing_directory, default=str(Path(__file__).resolve().parents[2]),
                         help="checkout holding mamba2_kernels/configs and baselines (default: this one)")
 
 
 def record_results_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``mamba2-guard dev record-results`` ."""
     parser.add_argument("results", nargs="+", type=Path, metavar="RESULT", help="bench result JSON files")
-    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
+    parser.add_argument("--root", type=files.existing_directory, default=str(Path(__file__).resolve().parents[2]),
                         help="checkout holding baselines/ (default: this one)")
 
 
@@ -94,7 +103,7 @@ def _shape_arguments(parser: argparse.ArgumentParser, suite: str, processes: boo
 def measure_selection_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``mamba2-guard dev measure-selection`` ."""
     _shape_arguments(parser, "selection-grid")
-    parser.add_argument("--out", type=Path, required=True, help="measurements, JSON lines appended per kernel")
+    parser.add_argument("--out", type=_output_file, required=True, help="measurements, JSON lines appended per kernel")
     parser.add_argument("--rounds", type=flags.integer(1), default=10, help="timed samples per config (default 10)")
     parser.add_argument("--seed", type=flags.integer(0), default=0)
     parser.add_argument("--gpu-slug", type=flags.gpu_slug,
@@ -137,7 +146,7 @@ def kernel_times_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default ssd_combined_fwd_bwd)")
     parser.add_argument("--calls", type=flags.integer(1), default=10, help="profiled calls (default 10)")
     parser.add_argument("--seed", type=flags.integer(0), default=0)
-    parser.add_argument("--out", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--out", type=_output_file, help="also write the rows as JSON")
 
 
 def selected_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,7 +163,7 @@ def selected_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the CPU run's sequence length (default: two chunks); keys take the shape's own tokens")
     parser.add_argument("--processes", type=flags.integer(1), default=os.cpu_count() or 1,
                         help="parallel processes, one (shape, call) each (default: the CPU count)")
-    parser.add_argument("--out", type=Path, help="also write the selections as JSON")
+    parser.add_argument("--out", type=_output_file, help="also write the selections as JSON")
 
 
 # name -> ("module:function", argument declarations, one-line help)
