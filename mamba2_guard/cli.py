@@ -647,9 +647,10 @@ def build_parser() -> argparse.ArgumentParser:
         return commands.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
     def selection(p: argparse.ArgumentParser, suite: str) -> None:
-        p.add_argument("--suite", default=suite, metavar="NAME",
-                       help=f"shape suite from mamba2_kernels/suites.yaml (default: the suite '{suite}')")
-        p.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of a suite")
+        which = p.add_mutually_exclusive_group()  # both given: one would be dropped without a word
+        which.add_argument("--suite", default=suite, metavar="NAME",
+                           help=f"shape suite from mamba2_kernels/suites.yaml (default: the suite '{suite}')")
+        which.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of a suite")
         p.add_argument("--kernels", nargs="+", metavar="KERNEL", help="kernel names (default: all)")
 
     p = command("doctor", "check the installation quickly: versions and files, nothing compiled")

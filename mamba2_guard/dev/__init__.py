@@ -93,8 +93,9 @@ def record_results_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _shape_arguments(parser: argparse.ArgumentParser, suite: str, processes: bool = True) -> None:
-    parser.add_argument("--suite", default=suite, help=f"shape suite from mamba2_kernels/suites.yaml (default {suite})")
-    parser.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of the suite")
+    which = parser.add_mutually_exclusive_group()  # both given: one would be dropped without a word
+    which.add_argument("--suite", default=suite, help=f"shape suite from mamba2_kernels/suites.yaml (default {suite})")
+    which.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of the suite")
     if processes:
         parser.add_argument("--processes", type=flags.integer(1), default=8,
                             help="parallel compile processes (default 8)")
