@@ -331,6 +331,8 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
     configs_path, baseline_path = recorded_paths(slug, options.root)
     produced = bool(options.update_baseline)
     loaded = suites.load()
+    if loaded.seen_problem:
+        progress(f"warning: {loaded.seen_problem}; the calls it records are not re-tuned this cycle")
     seen = suites.seen_on(loaded, slug)
     if drift.action == "retune" or options.force_retune or seen:
         why = drift.summary() if drift.action == "retune" else "forced" if options.force_retune else (

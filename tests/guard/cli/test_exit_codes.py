@@ -198,8 +198,9 @@ def test_an_unreadable_seen_file_is_named_not_taken_for_nothing_seen(tmp_path, a
     done = _run([*argv, *(["--state-dir", str(tmp_path / "s")] if argv[0] == "autotune" else [])],
                 {"MAMBA2_GUARD_SEEN": seen})
     assert done.returncode == 2, done.stdout + done.stderr
-    last = done.stderr.strip().splitlines()[-1]  # after the seen suite's own warning
-    assert last.startswith(f"mamba2-guard: {names}{seen}: not a readable seen-keys file"), done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"mamba2-guard: {names}{seen}: not a readable seen-keys file"), done.stderr
     assert "Traceback" not in done.stderr, done.stderr
 
 

@@ -94,6 +94,16 @@ def test_a_nightly_retunes_seen_shapes_with_the_whole_call():
                        "mamba2_layer_fwd_bwd"]
 
 
+def test_a_nightly_with_a_torn_seen_file_says_it_and_finishes(tmp_path, seen_file):
+    # What was seen is unknown: the cycle goes on (its bench is still worth having) and says why no seen
+    # call is re-tuned, naming the file.
+    seen_file.write_text("[1, 2")
+    messages: list[str] = []
+    run_cycle(tmp_path / "state", OPTIONS, progress=messages.append)
+    (warning,) = [m for m in messages if str(seen_file) in m]
+    assert "not a readable seen-keys file" in warning and "not re-tuned" in warning
+
+
 def test_an_unknown_kernel_name_in_a_config_file_is_named(tmp_path, caplog):
     from mamba2_guard.adapters import fingerprint
     from mamba2_guard.flows.nightly import detect_drift
