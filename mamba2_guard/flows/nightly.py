@@ -133,9 +133,14 @@ def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | No
     report = drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(slug), policy)
     borrowed = [] if configs is not None else config_store.borrowable_files(slug, fp.compute_capability,
                                                                             configs_path.parent)
-    if borrowed:  # "no configs" would read as Helion's defaults: say what the jobs run on meanwhile
+    # Per kernel the runtime takes the first borrowable file holding it (config_store.serving_candidates).
+    owners = list(dict.fromkeys(next(owner for owner, cf in borrowed if cf.kernels.get(kernel))
+                                for _, cf in borrowed for kernel in cf.kernels if cf.kernels[kernel]))
+    if owners:  # "no configs" would read as Helion's defaults: say what the jobs run on meanwhile
+        names = " and ".join(f"{owner}'s" for owner in owners)
+        per_kernel = " (for each kernel, the first of these with a config of it)" if len(owners) > 1 else ""
         report = dataclasses.replace(report, notes=report.notes + (
-            f"until this GPU's configs are tuned, its jobs run on {borrowed[0][0]}'s (same architecture, "
+            f"until this GPU's configs are tuned, its jobs run on {names}{per_kernel} (same architecture, "
             f"compute capability {fp.compute_capability})",))
     return report
 

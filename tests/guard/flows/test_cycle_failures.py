@@ -136,6 +136,14 @@ def test_drift_names_the_configs_an_untuned_gpu_borrows(tmp_path):
     assert report.classes == ("new-gpu",)
     assert [n for n in report.notes if "nvidia-h200's" in n] == [
         "until this GPU's configs are tuned, its jobs run on nvidia-h200's (same architecture, compute capability 9.0)"]
+    # Two borrowable files: each kernel runs on the first that holds it, so both are named, in that order;
+    # one holding no config serves nothing.
+    for slug, kernels in (("nvidia-gh200", {"bmm_chunk": {"t=1": {"num_warps": 4}}}), ("nvidia-h100-empty", {})):
+        config_store.save(tmp_path / "mamba2_kernels" / "configs" / f"{slug}.yaml", ConfigFile(
+            fingerprint={"gpu_name": slug, "compute_capability": "9.0"}, kernels=kernels))
+    assert [n for n in detect_drift(h100, root=tmp_path).notes if "jobs run on" in n] == [
+        "until this GPU's configs are tuned, its jobs run on nvidia-gh200's and nvidia-h200's (for each kernel, "
+        "the first of these with a config of it) (same architecture, compute capability 9.0)"]
     a100 = dataclasses.replace(h100, gpu_name="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
     assert not [n for n in detect_drift(a100, root=tmp_path).notes if "jobs run on" in n]
     assert not [n for n in detect_drift(h100, root=tmp_path, slug="nvidia-h200").notes if "jobs run on" in n]
