@@ -117,14 +117,27 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     entries, shapes = _selected(args)
-    table = Table(title=f"suite: {', '.join(s.name for s in shapes)}")
+    # The shapes first: `list --suite seen` is how a user sees the calls their jobs made without a config.
+    table = Table(title="shapes")
+    for column in ("shape", "batch x seqlen", "heads x headdim", "groups", "dstate", "chunk", "dtype", "call"):
+        table.add_column(column)
+    for s in shapes:
+        table.add_row(s.name, f"{s.batch} x {s.seqlen}", f"{s.nheads} x {s.headdim}", str(s.ngroups), str(s.dstate),
+                      str(s.chunk_size), s.dtype, s.pattern or "plain")
+    _console().print(table)
+
+    def spread(values: list[float]) -> str:  # one shape: its value; several: their range
+        low, high = min(values), max(values)
+        return f"{low:.3g}" if f"{low:.3g}" == f"{high:.3g}" else f"{low:.3g}-{high:.3g}"
+
+    table = Table(title="kernels" + (" (GB moved and GFLOP: the range over the shapes)" if len(shapes) > 1 else ""))
     for column in ("kernel", "family", "phase", "replaces", "helion", "GB moved", "GFLOP"):
         table.add_column(column)
     for entry in entries:
         status = "implemented" if entry.has_helion else "[red]missing[/red]"
         table.add_row(entry.name, entry.family, entry.phase, entry.replaces, status,
-                      " / ".join(f"{entry.bytes_moved(s) / 1e9:.3g}" for s in shapes),
-                      " / ".join(f"{entry.flops(s) / 1e9:.3g}" for s in shapes))
+                      spread([entry.bytes_moved(s) / 1e9 for s in shapes]),
+                      spread([entry.flops(s) / 1e9 for s in shapes]))
     _console().print(table)
     return EXIT_OK
 

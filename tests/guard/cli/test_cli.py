@@ -113,3 +113,18 @@ def test_check_judges_by_the_guard_configs_policy(tmp_path, capsys):
     capsys.readouterr()
     assert check("bad", "--config", str(bad)) == cli.EXIT_USAGE
     assert "policy.threshhold" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_list_shows_each_shape_and_the_kernels_range_over_them(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert cli.main(["list", "--shapes", "smoke", "nemotron3-nano-packed", "--kernels", "chunk_cumsum"]) == 0
+    rows = [" ".join(line.replace("│", " ").split()) for line in capsys.readouterr().out.splitlines()]
+    assert "smoke 1 x 96 4 x 16 2 16 32 float32 plain" in rows
+    assert "nemotron3-nano-packed 2 x 8192 64 x 64 8 128 128 bfloat16 4 docs" in rows
+    from mamba2_kernels import registry, suites
+
+    (entry,), loaded = registry.select(["chunk_cumsum"]), suites.load()
+    small, large = loaded.shape("smoke"), loaded.shape("nemotron3-nano-packed")
+    (kernel,) = [row for row in rows if row.startswith("chunk_cumsum ")]
+    assert kernel.endswith(f"implemented {entry.bytes_moved(small) / 1e9:.3g}-{entry.bytes_moved(large) / 1e9:.3g} "
+                           f"{entry.flops(small) / 1e9:.3g}-{entry.flops(large) / 1e9:.3g}")
