@@ -3,8 +3,8 @@ imported (bound in the closures of their hub-kernel fallback wrappers), and a pa
 and agree with transformers' own PyTorch path.
 
 Here each modeling file is imported afresh so that its wrappers call what they bound: mamba-ssm's functions,
-with the test's device let through where transformers sends only CUDA inputs to them (5.25 and later; before,
-every input went). The PyTorch path, the reference, comes from a second fresh import that finds no mamba-ssm,
+with the test's device let through where transformers sends only CUDA inputs to them (5.25 does; 5.17 sends
+every input). The PyTorch path, the reference, comes from a second fresh import that finds no mamba-ssm,
 as on a machine without it.
 """
 
