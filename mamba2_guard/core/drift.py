@@ -204,7 +204,7 @@ class DriftItem:
         if self.cls == INVALID_CONFIG:
             head = f"{self.kernel}/{self.shape_key}: {self.detail}"
         else:
-            head = f"{self.component}: {_short(self.before)} -> {_short(self.after)}"
+            head = f"{self.component}: {short_value(self.before)} -> {short_value(self.after)}"
             if self.detail:
                 head += f" ({self.detail})"
         if self.files:
@@ -256,7 +256,8 @@ class DriftReport:
                 continue
             if cls_name == SOFTWARE:
                 parts.append(
-                    "software: " + ", ".join(f"{i.component} {_short(i.before)} -> {_short(i.after)}" for i in items)
+                    "software: "
+                    + ", ".join(f"{i.component} {short_value(i.before)} -> {short_value(i.after)}" for i in items)
                 )
             elif cls_name == KERNEL_SOURCE:
                 n = sum(len(i.files) for i in items)
@@ -264,7 +265,7 @@ class DriftReport:
             elif cls_name == INVALID_CONFIG:
                 parts.append(f"invalid-config: {len(items)} config(s)")
             else:
-                parts.append(f"new-gpu: {_short(items[0].after)}")
+                parts.append(f"new-gpu: {short_value(items[0].after)}")
         return "; ".join(parts) if parts else "ignored drift only"
 
     def to_dict(self) -> dict[str, Any]:
@@ -291,11 +292,11 @@ class DriftReport:
 # ----------------------------------------------------------------------------------------------
 
 
-def _short(value: Any) -> str:
+def short_value(value: Any) -> str:
+    """A fingerprint value as reports show it: hashes cut to 12 characters, versions whole, None named."""
     if value is None:
         return "(none)"
     s = str(value)
-    # Hashes are shown short; versions are shown whole.
     if len(s) >= 32 and all(c in "0123456789abcdef" for c in s.lower()):
         return s[:12]
     return s
@@ -438,7 +439,7 @@ def classify(
                     action=policy.action_for(NEW_GPU),
                     reference=("configs",),
                     detail="configs were tuned on another GPU model: "
-                    + ", ".join(f"{k} {_short(b)} -> {_short(a)}" for k, b, a in model_changes),
+                    + ", ".join(f"{k} {short_value(b)} -> {short_value(a)}" for k, b, a in model_changes),
                 )
             )
 
@@ -463,7 +464,7 @@ def classify(
             continue
         if v_refs:
             before, after = v_before, v_now
-            detail = f"source {_short(s_before)} -> {_short(s_now)}" if s_refs else ""
+            detail = f"source {short_value(s_before)} -> {short_value(s_now)}" if s_refs else ""
         else:
             before, after = s_before, s_now
             detail = f"source changed, version {v_now if v_now is not None else 'unknown'} unchanged"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mamba2_guard.core.configdiff import ConfigDiff, diff_config_files
-from mamba2_guard.core.drift import fingerprint_changes
+from mamba2_guard.core.drift import fingerprint_changes, short_value
 from mamba2_guard.core.fingerprint import fingerprint_hash
 
 # GitHub rejects PR bodies over 65536 characters; stay clearly under it, counted in UTF-8 bytes.
@@ -114,15 +114,6 @@ def _pct(before: Any, after: Any) -> str:
     if b is None or a is None or b <= 0:
         return "n/a"
     return f"{(a / b - 1.0) * 100:+.1f}%"
-
-
-def _short(v: Any) -> str:
-    if v is None:
-        return "(none)"
-    s = str(v)
-    if len(s) >= 32 and all(c in "0123456789abcdef" for c in s.lower()):
-        return s[:12]
-    return s
 
 
 def _drift_dict(drift: Any) -> dict[str, Any] | None:
@@ -283,7 +274,7 @@ def _what_changed(inp: PrInput, drift: dict[str, Any] | None) -> list[tuple[str,
             if cls == "invalid-config":
                 before, after = "valid", f"invalid: {it.get('detail', '')}"
             else:
-                before, after = _short(it.get("before")), _short(it.get("after"))
+                before, after = short_value(it.get("before")), short_value(it.get("after"))
                 extra = []
                 if it.get("detail"):
                     extra.append(str(it["detail"]))
@@ -295,7 +286,7 @@ def _what_changed(inp: PrInput, drift: dict[str, Any] | None) -> list[tuple[str,
         return rows
     old_fp = (inp.old_configs or {}).get("fingerprint") or (inp.old_baseline or {}).get("fingerprint")
     for comp, b, a in fingerprint_changes(old_fp, inp.fingerprint):
-        rows.append(("", comp, _short(b), _short(a), ""))
+        rows.append(("", comp, short_value(b), short_value(a), ""))
     return rows
 
 
