@@ -828,11 +828,7 @@ def _state_dir_argument(parser: argparse.ArgumentParser) -> None:
 
 def _seen_file(text: str) -> str:
     """``$MAMBA2_GUARD_SEEN``: ``off``, or a file path (one there, or one that can be created)."""
-    if text.strip().lower() != "off":
-        if Path(text).is_dir():
-            raise argparse.ArgumentTypeError(f"{text} is a directory; expected the seen-keys file or off")
-        files.creatable_directory(str(Path(text).parent))
-    return text
+    return text if text.strip().lower() == "off" else files.creatable_file(text, "the seen-keys file or off")
 
 
 def _target(text: str) -> str:

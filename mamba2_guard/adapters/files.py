@@ -68,9 +68,10 @@ def existing_directory(text: str) -> str:
     return text
 
 
-def creatable_file(text: str) -> str:
-    """A file path to write: not a directory, and its folder exists or can be created."""
+def creatable_file(text: str, expected: str = "a file path") -> str:
+    """A file path to write: not a directory, and its folder exists or can be created. ``expected`` names
+    what the flag takes, in the error."""
     if Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a directory; expected a file path")
+        raise argparse.ArgumentTypeError(f"{text} is a directory; expected {expected}")
     creatable_directory(str(Path(text).parent))
     return text
