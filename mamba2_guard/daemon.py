@@ -10,7 +10,7 @@ Jobs (explicit ids, ``replace_existing=True``, so a restart keeps exactly one co
 ``metrics``   every minute: reload ``latest.json`` (a one-shot cycle may have written it) and keep
               the staleness gauges current. ``/metrics`` itself is served by a thread from start-up.
 
-Robustness, and why (see docs/architecture.md, "Daemon"):
+Robustness, and why:
 
 * job defaults ``coalesce=True, max_instances=1, misfire_grace_time=6 h``: APScheduler's 1 s default
   grace silently skips a nightly whenever the daemon is busy or was asleep;
@@ -56,7 +56,7 @@ from mamba2_guard.adapters.state import (
     write_json,
 )
 
-log = logging.getLogger("mamba2_guard.daemon")
+log = logging.getLogger(__name__)
 
 DEFAULT_NIGHTLY_CRON = "17 3 * * *"
 DEFAULT_METRICS_PORT = 9466

@@ -26,22 +26,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mamba2_kernels.files import atomic_write, state_dir
+
 log = logging.getLogger(__name__)
 
 SEEN_ENV = "MAMBA2_GUARD_SEEN"
 RECORD_ENV = "MAMBA2_GUARD_SEEN_RECORD"  # "0": a process of the guard itself (``stop_recording``)
 MAX_ENTRIES = 1000  # the oldest by last_seen go first: the file stays small whatever a job does
 _call: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("mamba2_guard_call", default=None)
-
-
-def state_dir() -> Path:
-    """``$MAMBA2_GUARD_STATE``, else ``$XDG_STATE_HOME/mamba2-guard`` (``~/.local/state/mamba2-guard``): the
-    guard's state directory, shared with the training jobs of the same machine."""
-    override = os.environ.get("MAMBA2_GUARD_STATE")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "mamba2-guard"
 
 
 def path() -> Path | None:
@@ -103,7 +95,6 @@ def record(kernel: str, key: str, gpu: str, reason: str, used: str | None) -> No
 def _merge(file: Path, kernel: str, key: str, gpu: str, reason: str, used: str | None) -> None:
     from filelock import FileLock
 
-    from mamba2_kernels.config_store import atomic_write
 
     now = time.time()
     file.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """Files: the stale temp files of atomic writes, a writability check, the tail of a log, and the checks of
 command-line paths (argparse ``type=`` functions: a bad path is one line naming the flag, exit 2, before any work).
 
-The one atomic write is ``mamba2_kernels.config_store.atomic_write`` (kernels never import mamba2_guard, so it lives
-there); everything writes through it.
+The one atomic write is ``mamba2_kernels.files.atomic_write``, the ground floor of both packages (kernels never
+import mamba2_guard, so it lives there); everything writes through it.
 """
 
 from __future__ import annotations

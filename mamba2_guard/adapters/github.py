@@ -27,7 +27,7 @@ from github import Auth, Github, GithubException
 from mamba2_guard.adapters.gitops import DEFAULT_TOKEN_ENV, install_log_redaction, redact, register_secret
 from mamba2_guard.core.prbody import branch_prefix, marker, parse_marker, sanitize_slug
 
-log = logging.getLogger("mamba2_guard.github")
+log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.github.com"
 SUPERSEDED_RE = re.compile(r"<!--\s*mamba2-guard:superseded-by=#?(\d+)\s*-->")

@@ -30,9 +30,9 @@ import git
 
 from mamba2_guard.core import flags
 from mamba2_guard.core.prbody import BRANCH_PREFIX, branch_name
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write
 
-log = logging.getLogger("mamba2_guard.gitops")
+log = logging.getLogger(__name__)
 
 DEFAULT_BOT_NAME = "mamba2-guard[bot]"
 DEFAULT_BOT_EMAIL = "mamba2-guard[bot]@users.noreply.github.com"

@@ -24,7 +24,7 @@ from typing import Any
 
 from mamba2_guard.core.results import BenchResult, CaseResult, HistoryPoint
 from mamba2_guard.core.verdicts import PRECISION_FAIL, Verdict, exit_code
-from mamba2_kernels.config_store import new_file_mode
+from mamba2_kernels.files import new_file_mode
 
 SCHEMA_VERSION = 1
 RUN_STATUSES = ("pass", "fail", "error")

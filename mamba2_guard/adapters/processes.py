@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write
 
-log = logging.getLogger("mamba2_guard.daemon")
+log = logging.getLogger(__name__)
 
 
 def spawn(cmd: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen:
@@ -218,7 +218,7 @@ def child_main(spec_path: str) -> int:
     spec = pickle.loads(Path(spec_path).read_bytes())
     out = Path(spec["out"])
     watch_parent(spec.get("parent"))
-    from mamba2_kernels._targets import load_target
+    from mamba2_kernels.tuning import load_target
 
     try:
         value = load_target(spec["target"])(*spec["args"], **spec["kwargs"])

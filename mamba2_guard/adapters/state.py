@@ -30,14 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mamba2_kernels import seen
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write, state_dir
 
-log = logging.getLogger("mamba2_guard.state")
+log = logging.getLogger(__name__)
 
 
 # ``$MAMBA2_GUARD_STATE``, else ``$XDG_STATE_HOME/mamba2-guard``: the training jobs' seen-keys file lives there
-default_state_dir = seen.state_dir
+default_state_dir = state_dir
 
 JOBSTORE = "jobs.sqlite"
 LOCK = "daemon.lock"

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from mamba2_guard.bench import timing
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write
 
-log = logging.getLogger("mamba2_guard.peaks")
+log = logging.getLogger(__name__)
 
 
 def measure(device: str = "cuda") -> dict[str, Any]:

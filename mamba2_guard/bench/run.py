@@ -28,9 +28,9 @@ from mamba2_guard.bench.precision import compare, low_precision
 from mamba2_guard.bench.timing import Timer, measured_under
 from mamba2_guard.bench.timing import method as timing_method
 from mamba2_guard.core.results import BenchResult, CaseResult, Precision, SamplesMs
-from mamba2_kernels import _mamba_ssm
 from mamba2_kernels.registry import COMPOSITE_PHASES, BaselineUnavailable, KernelEntry
 from mamba2_kernels.suites import ShapeSpec
+from mamba2_kernels.tuning import mamba_ssm
 
 Progress = Callable[[str], None]
 
@@ -107,7 +107,7 @@ def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch
     on_gpu = device.type == "cuda"
     try:
         if on_gpu:
-            _mamba_ssm.forget_last_picks()
+            mamba_ssm.forget_last_picks()
         started = time.monotonic()
         inputs = entry.inputs(shape, seed, device)
         precision = precision_of(entry, inputs, entry.run_helion(inputs)) if check_precision else None
@@ -134,7 +134,7 @@ def bench_case(entry: KernelEntry, shape: ShapeSpec, *, seed: int, device: torch
                    # first calls (compile, mamba-ssm's autotune) and precision, then the timed rounds
                    "seconds": {"precision": round(precision_s, 2),
                                "timing": round(time.monotonic() - started - precision_s, 2)},
-                   "mamba_ssm_autotune": _mamba_ssm.last_picks()},
+                   "mamba_ssm_autotune": mamba_ssm.last_picks()},
         )
     except Exception as exc:  # one failing kernel must not stop the suite
         return CaseResult(**base, error=_short_error(exc))

@@ -38,7 +38,7 @@ from mamba2_guard.core.verdicts import Policy
 from mamba2_guard.dev import require_gpu
 from mamba2_guard.flows.check import run_check
 from mamba2_kernels import registry, suites
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write
 
 
 def slowed(entry: registry.KernelEntry, shape: str, cycles: int) -> registry.KernelEntry:

@@ -33,13 +33,14 @@ from mamba2_guard.adapters.state import write_json
 from mamba2_guard.bench.timing import Timer
 from mamba2_guard.core import stats
 from mamba2_guard.dev import require_gpu
-from mamba2_kernels import _mamba_ssm, suites
+from mamba2_kernels import suites
+from mamba2_kernels.tuning import mamba_ssm
 
 
 def build(shape: suites.ShapeSpec, d_model: int, device: str, seed: int) -> tuple[torch.nn.Module, torch.Tensor,
                                                                                   torch.Tensor]:
     """A ``Mamba2`` whose SSM part is ``shape``'s (all of d_inner: no MLP part), and (u, dout)."""
-    mamba2 = _mamba_ssm.module("modules.mamba2")
+    mamba2 = mamba_ssm.module("modules.mamba2")
     torch.manual_seed(seed)
     # A fraction keeps d_inner = expand * d_model an int (Mamba2 floor-divides it) for widths such as 2688.
     module = mamba2.Mamba2(d_model=d_model, d_state=shape.dstate, d_conv=shape.conv_width,

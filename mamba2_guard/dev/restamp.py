@@ -17,7 +17,7 @@ import yaml
 from mamba2_guard.adapters.fingerprint import KERNELS_DIR, kernel_source_hashes, restamped
 from mamba2_guard.flows import baselines
 from mamba2_kernels import config_store, registry
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write
 
 
 def kernel_files(names: list[str]) -> list[str]:

@@ -25,8 +25,8 @@ from typing import Any
 
 from mamba2_guard.adapters.state import write_json
 from mamba2_kernels import config_store, registry, suites
-from mamba2_kernels._runtime import capture_launches, complete_config
 from mamba2_kernels.ssd import state_paths
+from mamba2_kernels.tuning import capture_launches, complete_config
 
 
 @dataclasses.dataclass(frozen=True)

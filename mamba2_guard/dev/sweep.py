@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from mamba2_kernels import registry, suites  # noqa: E402
-from mamba2_kernels._runtime import capture_launches, complete_config, pinned_config, validate_config  # noqa: E402
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write
+from mamba2_kernels.tuning import capture_launches, complete_config, pinned_config, validate_config  # noqa: E402
 
 STORED = "stored"
 

@@ -19,7 +19,8 @@ from mamba2_guard.core.results import (
     baseline_from_result,
     load_baseline,
 )
-from mamba2_kernels.config_store import atomic_write, slugify
+from mamba2_kernels.config_store import slugify
+from mamba2_kernels.files import atomic_write
 
 BASELINE_DIR = PROJECT_ROOT / "baselines"
 

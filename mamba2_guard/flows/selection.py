@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mamba2_guard.core import selection as fitting
-from mamba2_kernels import config_store
+from mamba2_kernels import config_store, files
 
 WHOLE_CALL = "ssd_combined_fwd_bwd"
 
@@ -57,7 +57,7 @@ def captured_launches(shape_name: str, seed: int, device: str, entry_name: str =
     compiles anyway): Helion's reference mode would run every tile of a full-size grid shape in Python, which
     takes longer than those compiles. On a CPU the reference mode is the faster."""
     from mamba2_kernels import registry, suites
-    from mamba2_kernels._runtime import capture_launches
+    from mamba2_kernels.tuning import capture_launches
 
     entry = registry.get(entry_name)
     inputs = entry.inputs(suites.load().shape(shape_name), seed, device)
@@ -79,7 +79,7 @@ def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile
     for ``args``; configs that adapt to the same thing are timed once, under their first key. Also each other
     stored key whose config adapted to a timed one -> that one's key: the fit must know that choosing it
     chooses the timed config."""
-    from mamba2_kernels._runtime import _config_error, adapt_config
+    from mamba2_kernels.tuning import adapt_config, config_error
 
     bound = kernel.helion_kernel(None, "compiled").bind(args)
     out: dict[str, dict[str, Any]] = {}
@@ -89,7 +89,7 @@ def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile
         same = next((timed for timed, candidate in out.items() if candidate == adapted), None)
         if same is not None:
             aliases[text] = same
-        elif _config_error(bound, adapted) is None:
+        elif config_error(bound, adapted) is None:
             out[text] = adapted
     return out, aliases
 
@@ -133,12 +133,10 @@ def launch_layout(args: tuple) -> tuple:
 def _compile_worker(kernel_name: str, layout: tuple, config_path: str, device: str) -> int:
     """Child process: launch every candidate of one kernel launch (``layout``, from ``launch_layout``) once
     (Triton compiles on first launch and keeps the result in its on-disk cache). Returns how many ran."""
-    from mamba2_kernels import registry
-    from mamba2_kernels._runtime import TUNED_KERNELS
+    from mamba2_kernels.tuning import tuned_kernels
 
     device = _in_child(device)
-    registry.tuned_kernel_names()  # imports every kernel's module
-    kernel = TUNED_KERNELS[kernel_name]
+    kernel = tuned_kernels()[kernel_name]
     args = tuple(a.build(device) if isinstance(a, TensorLayout) else a for a in layout)
     cf = config_store.load(Path(config_path))
     done = 0
@@ -291,7 +289,7 @@ def _append(out: Path, records: list[dict]) -> None:
     """Add the records to ``out``, rewritten atomically: a run killed while writing leaves the records before
     whole, not a torn last line that stops the rerun (``read_records``)."""
     earlier = out.read_text() if out.exists() else ""
-    config_store.atomic_write(out, earlier + "".join(json.dumps(record, sort_keys=True) + "\n" for record in records))
+    files.atomic_write(out, earlier + "".join(json.dumps(record, sort_keys=True) + "\n" for record in records))
 
 
 def _time_paths(timer: Any, shape_name: str, seed: int, device: str, rounds: int, done: set) -> list[dict]:

@@ -10,7 +10,7 @@ import pytest
 
 from mamba2_guard.dev import selected
 from mamba2_kernels import config_store, registry, suites
-from mamba2_kernels._runtime import capture_launches
+from mamba2_kernels.tuning import capture_launches
 
 ENTRY = "ssd_combined_fwd_bwd"
 

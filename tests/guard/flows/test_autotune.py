@@ -405,8 +405,8 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
 
     from mamba2_guard.flows.autotune_worker import _entry_on
     from mamba2_kernels import registry, suites
-    from mamba2_kernels._runtime import capture_launches
     from mamba2_kernels.testing import execution_mode
+    from mamba2_kernels.tuning import capture_launches
 
     entry = registry.get("causal_conv1d_bwd")
     inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
@@ -451,8 +451,8 @@ def test_the_incumbent_as_helions_reference_survives_its_settings_copy():
 
     from mamba2_guard.flows.autotune_worker import incumbent_run
     from mamba2_kernels import registry, suites
-    from mamba2_kernels._runtime import capture_launches
     from mamba2_kernels.testing import execution_mode
+    from mamba2_kernels.tuning import capture_launches
 
     entry = registry.get("chunk_cumsum")
     inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
@@ -497,7 +497,7 @@ def cumsum_launch():
     import torch
 
     from mamba2_kernels import registry, suites
-    from mamba2_kernels._runtime import capture_launches
+    from mamba2_kernels.tuning import capture_launches
 
     entry = registry.get("chunk_cumsum")
     inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from mamba2_kernels import registry, suites
-from mamba2_kernels._runtime import capture_launches
+from mamba2_kernels.tuning import capture_launches
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import stat
 
 import pytest
 from hypothesis import example, given, settings
@@ -281,28 +279,6 @@ def test_save_is_atomic_when_the_write_fails(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["gpu.yaml"]  # no temp file left behind
 
 
-def test_a_saved_file_keeps_the_read_bits_other_users_need(tmp_path):
-    """Training jobs and the guard may run as other users: a file written atomically gets the
-    mode the replaced file had, or a new file's under the umask, never the owner-only mode of a temp file."""
-    def mode(path):
-        return stat.S_IMODE(path.stat().st_mode)
-
-    before = os.umask(0o022)
-    try:
-        config_store.save(tmp_path / "new.yaml", ConfigFile())
-        assert mode(tmp_path / "new.yaml") == 0o644
-        os.umask(0o027)
-        config_store.save(tmp_path / "group.yaml", ConfigFile())
-        assert mode(tmp_path / "group.yaml") == 0o640
-        kept = tmp_path / "kept.yaml"
-        kept.write_text("")
-        kept.chmod(0o604)
-        config_store.save(kept, ConfigFile())
-        assert mode(kept) == 0o604
-        config_store.atomic_write(kept, "x", mode=0o700)
-        assert mode(kept) == 0o700
-    finally:
-        os.umask(before)
 
 
 def test_slugify():
