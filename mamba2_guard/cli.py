@@ -33,7 +33,6 @@ EPILOG = """exit codes:
   2  a usage or environment error: a bad name or file, a missing dependency, a busy state directory
 
 Each command has --help; the README lists them."""
-log = logging.getLogger("mamba2_guard")
 
 
 def _console():
@@ -174,7 +173,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from mamba2_guard.bench import shard
     from mamba2_guard.flows import baselines
     from mamba2_guard.flows.nightly import selection
-    from mamba2_kernels.config_store import atomic_write
+    from mamba2_kernels.files import atomic_write
 
     if args.resume and not args.json:
         raise ValueError("--resume: needs --json PATH, the result file to continue")
@@ -800,7 +799,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_config)
 
     from mamba2_guard import dev
+    from mamba2_guard.commands import bring_up
 
+    bring_up.register(commands)
     dev.register(commands)
     return parser
 

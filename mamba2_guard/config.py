@@ -35,7 +35,7 @@ SECTIONS = ("drift", "policy", "autotune", "github", "git", "bot", "pr")
 AUTOTUNE_KEYS = {"effort": str, "budget_seconds": (int, float), "total_budget_seconds": (int, float, type(None)),
                  "margin": (int, float), "alpha": (int, float), "confidence": (int, float), "rounds": int,
                  "max_attempts": int, "seed": int, "job_timeout_seconds": (int, float, type(None)),
-                 "helion_benchmark_subprocess": bool}
+                 "helion_benchmark_subprocess": bool, "bringup_job_seconds": (int, float)}
 GITHUB_KEYS = {"repo": (str, type(None)), "base_url": str, "token_env": str, "labels": list}
 GIT_KEYS = {"origin": (str, type(None)), "base_branch": str, "token_env": (str, type(None))}
 BOT_KEYS = {"name": str, "email": str}

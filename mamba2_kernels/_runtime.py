@@ -29,7 +29,6 @@ from mamba2_kernels.config_store import ShapeKey
 log = logging.getLogger(__name__)
 
 AUTOTUNE_ENV = "MAMBA2_GUARD_AUTOTUNE"
-SLUG_ENV = "MAMBA2_GUARD_GPU_SLUG"
 _captured: list[tuple[TunedKernel, tuple[Any, ...]]] | None = None
 # name -> kernel: every TunedKernel defined so far (the names config files may use)
 TUNED_KERNELS: dict[str, TunedKernel] = {}
@@ -66,7 +65,7 @@ def _cuda_slug(index: int) -> str:
 
 def device_slug(device: torch.device) -> str:
     """The config-file slug of a device: 'nvidia-h200', or 'cpu'."""
-    override = os.environ.get(SLUG_ENV)
+    override = config_store.slug_override()
     if override:
         return override
     if device.type != "cuda":
@@ -91,7 +90,7 @@ def device_capability(device: torch.device) -> str | None:
 def ensure_triton_allocator() -> None:
     """Give Triton its scratch allocator in this thread. A config with device-side tensor descriptors needs
     one; Triton keeps it in a context variable, which a new thread starts without (autograd runs the backward
-    on its own). On the H200 the bench's whole call failed for the lack of it (docs/architecture.md)."""
+    on its own). On the H200 the bench's whole call failed for the lack of it (docs/decisions.md)."""
     import helion.runtime
 
     helion.runtime.set_triton_allocator()

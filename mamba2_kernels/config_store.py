@@ -31,7 +31,10 @@ A fallback (2 or 3) is logged once per kernel and key, and counted in ``FALLBACK
 A GPU whose own file holds no config of a kernel (no file at all: a model nobody tuned yet, such as an H100
 beside the committed H200 file) takes the rule's candidates from the file of a GPU of the same architecture
 (``borrowable_files``: the same compute capability first, then the same major version), each with the source
-``other-gpu``. Configs do not carry across architectures, so another major version gets the default.
+``other-gpu``. Configs do not carry across architectures at run time, so another major version gets the
+default until the guard's bring-up (``mamba2-guard bring-up``) has validated other GPUs' configs on it
+(``other_gpu_files``) and written the ones that pass into its own file. ``MAMBA2_GUARD_BORROW=0`` turns all
+borrowing off: a GPU then sees its own file alone, as the bring-up's withheld-file measurement needs.
 
 A fused stage's ``chain`` rule (``ChainRule``) says at which calls the stage runs as the two kernels it
 fuses instead (``mamba2_kernels.ssd.state_paths``); without one, the fused kernel runs everywhere.
@@ -45,8 +48,6 @@ import logging
 import math
 import os
 import re
-import stat
-import tempfile
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -57,6 +58,7 @@ from typing import Any
 import yaml
 
 from mamba2_kernels import seen
+from mamba2_kernels.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -315,64 +317,6 @@ def dumps(cf: ConfigFile) -> str:
     return "\n".join(lines) + "\n"
 
 
-def new_file_mode() -> int:
-    """The mode ``open`` gives a new file under this process's umask (a temp file gets 0600 instead)."""
-    return 0o666 & ~_process_umask()
-
-
-def _process_umask() -> int:
-    """Read without setting it where Linux allows: setting it, even back, races other threads' file creation."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    umask = os.umask(0o77)  # a file another thread makes meanwhile is at worst too private
-    os.umask(umask)
-    return umask
-
-
-def atomic_write(path: Path, data: str | bytes, *, mode: int | None = None) -> None:
-    """Replace ``path`` with ``data`` so that a kill at any moment leaves the old file or the new one.
-
-    A temp file in the same folder is written, fsynced, given ``mode`` (by default the replaced file's, or
-    for a new file what ``open`` would give it under the umask), renamed over ``path``; the folder is fsynced
-    after the rename. Text is written as UTF-8. The temp file alone would be owner-only: a config file, a
-    baseline or a fallback record that other users' jobs and the guard read must keep their read bits.
-    """
-    path = Path(path)
-    folder = path.parent
-    folder.mkdir(parents=True, exist_ok=True)
-    payload = data.encode() if isinstance(data, str) else bytes(data)
-    if mode is None:
-        try:
-            mode = stat.S_IMODE(path.stat().st_mode)
-        except FileNotFoundError:
-            mode = new_file_mode()
-    handle = tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".tmp", delete=False)  # noqa: SIM115
-    tmp_name = handle.name
-    try:
-        with handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-            os.fchmod(handle.fileno(), mode)
-        os.replace(tmp_name, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
-        if isinstance(exc, OSError) and exc.filename is None:  # a full disk: name the file
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
-    folder_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(folder_fd)
-    finally:
-        os.close(folder_fd)
-
-
 def save(path: Path, cf: ConfigFile) -> None:
     atomic_write(path, dumps(cf))
 
@@ -438,14 +382,26 @@ def load_cached(slug: str, config_dir: Path | None = None) -> ConfigFile | None:
         return hit[1]
 
 
-def borrowable_files(slug: str, capability: str | None, config_dir: Path | None = None) -> list[tuple[str, ConfigFile]]:
-    """The config files of the other GPUs of ``slug``'s architecture, as (slug, file): those whose fingerprint's
-    ``compute_capability`` is ``capability`` ("9.0") first, then those of the same major version, each by slug;
-    none without a capability. Another GPU's file that cannot be read is skipped with a warning: it must not
-    stop this GPU's job."""
-    if not capability:
+BORROW_ENV = "MAMBA2_GUARD_BORROW"
+SLUG_ENV = "MAMBA2_GUARD_GPU_SLUG"  # run as another GPU model: its file, baseline and bring-up
+
+
+def slug_override() -> str | None:
+    """The slug ``MAMBA2_GUARD_GPU_SLUG`` names, or None."""
+    return os.environ.get(SLUG_ENV, "").strip() or None
+
+
+def borrowing() -> bool:
+    """Whether other GPUs' files may serve or seed this one (``MAMBA2_GUARD_BORROW``, on unless 0/false/no/off)."""
+    return os.environ.get(BORROW_ENV, "").strip().lower() not in {"0", "false", "no", "off"}
+
+
+def other_gpu_files(slug: str, config_dir: Path | None = None) -> list[tuple[str, str, ConfigFile]]:
+    """Every other GPU's config file, as (slug, compute capability or "", file), by slug; none while
+    borrowing is off. Another GPU's file that cannot be read is skipped with a warning: it must not stop this
+    GPU's job."""
+    if not borrowing():
         return []
-    major = capability.split(".")[0]
     found = []
     for path in sorted((config_dir or CONFIG_DIR).glob("*.yaml")):
         if path.stem == slug:
@@ -455,9 +411,20 @@ def borrowable_files(slug: str, capability: str | None, config_dir: Path | None 
         except (OSError, ConfigFileError) as exc:
             log.warning("config file of another GPU skipped: %s", exc)
             continue
-        theirs = str((cf.fingerprint if cf else {}).get("compute_capability") or "")
-        if cf is not None and theirs.split(".")[0] == major:
-            found.append((theirs != capability, path.stem, cf))
+        if cf is not None:
+            found.append((path.stem, str(cf.fingerprint.get("compute_capability") or ""), cf))
+    return found
+
+
+def borrowable_files(slug: str, capability: str | None, config_dir: Path | None = None) -> list[tuple[str, ConfigFile]]:
+    """The config files of the other GPUs of ``slug``'s architecture, as (slug, file): those whose fingerprint's
+    ``compute_capability`` is ``capability`` ("9.0") first, then those of the same major version, each by slug;
+    none without a capability."""
+    if not capability:
+        return []
+    major = capability.split(".")[0]
+    found = [(theirs != capability, other, cf) for other, theirs, cf in other_gpu_files(slug, config_dir)
+             if theirs.split(".")[0] == major]
     return [(other, cf) for _, other, cf in sorted(found, key=lambda f: f[:2])]
 
 

@@ -162,6 +162,8 @@ def restamped(recorded: dict[str, Any], files: list[str] | None, root: Path = KE
 
 
 def gpu_slug(fp: Fingerprint) -> str:
-    from mamba2_kernels.config_store import slugify
+    """The GPU model's config-file name: ``MAMBA2_GUARD_GPU_SLUG`` where set (as the kernels' lookup reads
+    it), else from the GPU's name, else "cpu"."""
+    from mamba2_kernels.config_store import slug_override, slugify
 
-    return slugify(fp.gpu_name) if fp.gpu_name else "cpu"
+    return slug_override() or (slugify(fp.gpu_name) if fp.gpu_name else "cpu")

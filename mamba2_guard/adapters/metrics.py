@@ -61,7 +61,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
 from mamba2_kernels import seen
 
-log = logging.getLogger("mamba2_guard.metrics")
+log = logging.getLogger(__name__)
 NO_SNAPSHOT = "no such file"  # GuardMetrics.read_snapshot's answer where there is no snapshot yet
 
 PREFIX = "mamba2_guard"
@@ -174,6 +174,14 @@ class GuardMetrics:
                                    "(the seen-keys file), by kernel and reason", ("kernel", "reason"), registry=r)
         self.state_errors = Counter(f"{PREFIX}_state_errors", "State files found unreadable and moved aside",
                                     ("file",), registry=r)
+        self.bringup_jobs = Gauge(f"{PREFIX}_bringup_jobs", "A new GPU's bring-up: jobs done and left, by stage",
+                                  ("stage", "state"), registry=r)
+        self.bringup_stage = Gauge(f"{PREFIX}_bringup_stage", "1 for the bring-up's current stage (complete: done)",
+                                   ("stage",), registry=r)
+        self.bringup_seconds = Gauge(f"{PREFIX}_bringup_device_seconds", "Seconds the bring-up has spent so far",
+                                     registry=r)
+        self.bringup_speedup = Gauge(f"{PREFIX}_bringup_speedup_geomean_ratio", "Geometric mean of the whole "
+                                     "calls' speedup against mamba-ssm when the bring-up last reported", registry=r)
         self._gpu: dict[str, str] = gpu_labels(None)
         self._case_gpus: set[str] = set()  # gpu label values of the per-case series (several: sharded bench)
 
@@ -289,6 +297,21 @@ class GuardMetrics:
         if daemon_state.get("prs_opened"):
             self.prs.inc(daemon_state["prs_opened"])
 
+    def update_bringup(self, progress: Mapping[str, Any] | None) -> None:
+        """The bring-up's progress (``mamba2_guard.core.bringup.progress``); clears the series when None."""
+        for family in (self.bringup_jobs, self.bringup_stage):
+            family.clear()
+        if not progress:
+            return
+        for name, stage in (progress.get("stages") or {}).items():
+            done, jobs = int(stage.get("done") or 0), int(stage.get("jobs") or 0)
+            self.bringup_jobs.labels(stage=name, state="done").set(done)
+            self.bringup_jobs.labels(stage=name, state="left").set(max(0, jobs - done))
+        self.bringup_stage.labels(stage=str(progress.get("stage"))).set(1)
+        self.bringup_seconds.set(float(progress.get("seconds") or 0))
+        if progress.get("speedup_geomean") is not None:
+            self.bringup_speedup.set(float(progress["speedup_geomean"]))
+
     def record_event(self, event: str, ts: float) -> None:
         if event not in EVENTS:
             raise ValueError(f"event: expected one of {EVENTS}, got {event!r}")
@@ -347,6 +370,7 @@ class GuardMetrics:
                     self.record_event(event, float(ts))
             for kernel, seconds in (data.get("autotune_s") or {}).items():
                 self.record_autotune(kernel, float(seconds))
+            self.update_bringup(data.get("bringup"))
         except KeyError as exc:
             return f"cannot use the snapshot: no key {exc}"
         except (AttributeError, TypeError, ValueError) as exc:
@@ -389,7 +413,8 @@ class GuardMetrics:
 
 
 def snapshot(result: Any, verdicts: Iterable[Any] = (), fingerprint: Any = None, drift: Any = None,
-             events: Mapping[str, float] | None = None, autotune_s: Mapping[str, float] | None = None) -> dict:
+             events: Mapping[str, float] | None = None, autotune_s: Mapping[str, float] | None = None,
+             bringup: Mapping[str, Any] | None = None) -> dict:
     """The ``latest.json`` document a cycle leaves for the daemon's metrics (plain JSON)."""
     return {
         "result": _as_dict(result),
@@ -398,6 +423,7 @@ def snapshot(result: Any, verdicts: Iterable[Any] = (), fingerprint: Any = None,
         "drift": _as_dict(drift),
         "events": dict(events or {}),
         "autotune_s": dict(autotune_s or {}),
+        "bringup": dict(bringup) if bringup else None,
     }
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mamba2_guard.core import bringup
 from mamba2_guard.core.configdiff import ConfigDiff, diff_config_files
 from mamba2_guard.core.drift import fingerprint_changes, short_value
 from mamba2_guard.core.fingerprint import fingerprint_hash
@@ -141,6 +142,7 @@ class PrInput:
     run_url: str | None = None
     full_data: str | None = None  # where the full data is attached (artifact name or URL)
     fingerprint_hash: str | None = None  # precomputed; else fingerprint_hash(fingerprint)
+    bring_up: Mapping[str, Any] | None = None  # a new GPU's bring-up progress (core.bringup.progress)
 
 
 @dataclass(frozen=True)
@@ -380,6 +382,14 @@ def _render_body(
     else:
         out.append("No environment change recorded (a re-tune or re-baseline was requested).")
     out.append("")
+
+    if inp.bring_up:
+        out.append("### Bring-up of a new GPU")
+        out.append("")
+        out.append(bringup.render(inp.bring_up))
+        out.append("")
+        out.append("_The guard updates this PR as each later stage lands; nothing needs to be run by hand._")
+        out.append("")
 
     # Performance
     out.append("### Performance and precision (median latency, lower is better)")

@@ -37,8 +37,9 @@ import torch
 os.environ.pop("TRITON_INTERPRET", None)
 
 from mamba2_kernels import registry, suites  # noqa: E402
-from mamba2_kernels._runtime import SLUG_ENV, TunedKernel, capture_launches  # noqa: E402
-from mamba2_kernels.config_store import atomic_write  # noqa: E402
+from mamba2_kernels.config_store import SLUG_ENV  # noqa: E402
+from mamba2_kernels.files import atomic_write  # noqa: E402
+from mamba2_kernels.tuning import TunedKernel, capture_launches  # noqa: E402
 
 _SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 _TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",

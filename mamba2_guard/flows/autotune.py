@@ -51,7 +51,7 @@ from mamba2_guard.adapters.state import exclusive
 from mamba2_guard.core import tuneplan
 from mamba2_guard.core.tuneplan import Criteria, Job
 from mamba2_kernels import config_store
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write
 
 DEFAULT_TUNER = "mamba2_guard.flows.autotune_worker:helion_tuner"
 TUNER_ENV = "MAMBA2_GUARD_TUNER"
@@ -83,6 +83,8 @@ class AutotuneOptions:
     tuner: str = DEFAULT_TUNER
     fresh: bool = False
     missing_only: bool = False  # search only launches whose key has no config of its own in the file
+    # "helion": Helion's search; "borrowed": the configs other GPUs' files hold, adapted and tried here (bring-up)
+    search: str = "helion"
     extra: dict[str, Any] = field(default_factory=dict)  # handed to the tuner (tests)
 
     def __post_init__(self) -> None:
@@ -92,6 +94,8 @@ class AutotuneOptions:
                 raise ValueError(f"{name}: expected a number of seconds > 0, got {value!r}")
         if self.effort not in ("quick", "full"):
             raise ValueError(f"effort: expected quick or full, got {self.effort!r}")
+        if self.search not in ("helion", "borrowed"):
+            raise ValueError(f"search: expected helion or borrowed, got {self.search!r}")
         if self.rounds < 2 or self.max_attempts < 1:
             raise ValueError(f"rounds >= 2 and max_attempts >= 1 expected, got {self.rounds!r}, {self.max_attempts!r}")
 
@@ -177,7 +181,8 @@ class Run:
                      "gpu_slug": opts.gpu_slug, "out": str(Path(opts.out).resolve()), "tuner": opts.tuner,
                      "criteria": opts.criteria.to_dict(), "rounds": opts.rounds,
                      "helion_benchmark_subprocess": opts.helion_benchmark_subprocess,
-                     **({"missing_only": True} if opts.missing_only else {})}  # earlier runs' ids unchanged
+                     **({"missing_only": True} if opts.missing_only else {}),  # earlier runs' ids unchanged
+                     **({"search": opts.search} if opts.search != "helion" else {})}
         self.id = tuneplan.run_id(self.plan)
         self.dir = Path(opts.state_dir) / "autotune" / f"{_safe(opts.gpu_slug)}-{self.id}"
         self.journal = self.dir / "journal.jsonl"
@@ -340,7 +345,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
             "result": str(result_path), "partial": str(partial_path), "log": str(log_path),
             "gpu_slug": opts.gpu_slug, "device": process.device,
             "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
-            "missing_only": opts.missing_only,
+            "missing_only": opts.missing_only, "search": opts.search,
             "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}
     atomic_write(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
     entry: dict[str, Any] = {"job": job.id, "kernel": job.kernel, "shape": job.shape, "index": job.index,

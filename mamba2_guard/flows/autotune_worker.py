@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from mamba2_guard.adapters.processes import watch_parent
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write
 
 
 def load_tuner(ref: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The tuner named by ``module:function`` or ``/path/file.py:function``."""
-    from mamba2_kernels._targets import load_target
+    from mamba2_kernels.tuning import load_target
 
     return load_target(ref)
 
@@ -130,7 +130,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     from mamba2_guard.bench.worker import gpu_identity
     from mamba2_guard.core import tuneplan
     from mamba2_kernels import config_store, registry, suites
-    from mamba2_kernels._runtime import capture_launches, device_capability, device_slug, pinned_config
+    from mamba2_kernels.tuning import capture_launches, device_capability, device_slug, pinned_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("helion_tuner needs a CUDA GPU")
@@ -144,6 +144,9 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     base = config_store.load(Path(base_path)) if base_path and Path(base_path).exists() else config_store.ConfigFile()
     # What serves the kernels that base has no config of, on a GPU nobody tuned yet: the incumbent to beat.
     borrowed = config_store.borrowable_files(device_slug(device), device_capability(device))
+    # The bring-up's first stage tries every other GPU's configs (other architectures too) instead of searching.
+    foreign = ([(other, cf) for other, _, cf in config_store.other_gpu_files(device_slug(device))]
+               if spec.get("search") == "borrowed" else None)
 
     inputs = entry.inputs(shape, seed, device)
     with capture_launches() as captured:
@@ -210,7 +213,15 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
             tuner = tk.helion_kernel(None, "compiled", **settings)
-            best = dict(tuner.autotune(kargs, force=True))
+            if foreign is not None:
+                tried = foreign_configs(tk, kargs, key, foreign)
+                record["borrowed_from"] = sorted({owner for owner, _ in tried})
+                if not tried:
+                    finished(record)  # no winner: nothing stored, the search stage takes this launch
+                    continue
+                best = best_of(tuner.bind(kargs), kargs, [default, *(config for _, config in tried)])
+            else:
+                best = dict(tuner.autotune(kargs, force=True))
         except Exception as exc:  # one launch failing must not lose the others
             _raise_if_cuda_broken()
             record.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:])
@@ -320,7 +331,7 @@ def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any, borrow
     would be measured against Helion's default config, which a slow winner beats."""
     from mamba2_guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
     from mamba2_kernels import config_store
-    from mamba2_kernels._runtime import complete_config, validate_config
+    from mamba2_kernels.tuning import complete_config, validate_config
 
     ranked = config_store.serving_candidates(base, borrowed, kernel.name, key)
     if not ranked:
@@ -341,7 +352,7 @@ def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any,
     long-context's chunk_scan ran in 1.27 ms on nemotron3-nano's new config and in 1.78 ms on the old one, the
     nearest config it was tuned against."""
     from mamba2_kernels import config_store
-    from mamba2_kernels._runtime import complete_config, validate_config
+    from mamba2_kernels.tuning import complete_config, validate_config
 
     out = []
     for found in config_store.serving_candidates(base, borrowed, kernel.name, key):
@@ -356,13 +367,43 @@ def search_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any,
     (``mamba2_guard.core.tuneplan.innermost_first``), the neighbours' configs and the kernel's own seeds, each once
     and each valid for ``args``."""
     from mamba2_guard.core import tuneplan
-    from mamba2_kernels._runtime import validate_config
+    from mamba2_kernels.tuning import validate_config
 
     reordered = tuneplan.innermost_first(incumbent) if incumbent is not None else None
     if reordered is not None and validate_config(kernel, args, reordered) is not None:
         reordered = None
     head = [config for config in (incumbent, reordered) if config is not None]
     return _unique(head + neighbour_seeds(kernel, args, base, key, borrowed) + kernel.seed_configs(args))
+
+
+def foreign_configs(kernel: Any, args: tuple[Any, ...], key: Any, files: Sequence[tuple[str, Any]]
+                    ) -> list[tuple[str, dict[str, Any]]]:
+    """(owner slug, config) for every config other GPUs' files hold for ``kernel`` that, adapted to ``args``
+    (``complete_config``: this call's per-load lists, the default's values for options a file lacks), is a
+    valid config here; each config once, the nearest key of each file first."""
+    from mamba2_kernels import config_store
+    from mamba2_kernels.tuning import complete_config, validate_config
+
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for owner, cf in files:
+        for found in config_store.candidates(cf, kernel.name, key):
+            other_key = found.source != "exact"
+            if validate_config(kernel, args, found.config, other_key) is None:
+                config = complete_config(kernel, args, found.config, other_key) or dict(found.config)
+                out.setdefault(json.dumps(config, sort_keys=True), (owner, config))
+    return list(out.values())
+
+
+def best_of(bound: Any, args: tuple[Any, ...], configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest of ``configs`` on this GPU by Helion's own finite search (it drops those that fail to
+    compile or to match the first config's outputs; the first is Helion's default config)."""
+    import helion
+    from helion.autotuner import FiniteSearch
+
+    unique = _unique(configs)
+    if len(unique) < 2:
+        return dict(unique[0])
+    return dict(FiniteSearch(bound, args, [helion.Config(**config) for config in unique]).autotune())
 
 
 def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -392,7 +433,7 @@ def _raise_if_cuda_broken() -> None:
 
 
 def _entry_on(entry: Any, inputs: Any, kernel: Any, config: dict[str, Any], key: Any) -> Any:
-    from mamba2_kernels._runtime import pinned_config
+    from mamba2_kernels.tuning import pinned_config
 
     run = entry.bind(entry.helion_fn(), inputs)  # what bench times
 

@@ -13,7 +13,7 @@ import functools
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,9 @@ from mamba2_guard.core.verdicts import Policy, Verdict, exit_code
 from mamba2_guard.flows import baselines
 from mamba2_guard.flows.check import run_check
 from mamba2_kernels import config_store, registry, suites
-from mamba2_kernels.config_store import atomic_write
+from mamba2_kernels.files import atomic_write
 
-log = logging.getLogger("mamba2_guard.nightly")
+log = logging.getLogger(__name__)
 
 
 class CycleBusy(RuntimeError):
@@ -183,6 +183,17 @@ def write_reports(state_dir: Path, stamp: str, result: BenchResult, verdicts: li
     return {k: str(v) for k, v in paths.items()}
 
 
+def add_bring_up_section(paths: dict[str, str], progress: dict[str, Any]) -> None:
+    """The bring-up's progress at the end of the report (and of its ``--out`` copy): it ran after the report
+    was written, so that a bring-up that fails keeps the night's report."""
+    from mamba2_guard.core import bringup
+
+    section = f"\n## Bring-up of this GPU\n\n{bringup.render(progress)}\n"
+    for key in ("report_md", "out_report_md"):
+        if key in paths:
+            atomic_write(Path(paths[key]), Path(paths[key]).read_text() + section)
+
+
 def copy_reports(paths: dict[str, str], out_dir: Path) -> dict[str, str]:
     """Stable names for CI: report.md, report.json, result.json."""
     copies = {}
@@ -216,7 +227,8 @@ def export_metrics(state_dir: Path, result: BenchResult, verdicts: list[Verdict]
         if (steps.get(event) or {}).get("status") == "done":
             events[event] = now
     snapshot = metrics.write_snapshot(state_dir, result, verdicts, fingerprint=fp.to_dict(), drift=drift.to_dict(),
-                                      events=events, autotune_s=(steps.get("retune") or {}).get("autotune_s"))
+                                      events=events, autotune_s=(steps.get("retune") or {}).get("autotune_s"),
+                                      bringup=(steps.get("bringup") or {}).get("progress"))
     exporter = metrics.GuardMetrics()
     exporter.load_snapshot(snapshot)
     textfile = StateDir(state_dir).textfile
@@ -308,7 +320,11 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
             paths["baseline"] = str(baseline_path)
             if left_out:
                 progress(f"not written to the baseline: {', '.join(left_out)}")
-        steps = retune_and_propose(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress)
+        speedups = [c.speedup for c in result.cases if c.kernel in ZOO_ENTRIES and c.speedup]
+        steps = retune_and_propose(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress,
+                                   speedups)
+        if (steps.get("bringup") or {}).get("progress"):
+            add_bring_up_section(paths, steps["bringup"]["progress"])
         paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))
         # Last: a run in the history is a cycle that finished.
         history.record(result, verdicts, _now(), job=job, status="pass" if code == 0 else "fail")
@@ -329,9 +345,11 @@ def retune_plan(entries: Sequence[registry.KernelEntry], shapes: Sequence, seen:
 
 def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint,
                        slug: str, drift: drift_mod.DriftReport, entries: Sequence[registry.KernelEntry],
-                       shapes: Sequence, paths: dict[str, str], progress: Progress) -> dict[str, Any]:
-    """Re-tune where the drift policy says so (GPU only), then the PR step. Neither step can fail the
-    cycle: their problems are reported and recorded in the outcome's ``steps``."""
+                       shapes: Sequence, paths: dict[str, str], progress: Progress,
+                       speedups: Sequence[float] = ()) -> dict[str, Any]:
+    """A new GPU's bring-up where one is due, else a re-tune where the drift policy says so (GPU only), then
+    the PR step. None of these steps can fail the cycle: their problems are reported and recorded in the
+    outcome's ``steps``."""
     steps: dict[str, Any] = {}
     configs_path, baseline_path = recorded_paths(slug, options.root)
     produced = bool(options.update_baseline)
@@ -339,7 +357,13 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
     if loaded.seen_problem:
         progress(f"warning: {loaded.seen_problem}; the calls it records are not re-tuned this cycle")
     seen = suites.seen_on(loaded, slug)
-    if drift.action == "retune" or options.force_retune or seen:
+    propose = functools.partial(propose_configs, state_dir, stamp, options, cfg, fp, slug, drift, paths, progress)
+    from mamba2_guard.flows import bringup as bring_up
+
+    if torch.cuda.is_available() and bring_up.is_due(state_dir, slug, configs_path):
+        produced = bring_up_step(state_dir, options, cfg, fp, slug, steps, propose, progress, speedups,
+                                 configs_path, baseline_path, paths) or produced
+    elif drift.action == "retune" or options.force_retune or seen:
         why = drift.summary() if drift.action == "retune" else "forced" if options.force_retune else (
             f"{len(seen)} shapes called without a tuned config")
         tuned, shapes = retune_plan(entries, shapes, seen,
@@ -381,18 +405,65 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
     if not (options.pr and cfg.pr_enabled):
         steps["pr"] = {"status": "disabled"}
         return steps
-    if not (drift.found or produced):
-        return steps
+    if (drift.found or produced) and (steps.get("pr") or {}).get("status") != "done":
+        steps["pr"] = propose(dry=not produced, bring_up=(steps.get("bringup") or {}).get("progress"))
+    return steps
+
+
+def bring_up_step(state_dir: Path, options: CycleOptions, cfg, fp: fingerprint.Fingerprint, slug: str,
+                  steps: dict[str, Any], propose: Callable[..., dict[str, Any]], progress: Progress,
+                  speedups: Sequence[float], configs_path: Path, baseline_path: Path, paths: dict[str, str]) -> bool:
+    """The night's share of a new GPU's bring-up (``mamba2_guard.flows.bringup``) in the re-tune's budget: the
+    config PR is opened after the first stage that stored configs and updated after each later one. Returns
+    whether the config file was written."""
+    from mamba2_guard.bench import shard
+    from mamba2_guard.core import bringup as plan
+    from mamba2_guard.flows import autotune
+    from mamba2_guard.flows import bringup as bring_up
+
+    fields = autotune.config_options(cfg)
+    opts = bring_up.BringUpOptions(
+        state_dir=state_dir, gpu_slug=slug,
+        budget_seconds=float(fields["total_budget_seconds"] or autotune.DEFAULT_TOTAL_BUDGET_SECONDS),
+        fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), out=configs_path,
+        job_budget_seconds=float(cfg.autotune_value("bringup_job_seconds", bring_up.DEFAULT_JOB_BUDGET_SECONDS)),
+        tuning={k: fields[k] for k in ("effort", "seed", "rounds", "max_attempts", "criteria",
+                                         "helion_benchmark_subprocess")},
+        devices=shard.visible_devices(), tuner=os.environ.get(autotune.TUNER_ENV) or autotune.DEFAULT_TUNER)
+
+    def on_configs(summary: dict[str, Any]) -> None:
+        if options.pr and cfg.pr_enabled:
+            steps["pr"] = propose(dry=False, bring_up=summary)
+
+    try:
+        outcome = bring_up.run_bring_up(opts, progress, on_configs=on_configs, speedups=speedups)
+    except Exception as exc:  # noqa: BLE001 (the cycle's verdicts stand; the bring-up is reported)
+        progress(f"bring-up failed: {type(exc).__name__}: {exc}")
+        steps["bringup"] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
+        return False
+    summary = plan.progress(outcome.state, speedups)
+    steps["bringup"] = {"status": "done" if outcome.complete else "partial", **outcome.to_dict(), "progress": summary}
+    if outcome.complete and outcome.changed and opts.tuner == autotune.DEFAULT_TUNER:  # not after a test tuner
+        tuned = [e.name for e in registry.select() if e.has_helion]
+        steps["rebaseline"] = autotune.rebaseline(tuned, [s.name for s in suites.load().suite("default")], state_dir,
+                                                  progress, seed=options.seed, rounds=options.rounds,
+                                                  path=baseline_path)
+        paths["baseline"] = str(baseline_path)
+    return outcome.changed
+
+
+def propose_configs(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint, slug: str,
+                    drift: drift_mod.DriftReport, paths: dict[str, str], progress: Progress, *, dry: bool,
+                    bring_up: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The PR step: open or update this GPU's config PR (``dry``: render it only); its ``steps`` record."""
     from mamba2_guard.flows import pr as prflow
 
-    dry = not produced
     try:
         pr = prflow.run_pr(state_dir, cfg, fp.to_dict(), slug, root=Path(options.root) if options.root else
-                           prflow.PROJECT_ROOT, dry_run=dry, drift=drift, progress=progress)
+                           prflow.PROJECT_ROOT, dry_run=dry, drift=drift, progress=progress, bring_up=bring_up)
     except Exception as exc:  # noqa: BLE001
         progress(f"PR step failed: {type(exc).__name__}: {exc}")
-        steps["pr"] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
-        return steps
+        return {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
     body_path = state_dir / "reports" / f"{stamp}-pr.md"
     atomic_write(body_path, f"# {pr.title}\n\n{pr.body}\n\n```diff\n{pr.diff}```\n")
     paths["pr_body"] = str(body_path)
@@ -400,6 +471,5 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
         progress("PR step dry: nothing new was produced in this cycle to propose; body and diff in " + str(body_path))
     for message in pr.messages:
         progress(f"PR: {message}")
-    steps["pr"] = {"status": "dry-run" if dry else "done", "branch": pr.branch, "origin": pr.origin,
-                   "git": pr.git, "github": pr.github, "messages": pr.messages}
-    return steps
+    return {"status": "dry-run" if dry else "done", "branch": pr.branch, "origin": pr.origin,
+            "git": pr.git, "github": pr.github, "messages": pr.messages}

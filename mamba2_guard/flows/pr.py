@@ -102,7 +102,8 @@ def _run_url() -> str | None:
 def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_slug: str, *,
            root: Path = PROJECT_ROOT, dry_run: bool = False, drift: drift_mod.DriftReport | None = None,
            reproduce_command: str | None = None, progress: Progress = lambda m: None,
-           client_factory: Callable[[GuardConfig], Any] | None = None) -> PrFlowOutcome:
+           client_factory: Callable[[GuardConfig], Any] | None = None,
+           bring_up: dict[str, Any] | None = None) -> PrFlowOutcome:
     from mamba2_guard.adapters.gitops import ConfigRepo, managed_paths
 
     root = Path(root)
@@ -139,7 +140,7 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
         gpu_slug=gpu_slug, fingerprint=fingerprint, new_configs=new_configs, old_configs=old_configs,
         new_baseline=new_baseline, old_baseline=old_baseline, drift=drift,
         reproduce_command=reproduce_command or "mamba2-guard autotune && mamba2-guard pr",
-        run_url=_run_url(), full_data=str(Path(state_dir) / "autotune")))
+        run_url=_run_url(), full_data=str(Path(state_dir) / "autotune"), bring_up=bring_up))
     diff = "".join(
         "".join(difflib.unified_diff((old_texts[p] or "").splitlines(keepends=True),
                                      (new_texts[p] or "").splitlines(keepends=True),

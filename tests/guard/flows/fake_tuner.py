@@ -1,6 +1,7 @@
 """A fake tuner for the autotune tests: no GPU, no Helion; behaviour from ``spec["extra"]`` or env.
 
-Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
+Per job (``extra["jobs"][job_id]`` overrides ``extra["search"][spec["search"]]``, which overrides
+``extra["default"]``; ``spec["search"]`` is "helion" or, in a bring-up's first stage, "borrowed"):
   ``sleep``     seconds to sleep before answering;
   ``until``     a path: wait (at most 120 s) until it exists before answering;
   ``crash``     die by SIGSEGV (a candidate that takes the process down);
@@ -12,7 +13,7 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["default"]``):
   ``launches``  the launch records to return (see mamba2_guard.core.tuneplan.decide); default: one winner that
                 is 10 % faster than Helion's default config, precision ok. Those in ``spec["tuned_elsewhere"]``
                 are left out and listed there, as the real tuner does.
-Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id, pid, device) when that is set, and
+Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id, pid, device, search) when that is set, and
 prints the job id to its output (the job's log).
 """
 
@@ -41,11 +42,13 @@ def tune(spec: dict) -> dict:
     extra = dict(spec.get("extra") or {})
     if not extra and os.environ.get("FAKE_TUNE_EXTRA"):
         extra = json.loads(os.environ["FAKE_TUNE_EXTRA"])
-    behaviour = {**extra.get("default", {}), **extra.get("jobs", {}).get(job["id"], {})}
+    search = spec.get("search") or "helion"
+    behaviour = {**extra.get("default", {}), **extra.get("search", {}).get(search, {}),
+                 **extra.get("jobs", {}).get(job["id"], {})}
     calls = os.environ.get("FAKE_TUNE_CALLS")
     if calls:
         fd = os.open(calls, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(fd, f"{job['id']} {os.getpid()} {spec.get('device')}\n".encode())
+        os.write(fd, f"{job['id']} {os.getpid()} {spec.get('device')} {search}\n".encode())
         os.close(fd)
     print(f"fake tuner: {job['id']}", flush=True)  # lands in the job's own log
     time.sleep(float(behaviour.get("sleep", 0)))

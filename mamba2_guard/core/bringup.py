@@ -1,0 +1,146 @@
+"""A new GPU's bring-up as data: whether one is due, its stages in the order of their value, and its progress.
+
+Pure: names, numbers and plain dicts in, plain values out. ``mamba2_guard.flows.bringup`` runs the stages
+(each an autotune run, resumable from its own journal) and keeps the state dict this module reads.
+
+A GPU model whose config file is missing, or holds no config of a kernel the suites run, gets the stages
+below, each started only once those before it are done or skipped:
+
+``borrow``  every other GPU's stored configs (other architectures included), adapted to each launch and
+            tried on this GPU: a config that generates code, passes precision and beats Helion's default
+            is stored as this GPU's own; one that fails here is never stored (the default is).
+``hot``     Helion's search, seeded from what ``borrow`` stored, on the whole SSD call at the suite's and the
+            zoo's shapes, the calls of most device time first: the first night fixes most of the time.
+``suite``   every kernel of the suite at the suite's shapes, searching only the launches still without a config.
+``grid``    the whole call at the selection grid's shapes not reached yet.
+``fit``     ``measure-selection`` over the grid, then the selection rule's fit, into the same file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+BORROW, HOT, SUITE, GRID, FIT = "borrow", "hot", "suite", "grid", "fit"
+STAGES = (BORROW, HOT, SUITE, GRID, FIT)
+# How a stage finds its configs: trying other GPUs' stored configs, Helion's search, or the selection fit.
+BORROWED, SEARCH, FITTED = "borrowed", "helion", "fit"
+# A stage's state: not started or cut short by the budget (resumed by the next run), or finished.
+PENDING, PARTIAL, DONE, SKIPPED = "pending", "partial", "done", "skipped"
+FINISHED = (DONE, SKIPPED)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    kernels: tuple[str, ...]  # registry entries
+    shapes: tuple[str, ...]  # suite shapes, in the order of their value
+    search: str  # BORROWED | SEARCH | FITTED
+    missing_only: bool  # search only launches whose key has no config of its own yet
+    why: str
+
+    @property
+    def jobs(self) -> int:
+        return len(self.kernels) * len(self.shapes)
+
+
+def missing_kernels(own: Mapping[str, Mapping[str, Any]] | None, needed: Iterable[str]) -> list[str]:
+    """The Helion kernels of ``needed`` that a GPU's file (its ``kernels`` section, None: no file) holds no
+    config of, sorted."""
+    own = own or {}
+    return sorted(name for name in set(needed) if not own.get(name))
+
+
+def due(missing: Sequence[str], state: Mapping[str, Any] | None) -> bool:
+    """A bring-up is due while one that started has stages left, or, before any started, while the file lacks
+    kernels. Once one is complete, kernels it left without a config (a search that failed) go to the warm
+    re-tune and the seen-keys tuning like any other GPU's, not to another bring-up."""
+    if state:
+        return not complete(state)
+    return bool(missing)
+
+
+def by_value(shapes: Sequence[str], weight: Mapping[str, float]) -> list[str]:
+    """``shapes`` (duplicates dropped), those with the most device time per call first; equal or unknown
+    weights keep the given order."""
+    unique = list(dict.fromkeys(shapes))
+    return sorted(unique, key=lambda s: (-weight.get(s, 0.0), unique.index(s)))
+
+
+def plan(*, whole_call: str, suite_kernels: Sequence[str], suite_shapes: Sequence[str], zoo_shapes: Sequence[str],
+         grid_shapes: Sequence[str], weight: Mapping[str, float], other_files: bool) -> list[Stage]:
+    """The stages of a bring-up (module docstring). ``weight``: estimated device ms of the whole call per shape;
+    ``other_files``: whether any other GPU's config file exists to borrow from."""
+    calls = tuple(by_value([*suite_shapes, *zoo_shapes], weight))
+    grid = tuple(by_value([s for s in grid_shapes if s not in calls], weight))
+    return [
+        Stage(BORROW, (whole_call,), calls if other_files else (), BORROWED, True,
+              "other GPUs' configs, validated here" if other_files else "no other GPU's config file"),
+        Stage(HOT, (whole_call,), calls, SEARCH, False, "the whole call at the suite and zoo shapes, costliest first"),
+        Stage(SUITE, tuple(dict.fromkeys(suite_kernels)), tuple(suite_shapes), SEARCH, True,
+              "every suite kernel's launches still without a config"),
+        Stage(GRID, (whole_call,), grid, SEARCH, True, "the selection grid's shapes not reached yet"),
+        Stage(FIT, (whole_call,), tuple(dict.fromkeys(grid_shapes)), FITTED, False,
+              "measure-selection over the grid, then the selection rule's fit"),
+    ]
+
+
+def new_state(gpu_slug: str, stages: Sequence[Stage], now: str) -> dict[str, Any]:
+    return {"gpu_slug": gpu_slug, "started": now, "updated": now, "seconds": 0.0,
+            "stages": {s.name: {"status": PENDING if s.jobs else SKIPPED, "jobs": s.jobs, "done": 0,
+                                "seconds": 0.0, "why": s.why} for s in stages}}
+
+
+def record(state: Mapping[str, Any], stage: str, *, status: str, done: int, seconds: float, now: str,
+           **extra: Any) -> dict[str, Any]:
+    """``state`` with ``stage`` at ``status``, ``done`` jobs finished, ``seconds`` more spent on it."""
+    old = state["stages"][stage]
+    stages = {**state["stages"], stage: {**old, **extra, "status": status, "done": done,
+                                         "seconds": round(float(old.get("seconds") or 0) + seconds, 1)}}
+    return {**state, "stages": stages, "updated": now,
+            "seconds": round(float(state.get("seconds") or 0) + seconds, 1)}
+
+
+def complete(state: Mapping[str, Any]) -> bool:
+    return all(s.get("status") in FINISHED for s in state.get("stages", {}).values())
+
+
+def current_stage(state: Mapping[str, Any]) -> str | None:
+    """The first stage not finished (None: the bring-up is complete)."""
+    return next((name for name in STAGES if state.get("stages", {}).get(name, {}).get("status") not in FINISHED
+                 and name in state.get("stages", {})), None)
+
+
+def progress(state: Mapping[str, Any], speedups: Sequence[float] = ()) -> dict[str, Any]:
+    """What the report, the PR body and the metrics show: the stage, the jobs done and left, the seconds
+    spent, an estimate of the seconds left (jobs left at the mean seconds of the jobs done), and the
+    geometric mean of the whole calls' speedups against mamba-ssm so far (``speedups``: the latest bench's)."""
+    stages = state.get("stages", {})
+    done = sum(int(s.get("done") or 0) for s in stages.values())
+    jobs = sum(int(s.get("jobs") or 0) for s in stages.values() if s.get("status") != SKIPPED)
+    left = sum(max(0, int(s.get("jobs") or 0) - int(s.get("done") or 0)) for s in stages.values()
+               if s.get("status") not in FINISHED)
+    seconds = float(state.get("seconds") or 0)
+    finite = [float(x) for x in speedups if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
+    return {"stage": current_stage(state) or "complete", "jobs_done": done, "jobs_left": left, "jobs": jobs,
+            "seconds": round(seconds, 1),
+            "seconds_left": round(seconds / done * left, 1) if done and left else (0.0 if not left else None),
+            "speedup_geomean": round(math.exp(sum(map(math.log, finite)) / len(finite)), 4) if finite else None,
+            "stages": {name: dict(stages[name]) for name in STAGES if name in stages}}
+
+
+def render(summary: Mapping[str, Any]) -> str:
+    """The progress as Markdown lines (the report's and the PR body's section)."""
+    left = summary.get("seconds_left")
+    speed = summary.get("speedup_geomean")
+    lines = [f"Bring-up stage **{summary['stage']}**: {summary['jobs_done']} jobs done, {summary['jobs_left']} left, "
+             f"{summary['seconds'] / 60:.1f} device-minutes spent"
+             + (f", about {left / 60:.0f} more" if isinstance(left, (int, float)) and left else "")
+             + (f"; whole calls {speed:.2f}x mamba-ssm (geometric mean)" if speed else "") + ".", "",
+             "| stage | status | jobs done | minutes | what |", "|---|---|---|---|---|"]
+    for name, s in summary.get("stages", {}).items():
+        lines.append(f"| {name} | {s.get('status')} | {s.get('done', 0)}/{s.get('jobs', 0)} | "
+                     f"{float(s.get('seconds') or 0) / 60:.1f} | {s.get('why', '')} |")
+    return "\n".join(lines)

@@ -1,0 +1,248 @@
+"""A new GPU's bring-up: ``mamba2-guard bring-up`` in the foreground, and the nightly cycle by itself.
+
+The stages and their order are ``mamba2_guard.core.bringup``'s. Each search stage is one autotune run
+(``mamba2_guard.flows.autotune``: child processes, a hard timeout per job, a journal fsynced after every
+job, the config file rewritten atomically after every job), so a kill loses at most the job in flight, and
+the next run of the same stage resumes its journal. The fit stage measures the grid shape by shape into a
+file of its own and fits once every shape is in it.
+
+State: ``<state>/bringup/<gpu-slug>.json`` (written atomically after every stage run): each stage's status,
+jobs done and seconds, and what the report, the PR body and the metrics show (``core.bringup.progress``).
+A run stops when its budget (a night's) cannot start another job; the next run goes on where it stopped.
+After every stage run that changed the config file, ``on_configs`` is called (the nightly opens or updates
+the GPU's one config PR there), so the PR holds validated winners from the first night on.
+
+The withheld-file mode (``--withhold-configs``) runs all of it on a GPU that has a file of its own, as if the
+GPU were new: the slug becomes ``<slug>-withheld`` (``MAMBA2_GUARD_GPU_SLUG``) and no other GPU's file serves
+or seeds it (``MAMBA2_GUARD_BORROW=0``), in this process and the tuners it starts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mamba2_guard.core import bringup, tuneplan
+from mamba2_guard.flows import autotune
+from mamba2_kernels import config_store
+from mamba2_kernels.files import atomic_write
+
+Progress = Callable[[str], None]
+WHOLE_CALL = "ssd_combined_fwd_bwd"
+SUITE, ZOO, GRID = "default", ("zoo-fit", "zoo-heldout"), "selection-grid"
+# A bring-up job searches longer than the warm re-tune's 10 s: Helion's quick effort needs about a minute per
+# kernel to leave its default config far behind, and a whole call holds about a dozen launches.
+DEFAULT_JOB_BUDGET_SECONDS = 120.0
+# A nominal device (bytes/s, FLOP/s) for ordering shapes by the whole call's roofline time: only the order of
+# the shapes matters, and it is the same on any GPU whose bandwidth-to-compute ratio is near this one's.
+NOMINAL_BANDWIDTH, NOMINAL_FLOPS = 4.0e12, 7.0e14
+
+
+def state_path(state_dir: Path, gpu_slug: str) -> Path:
+    return Path(state_dir) / "bringup" / f"{gpu_slug}.json"
+
+
+def load_state(state_dir: Path, gpu_slug: str) -> dict[str, Any] | None:
+    """The bring-up's state, or None before one started. A file that is not the state's JSON is an error
+    naming it (it is only ever written atomically, so it was written by someone else)."""
+    path = state_path(state_dir, gpu_slug)
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a bring-up state file ({exc})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("stages"), dict):
+        raise ValueError(f"{path}: not a bring-up state file (expected an object with 'stages')")
+    return state
+
+
+def withhold_configs() -> str:
+    """Switch this process (and the tuners it starts) to the withheld-file mode; returns the slug it runs as."""
+    from mamba2_guard.adapters import fingerprint
+
+    os.environ.pop(config_store.SLUG_ENV, None)
+    slug = f"{fingerprint.gpu_slug(fingerprint.collect())}-withheld"
+    os.environ[config_store.SLUG_ENV] = slug
+    os.environ[config_store.BORROW_ENV] = "0"
+    return slug
+
+
+def missing(config_path: Path) -> list[str]:
+    """The suite's Helion kernels that a GPU's own file holds no config of (all of them: no file)."""
+    from mamba2_kernels import registry
+
+    own = config_store.load(config_path) if Path(config_path).is_file() else None
+    return bringup.missing_kernels(own.kernels if own else None, registry.tuned_kernel_names())
+
+
+def is_due(state_dir: Path, gpu_slug: str, config_path: Path) -> bool:
+    """Whether ``gpu_slug`` (whose own file is ``config_path``) needs a bring-up, or has one in progress."""
+    return bringup.due(missing(config_path), load_state(state_dir, gpu_slug))
+
+
+def roofline_ms(entry: Any, shape: Any) -> float:
+    """The whole call's time at ``shape`` on the nominal device: what orders the shapes by value."""
+    return 1e3 * max(entry.bytes_moved(shape) / NOMINAL_BANDWIDTH, entry.flops(shape) / NOMINAL_FLOPS)
+
+
+def stages_for(gpu_slug: str) -> list[bringup.Stage]:
+    from mamba2_kernels import registry, suites
+
+    loaded = suites.load()
+    call = registry.get(WHOLE_CALL)
+    suite, zoo = loaded.suite(SUITE), [s for name in ZOO for s in loaded.suite(name)]
+    grid = loaded.suite(GRID)
+    weight = {s.name: roofline_ms(call, s) for s in [*suite, *zoo, *grid]}
+    return bringup.plan(whole_call=WHOLE_CALL, suite_kernels=[e.name for e in registry.select() if e.has_helion],
+                        suite_shapes=[s.name for s in suite], zoo_shapes=[s.name for s in zoo],
+                        grid_shapes=[s.name for s in grid], weight=weight,
+                        other_files=bool(config_store.other_gpu_files(gpu_slug)))
+
+
+@dataclass
+class BringUpOptions:
+    state_dir: Path
+    gpu_slug: str
+    budget_seconds: float  # this run's (a night's): a stage's job starts only while its budget still fits
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    fingerprint_digest: str = ""
+    out: Path | None = None  # the config file (default: the GPU's in the config store)
+    job_budget_seconds: float = DEFAULT_JOB_BUDGET_SECONDS
+    tuning: dict[str, Any] = field(default_factory=dict)  # more AutotuneOptions fields (effort, seed, criteria)
+    devices: Sequence[str] = ("0",)
+    tuner: str = autotune.DEFAULT_TUNER
+    fit_rounds: int = 10
+    until: str | None = None  # stop after this stage (None: run them all)
+    stages: Sequence[bringup.Stage] | None = None  # the plan (default: ``stages_for`` the GPU; tests give theirs)
+    measure: Callable[..., Any] | None = None  # the fit stage's measurement (tests); default selection.measure
+
+    def __post_init__(self) -> None:
+        for name in ("budget_seconds", "job_budget_seconds"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ValueError(f"{name}: expected a finite number of seconds > 0, got {value!r}")
+
+    @property
+    def config_path(self) -> Path:
+        return Path(self.out) if self.out else config_store.path_for(self.gpu_slug)
+
+
+@dataclass
+class BringUpOutcome:
+    state: dict[str, Any]
+    runs: list[dict[str, Any]]  # each stage run: stage, run directory, summary, changed
+    stopped: str | None  # why this run stopped before the end (None: complete)
+
+    @property
+    def complete(self) -> bool:
+        return bringup.complete(self.state)
+
+    @property
+    def changed(self) -> bool:
+        return any(run.get("changed") for run in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"complete": self.complete, "changed": self.changed, "stopped": self.stopped, "runs": self.runs,
+                "progress": bringup.progress(self.state)}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_bring_up(opts: BringUpOptions, progress: Progress,
+                 on_configs: Callable[[dict[str, Any]], None] | None = None,
+                 on_job: Callable[[dict[str, Any]], None] | None = None,
+                 speedups: Sequence[float] = ()) -> BringUpOutcome:
+    """Run the stages due, in order, within ``opts.budget_seconds``; resumable (module docstring).
+    ``on_configs`` gets the progress (with ``speedups``, the whole calls' latest against mamba-ssm) after
+    every stage run that changed the config file."""
+    stages = list(opts.stages) if opts.stages is not None else stages_for(opts.gpu_slug)
+    path = state_path(opts.state_dir, opts.gpu_slug)
+    state = load_state(opts.state_dir, opts.gpu_slug) or bringup.new_state(opts.gpu_slug, stages, _now())
+    state.setdefault("stages", {})
+    for stage in stages:  # a plan grown since the state was written (a new zoo shape) gets its new stages
+        state["stages"].setdefault(stage.name, bringup.new_state(opts.gpu_slug, [stage], _now())["stages"][stage.name])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(state, indent=1, sort_keys=True) + "\n")
+    deadline = time.monotonic() + opts.budget_seconds
+    runs: list[dict[str, Any]] = []
+    stopped = None
+    for stage in stages:
+        if state["stages"][stage.name]["status"] in bringup.FINISHED:
+            continue
+        left = deadline - time.monotonic()
+        progress(f"bring-up {opts.gpu_slug}: stage {stage.name} ({stage.why}): {stage.jobs} jobs, "
+                 f"{left / 60:.1f} minutes of budget left")
+        t0 = time.monotonic()
+        if stage.search == bringup.FITTED:
+            run = _fit(opts, stage, deadline, progress)
+        else:
+            if left < opts.job_budget_seconds:
+                stopped = f"budget spent before stage {stage.name}; the next run resumes it"
+                break
+            run = _search(opts, stage, left, progress, on_job)
+        runs.append(run)
+        state = bringup.record(state, stage.name, status=run["status"], done=run["done"],
+                               seconds=time.monotonic() - t0, now=_now(), run=run.get("run_dir"))
+        atomic_write(path, json.dumps(state, indent=1, sort_keys=True) + "\n")
+        if run.get("changed") and on_configs is not None:
+            on_configs(bringup.progress(state, speedups))
+        if run["status"] not in bringup.FINISHED:
+            stopped = f"budget spent in stage {stage.name}; the next run resumes it"
+            break
+        if stage.name == opts.until:
+            stopped = f"stopped after stage {stage.name}, as asked"
+            break
+    summary = bringup.progress(state)
+    progress(f"bring-up {opts.gpu_slug}: stage {summary['stage']}, {summary['jobs_done']} jobs done, "
+             f"{summary['jobs_left']} left, {summary['seconds'] / 60:.1f} minutes spent"
+             + (f"; {stopped}" if stopped else ""))
+    return BringUpOutcome(state, runs, stopped)
+
+
+def _search(opts: BringUpOptions, stage: bringup.Stage, left: float, progress: Progress,
+            on_job: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    fields = {"effort": "quick", "seed": 1234, **opts.tuning}
+    options = autotune.AutotuneOptions(
+        kernels=list(stage.kernels), shapes=list(stage.shapes), out=opts.config_path, state_dir=Path(opts.state_dir),
+        gpu_slug=opts.gpu_slug, fingerprint=opts.fingerprint, fingerprint_digest=opts.fingerprint_digest,
+        budget_seconds=opts.job_budget_seconds, total_budget_seconds=left, devices=list(opts.devices),
+        tuner=opts.tuner, missing_only=stage.missing_only, whole_suite=False,
+        search="borrowed" if stage.search == bringup.BORROWED else "helion", **fields)
+    outcome = autotune.run_autotune(options, progress, on_job=on_job)
+    left_over = tuneplan.pending(outcome.jobs, outcome.entries, options.max_attempts)
+    finished = not outcome.skipped and not left_over
+    done = len(outcome.jobs) - len(left_over)
+    return {"stage": stage.name, "status": bringup.DONE if finished else bringup.PARTIAL, "done": done,
+            "run_dir": str(outcome.run_dir), "summary": outcome.summary, "changed": outcome.changed}
+
+
+def _fit(opts: BringUpOptions, stage: bringup.Stage, deadline: float, progress: Progress) -> dict[str, Any]:
+    """Measure the grid shape by shape while the budget lasts (a shape measured is kept in the file), then
+    fit the rule into the config file once every shape is in."""
+    from mamba2_guard.flows import selection
+
+    measure = opts.measure or selection.measure
+    measurements = state_path(opts.state_dir, opts.gpu_slug).with_suffix(".selection.jsonl")
+    measured = {r.get("shape") for r in selection.read_records(measurements)} if measurements.exists() else set()
+    for shape in stage.shapes:
+        if shape in measured:
+            continue
+        if time.monotonic() >= deadline:
+            return {"stage": stage.name, "status": bringup.PARTIAL, "done": len(measured), "changed": False}
+        measure([shape], config=opts.config_path, seed=0, rounds=opts.fit_rounds, processes=2, out=measurements)
+        measured.add(shape)
+        progress(f"bring-up fit: measured {shape} ({len(measured)}/{len(stage.shapes)})")
+    fits = selection.fit_into(opts.config_path, measurements)
+    for fit in fits:
+        progress(fit.describe())
+    return {"stage": stage.name, "status": bringup.DONE, "done": len(stage.shapes), "changed": bool(fits),
+            "measurements": str(measurements)}

@@ -1,0 +1,60 @@
+"""A new GPU's bring-up as data: when one is due, the stages in the order of their value, the progress."""
+
+from __future__ import annotations
+
+import pytest
+
+from mamba2_guard.core import bringup
+
+
+def test_a_bring_up_is_due_for_a_missing_file_a_missing_kernel_or_an_unfinished_one():
+    assert bringup.missing_kernels(None, ["scan", "dx"]) == ["dx", "scan"]
+    assert bringup.missing_kernels({"scan": {"k=1": {}}, "dx": {}}, ["scan", "dx"]) == ["dx"]
+    assert bringup.missing_kernels({"scan": {"k=1": {}}, "dx": {"k=1": {}}}, ["scan", "dx"]) == []
+    stages = bringup.plan(whole_call="call", suite_kernels=["a"], suite_shapes=["s"], zoo_shapes=[],
+                          grid_shapes=["s"], weight={}, other_files=False)
+    started = bringup.new_state("gpu", stages, "t0")
+    assert bringup.due(["dx"], None) and bringup.due([], started) and not bringup.due([], None)
+    finished = started
+    for stage in stages:
+        finished = bringup.record(finished, stage.name, status=bringup.DONE, done=stage.jobs, seconds=1.0, now="t1")
+    assert not bringup.due([], finished) and bringup.complete(finished)
+    assert not bringup.due(["dx"], finished)  # a finished bring-up is not run again; the re-tune takes over
+
+
+def test_the_whole_call_is_tuned_costliest_shape_first_and_borrowing_only_where_files_exist():
+    weight = {"small": 1.0, "big": 9.0, "mid": 4.0, "grid-only": 2.0}
+    stages = bringup.plan(whole_call="call", suite_kernels=["k1", "k2", "k1"], suite_shapes=["small", "mid"],
+                          zoo_shapes=["big", "small"], grid_shapes=["mid", "grid-only", "unknown"], weight=weight,
+                          other_files=True)
+    by_name = {s.name: s for s in stages}
+    assert [s.name for s in stages] == list(bringup.STAGES)
+    assert by_name["borrow"].shapes == by_name["hot"].shapes == ("big", "mid", "small")
+    assert by_name["borrow"].search == bringup.BORROWED and by_name["borrow"].missing_only
+    assert by_name["hot"].search == bringup.SEARCH and not by_name["hot"].missing_only  # seeded, not skipped
+    assert by_name["suite"].kernels == ("k1", "k2") and by_name["suite"].missing_only
+    assert by_name["grid"].shapes == ("grid-only", "unknown")  # the calls' shapes are reached already
+    assert by_name["fit"].search == bringup.FITTED and by_name["fit"].shapes == ("mid", "grid-only", "unknown")
+    alone = bringup.plan(whole_call="call", suite_kernels=["k1"], suite_shapes=["small"], zoo_shapes=[],
+                         grid_shapes=[], weight=weight, other_files=False)
+    assert alone[0].jobs == 0 and "no other GPU" in alone[0].why
+    assert bringup.new_state("g", alone, "t")["stages"]["borrow"]["status"] == bringup.SKIPPED
+
+
+def test_progress_counts_jobs_estimates_the_time_left_and_the_speedup_so_far():
+    stages = bringup.plan(whole_call="call", suite_kernels=["k1", "k2"], suite_shapes=["a", "b"], zoo_shapes=[],
+                          grid_shapes=["a"], weight={}, other_files=False)
+    state = bringup.new_state("gpu", stages, "t0")
+    state = bringup.record(state, "hot", status=bringup.PARTIAL, done=1, seconds=60.0, now="t1")
+    summary = bringup.progress(state, [1.2, 0.8, float("nan"), None])
+    assert summary["stage"] == "hot"
+    # grid: skipped, its shape is reached by the calls already
+    assert (summary["jobs_done"], summary["jobs_left"], summary["jobs"]) == (1, 1 + 4 + 1, 7)
+    assert summary["seconds_left"] == pytest.approx(60.0 * 6)
+    assert summary["speedup_geomean"] == pytest.approx((1.2 * 0.8) ** 0.5, abs=1e-4)
+    text = bringup.render(summary)
+    assert "stage **hot**: 1 jobs done, 6 left" in text and "| hot | partial | 1/2 | 1.0 |" in text
+    assert "0.98x mamba-ssm" in text
+    state = bringup.record(state, "hot", status=bringup.DONE, done=2, seconds=30.0, now="t2")
+    assert state["stages"]["hot"]["seconds"] == 90.0 and state["seconds"] == 90.0
+    assert bringup.current_stage(state) == "suite"

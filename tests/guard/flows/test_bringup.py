@@ -1,0 +1,245 @@
+"""A new GPU's bring-up with a fake tuner and the real journal, state directory, config file and git remote:
+the stage order, the resume after a budget or a kill, a borrowed config that fails here, the PR updated as
+stages land, the withheld-file mode, and the console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mamba2_guard import config as guard_config
+from mamba2_guard.adapters import fingerprint
+from mamba2_guard.core import bringup
+from mamba2_guard.flows import bringup as flow
+from mamba2_guard.flows import pr as prflow
+from mamba2_kernels import config_store
+
+FAKE = str(Path(__file__).with_name("fake_tuner.py")) + ":tune"
+ROOT = Path(__file__).resolve().parents[3]
+SLUG = "fake-gpu"
+BASE = [1.00 + 0.001 * (i % 7) for i in range(30)]  # Helion's default config, as fake_tuner.py times it
+FASTER = [0.9 * x for x in BASE]
+
+
+def stages(other_files: bool = True, shapes=("smoke", "mamba2-default")) -> list[bringup.Stage]:
+    plan = bringup.plan(whole_call="ssd_combined_fwd_bwd", suite_kernels=["chunk_cumsum"], suite_shapes=shapes,
+                        zoo_shapes=[], grid_shapes=shapes, weight={"mamba2-default": 2.0, "smoke": 1.0},
+                        other_files=other_files)
+    return [s for s in plan if s.name != bringup.FIT]  # the fit stage has its own test
+
+
+def options(tmp_path: Path, **kw) -> flow.BringUpOptions:
+    defaults = dict(state_dir=tmp_path / "state", gpu_slug=SLUG, budget_seconds=600, out=tmp_path / f"{SLUG}.yaml",
+                    fingerprint={"gpu_name": "Fake GPU", "helion": "9.9"}, fingerprint_digest="d" * 64,
+                    job_budget_seconds=1, tuner=FAKE, stages=stages(), tuning={"rounds": 30})
+    defaults.update(kw)
+    return flow.BringUpOptions(**defaults)
+
+
+def launch(kernel: str, key: str, ok: bool = True, faster: bool = True) -> dict:
+    return {"kernel": kernel, "key": key, "config": {"block_sizes": [64], "num_warps": 4}, "incumbent": "default",
+            "incumbent_config": {"block_sizes": [16], "num_warps": 2}, "precision": {"ok": ok, "detail": "dx"},
+            "samples_ms": {"incumbent": BASE, "candidate": FASTER if faster else [1.2 * x for x in BASE]}}
+
+
+def calls(path: Path) -> list[tuple[str, str]]:
+    return [(line.split()[0], line.split()[3]) for line in path.read_text().splitlines()]
+
+
+def test_the_stages_run_in_order_of_value_and_each_searches_what_it_should(tmp_path, monkeypatch):
+    record = tmp_path / "calls.txt"
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(record))
+    outcome = flow.run_bring_up(options(tmp_path), lambda m: None)
+    assert outcome.complete and outcome.stopped is None
+    assert calls(record) == [
+        ("ssd_combined_fwd_bwd@mamba2-default", "borrowed"), ("ssd_combined_fwd_bwd@smoke", "borrowed"),
+        ("ssd_combined_fwd_bwd@mamba2-default", "helion"), ("ssd_combined_fwd_bwd@smoke", "helion"),
+        ("chunk_cumsum@smoke", "helion"), ("chunk_cumsum@mamba2-default", "helion")]
+    plans = {json.loads(Path(run["run_dir"], "plan.json").read_text()).get("search", "helion"): run
+             for run in outcome.runs}
+    assert set(plans) == {"borrowed", "helion"}
+    state = flow.load_state(tmp_path / "state", SLUG)
+    assert {name: s["status"] for name, s in state["stages"].items()} == {
+        "borrow": "done", "hot": "done", "suite": "done", "grid": "skipped"}
+    assert set(config_store.load(tmp_path / f"{SLUG}.yaml").kernels) == {"ssd_combined_fwd_bwd_k", "chunk_cumsum_k"}
+
+
+def test_a_borrowed_config_that_fails_here_is_never_stored(tmp_path):
+    extra = {"search": {"borrowed": {"launches": [launch("chunk_scan", "k=1", ok=False),
+                                                  launch("chunk_state", "k=1"),
+                                                  launch("bmm_chunk", "k=1", faster=False)]},
+                        "helion": {"launches": []}}}
+    outcome = flow.run_bring_up(options(tmp_path, until="borrow", tuning={"extra": extra}), lambda m: None)
+    assert outcome.stopped == "stopped after stage borrow, as asked"
+    kernels = config_store.load(tmp_path / f"{SLUG}.yaml").kernels
+    assert "chunk_scan" not in kernels  # failed precision here: the runtime keeps its default, the search stage tries
+    assert kernels["chunk_state"]["k=1"] == {"block_sizes": [64], "num_warps": 4}
+    assert kernels["bmm_chunk"]["k=1"] == {"block_sizes": [16], "num_warps": 2}  # slower than the default: default
+
+
+def test_a_run_stops_at_its_budget_and_a_killed_one_resumes_from_its_journal(tmp_path, monkeypatch):
+    record = tmp_path / "calls.txt"
+    env = dict(os.environ, FAKE_TUNE_CALLS=str(record), FAKE_TUNE_EXTRA=json.dumps({"default": {"sleep": 0.8}}),
+               PYTHONPATH=str(ROOT))
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import pathlib\n"
+              "from test_bringup import options\nfrom mamba2_guard.flows import bringup as flow\n"
+              f"flow.run_bring_up(options(pathlib.Path({str(tmp_path)!r}), budget_seconds=600), print)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not record.exists() or len(record.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    os.killpg(child.pid, signal.SIGKILL)  # mid-job: the third job is in flight
+    child.wait()
+    done_before = len(record.read_text().splitlines())
+    assert done_before >= 3
+    # A night's budget that fits one more job: the run stops and says so; the state file keeps the stage partial.
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(record))
+    monkeypatch.setenv("FAKE_TUNE_EXTRA", json.dumps({"default": {"sleep": 0.8}}))
+    short = flow.run_bring_up(options(tmp_path, budget_seconds=1.5), lambda m: None)
+    assert short.stopped and "resumes" in short.stopped and not short.complete
+    assert bringup.current_stage(short.state) in ("hot", "suite")
+    monkeypatch.setenv("FAKE_TUNE_EXTRA", json.dumps({"default": {}}))
+    final = flow.run_bring_up(options(tmp_path), lambda m: None)
+    assert final.complete
+    jobs = calls(record)
+    # Every job ran once, but for the one the kill cut off, which ran again: nothing finished was redone.
+    assert len(set(jobs)) == 6 and len(jobs) <= 6 + 1
+
+
+def test_the_config_pr_is_opened_after_the_first_stage_and_updated_as_later_ones_land(tmp_path):
+    bare = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", "--initial-branch=main", str(bare)], check=True)
+    root = tmp_path / "checkout"
+    subprocess.run(["git", "init", "-q", "--initial-branch=main", str(root)], check=True)
+    (root / "README.md").write_text("configs\n")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "initial"], check=True)
+    subprocess.run([*git, "push", "-q", str(bare), "main"], check=True)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "guard.yaml").write_text(f"git: {{origin: 'file://{bare}'}}\n")
+    cfg = guard_config.load(None, tmp_path / "state")
+    out = root / "mamba2_kernels" / "configs" / f"{SLUG}.yaml"
+    bodies = []
+
+    def on_configs(summary):
+        pr = prflow.run_pr(tmp_path / "state", cfg, {"gpu_name": "Fake GPU"}, SLUG, root=root, bring_up=summary)
+        bodies.append((pr.branch, pr.body, pr.git["status"]))
+
+    outcome = flow.run_bring_up(options(tmp_path, out=out), lambda m: None, on_configs=on_configs, speedups=[1.1])
+    assert outcome.complete
+    # borrow, then suite: the fake search finds the borrowed configs again, so the hot stage changes nothing
+    assert [status for _, _, status in bodies] == ["pushed", "pushed"]
+    assert len({branch for branch, _, _ in bodies}) == 1  # one PR, updated in place
+    assert "Bring-up stage **hot**" in bodies[0][1] and "1.10x mamba-ssm" in bodies[0][1]
+    assert "Bring-up stage **complete**" in bodies[-1][1]
+    branch = bodies[0][0]
+    log = subprocess.run(["git", "-C", str(bare), "log", "--format=%s", branch], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert len(log) == 1 + 1  # the bot keeps one commit on its branch, rewritten with each update
+    pushed = subprocess.run(["git", "-C", str(bare), "show", f"{branch}:mamba2_kernels/configs/{SLUG}.yaml"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "chunk_cumsum_k" in pushed and "ssd_combined_fwd_bwd_k" in pushed
+
+
+def test_the_fit_stage_measures_shape_by_shape_and_fits_once_all_are_in(tmp_path):
+    fit = next(s for s in bringup.plan(whole_call="ssd_combined_fwd_bwd", suite_kernels=[], suite_shapes=[],
+                                       zoo_shapes=[], grid_shapes=["smoke", "mamba2-default"], weight={},
+                                       other_files=False) if s.name == bringup.FIT)
+    out = tmp_path / f"{SLUG}.yaml"
+    config_store.save(out, config_store.ConfigFile(kernels={"chunk_scan": {"k=1": {"num_warps": 4}}}))
+    measured = []
+
+    def measure(shapes, *, out, **_):
+        measured.extend(shapes)
+        time.sleep(0.3)
+        with out.open("a") as handle:
+            for shape in shapes:
+                handle.write(json.dumps({"shape": shape, "stage": "chunk_state_passing", "chunk_size": 128,
+                                         "state": 1 << 20, "ms": {"fused": 1.0, "chain": 1.5}}) + "\n")
+
+    first = flow.run_bring_up(options(tmp_path, out=out, stages=[fit], budget_seconds=0.1, measure=measure),
+                              lambda m: None)
+    assert measured == ["smoke"] and not first.complete  # the budget ended after the first shape
+    messages = []
+    second = flow.run_bring_up(options(tmp_path, out=out, stages=[fit], measure=measure), messages.append)
+    assert measured == ["smoke", "mamba2-default"]  # resumed: the measured shape was not measured again
+    assert second.complete and any(m.startswith("chunk_state_passing") for m in messages)  # the fit's report
+
+
+def test_the_withheld_file_mode_runs_as_a_new_gpu_that_borrows_nothing(monkeypatch):
+    for name in (config_store.SLUG_ENV, config_store.BORROW_ENV):  # set, so that teardown restores what was
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    assert [slug for slug, _, _ in config_store.other_gpu_files("nvidia-h100")] == ["nvidia-h200"]
+    assert config_store.borrowable_files("nvidia-h100", "9.0")
+    slug = flow.withhold_configs()
+    assert slug == "cpu-withheld" and fingerprint.gpu_slug(fingerprint.collect()) == slug
+    assert config_store.other_gpu_files("nvidia-h100") == []
+    assert config_store.borrowable_files("nvidia-h100", "9.0") == []
+    assert flow.stages_for(slug)[0].jobs == 0  # nothing to borrow: the borrow stage is skipped
+    assert flow.missing(config_store.path_for(slug))  # no file of its own: a bring-up is due
+
+
+def test_the_console_script_runs_the_bring_up_and_says_where_it_stands(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAMBA2_GUARD")}
+    env.update(MAMBA2_GUARD_TUNER=FAKE, FAKE_TUNE_EXTRA=json.dumps({"default": {"launches": []}}),
+               MAMBA2_GUARD_BORROW="0")
+    out = tmp_path / "new.yaml"
+    cmd = [str(Path(sys.executable).with_name("mamba2-guard")), "bring-up", "--state-dir", str(tmp_path / "s"),
+           "--out", str(out), "--until", "hot", "--job-seconds", "1"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Bring-up stage **suite**" in done.stdout and "| borrow | skipped |" in done.stdout
+    assert "stopped after stage hot, as asked" in done.stdout
+    again = subprocess.run([*cmd[:-4], "--budget-minutes", "0"], env=env, capture_output=True, text=True)
+    assert again.returncode == 2 and "--budget-minutes" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_a_nightly_on_a_gpu_without_configs_brings_it_up_and_proposes_them(tmp_path, monkeypatch):
+    import torch
+
+    from mamba2_guard.core import drift as drift_mod
+    from mamba2_guard.flows import nightly
+
+    bare, root = tmp_path / "origin.git", tmp_path / "checkout"
+    subprocess.run(["git", "init", "-q", "--bare", "--initial-branch=main", str(bare)], check=True)
+    subprocess.run(["git", "init", "-q", "--initial-branch=main", str(root)], check=True)
+    (root / "README.md").write_text("configs\n")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "initial"], check=True)
+    subprocess.run([*git, "push", "-q", str(bare), "main"], check=True)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "guard.yaml").write_text(f"git: {{origin: 'file://{bare}'}}\n"
+                                      "autotune: {total_budget_seconds: 600, bringup_job_seconds: 1}\n")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(flow, "stages_for", lambda slug: stages(other_files=False))
+    monkeypatch.setenv("MAMBA2_GUARD_TUNER", FAKE)
+    fp = fingerprint.collect()
+    report = tmp_path / "report.md"
+    report.write_text("## mamba2-guard check\n")
+    paths = {"report_md": str(report)}
+    messages: list[str] = []
+    steps = nightly.retune_and_propose(state, "20261205T000000Z", nightly.CycleOptions(root=str(root)),
+                                       guard_config.load(None, state), fp, SLUG, drift_mod.classify(fp.to_dict(), None,
+                                                                                                     None),
+                                       [], [], paths, messages.append, speedups=[1.2, 1.3])
+    assert "retune" not in steps  # the bring-up replaced the warm re-tune
+    assert steps["bringup"]["status"] == "done" and steps["bringup"]["progress"]["stage"] == "complete"
+    assert steps["pr"]["status"] == "done"
+    branch = steps["pr"]["branch"]
+    pushed = subprocess.run(["git", "-C", str(bare), "show", f"{branch}:mamba2_kernels/configs/{SLUG}.yaml"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "ssd_combined_fwd_bwd_k" in pushed and "chunk_cumsum_k" in pushed
+    nightly.add_bring_up_section(paths, steps["bringup"]["progress"])
+    assert "## Bring-up of this GPU" in report.read_text() and "1.25x mamba-ssm" in report.read_text()
+    # The next night: the bring-up is complete, so none is due (the warm re-tune takes over).
+    assert not flow.is_due(state, SLUG, root / "mamba2_kernels" / "configs" / f"{SLUG}.yaml")
