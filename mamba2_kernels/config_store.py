@@ -153,7 +153,7 @@ class Weights:
     """The nearest-key rule's weights: per differing flag, per doubling of a tile field, per doubling of a
     size field. Headdim, a tile field, has its own: it is the extent of the output tile of the kernels that
     multiply by x or dout (chunk_scan, dx), whose configs fit it far more tightly than they fit the chunk
-    size or dstate. The defaults hold until ``mamba2-guard autotune --fit-selection`` fits a kernel's own."""
+    size or dstate. The defaults hold until ``mamba2-guard fit-selection`` fits a kernel's own."""
 
     flag: float = 1.0
     tile: float = 2.0
@@ -172,7 +172,7 @@ class Weights:
 class ChainRule:
     """When a fused stage runs as its two-kernel chain: at chunk sizes from ``min_chunk`` and at most
     ``max_state`` state elements (batch x heads x headdim x dstate: the fused walk's parallel work, too
-    little to fill the GPU below it). Fitted per GPU by ``mamba2-guard autotune --fit-selection``."""
+    little to fill the GPU below it). Fitted per GPU by ``mamba2-guard fit-selection``."""
 
     min_chunk: int
     max_state: int

@@ -14,15 +14,13 @@ from typing import Any
 
 from mamba2_guard import EnvironmentProblem
 from mamba2_guard.adapters import files
-from mamba2_guard.adapters.state import default_state_dir
+from mamba2_guard.commands import common
 from mamba2_guard.core import bringup, flags
-
-EXIT_OK, EXIT_FAIL = 0, 1
-HELP = "bring a new GPU model up: borrowed configs validated here, then searches ordered by value, then the fit"
 
 
 def register(commands: Any) -> None:
-    p = commands.add_parser("bring-up", help=HELP, description=HELP[0].upper() + HELP[1:] + ".")
+    p = common.add_command(commands, "bring-up", "bring a new GPU model up: borrowed configs validated here, then "
+                           "searches ordered by value, then the fit")
     p.add_argument("--budget-minutes", type=flags.seconds(), default=30.0, metavar="N",
                    help="device time for this run (default 30); what is left resumes on the next run")
     p.add_argument("--job-seconds", type=flags.seconds(), metavar="S",
@@ -37,8 +35,7 @@ def register(commands: Any) -> None:
                    help="config file (default: mamba2_kernels/configs/<gpu-slug>.yaml)")
     p.add_argument("--pr", action="store_true", help="open or update the GPU's config PR after each stage that "
                    "stored configs, as the nightly does")
-    p.add_argument("--state-dir", type=files.creatable_directory, default=str(default_state_dir()),
-                   help="default: %(default)s")
+    common.state_dir_argument(p)
     p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")
     p.add_argument("--json", action="store_true", help="also print the outcome as JSON")
     p.add_argument("--tuner", help=argparse.SUPPRESS)  # module:function or file.py:function (tests)
@@ -48,17 +45,13 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from mamba2_guard import config as guard_config
     from mamba2_guard.adapters import fingerprint
     from mamba2_guard.bench.shard import visible_devices
     from mamba2_guard.flows import autotune
     from mamba2_guard.flows import bringup as flow
     from mamba2_kernels import config_store
 
-    try:
-        cfg = guard_config.load(args.config, args.state_dir)
-    except guard_config.GuardConfigError as exc:
-        raise EnvironmentProblem(str(exc)) from None
+    cfg = common.guard_config(args)
     if args.withhold_configs:
         flow.withhold_configs()
     fp = fingerprint.collect()
@@ -71,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.force and not flow.is_due(state_dir, slug, out):
         print(f"nothing to bring up on {slug}: its config file holds every kernel and no bring-up is in progress "
               "(--force runs the stages left)")
-        return EXIT_OK
+        return common.EXIT_OK
     fields = autotune.config_options(cfg)
     opts = flow.BringUpOptions(
         state_dir=state_dir, gpu_slug=slug, budget_seconds=args.budget_minutes * 60, fingerprint=fp.to_dict(),
@@ -94,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=1, sort_keys=True, default=str))
     failed = sum(int((r.get("summary") or {}).get("failed") or 0) for r in outcome.runs)
-    return EXIT_FAIL if failed else EXIT_OK
+    return common.EXIT_FAIL if failed else common.EXIT_OK
 
 
 def _proposer(state_dir: Path, cfg: Any, fp: Any, slug: str) -> Callable[[dict[str, Any]], None]:

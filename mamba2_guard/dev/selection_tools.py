@@ -27,8 +27,8 @@ def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     slug = args.gpu_slug or fingerprint.gpu_slug(fingerprint.collect())
     selection.measure(shapes, config=config_store.path_for(slug), seed=args.seed,
                       rounds=args.rounds, processes=args.processes, out=args.out, paths_only=args.paths_only)
-    print(f"measurements in {args.out}; fit them into {slug}'s file with: mamba2-guard autotune "
-          f"--fit-selection {args.out} --gpu-slug {slug}")
+    print(f"measurements in {args.out}; fit them into {slug}'s file with: mamba2-guard fit-selection "
+          f"{args.out} --gpu-slug {slug}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``mamba2-guard autotune --fit-selection``: the rule and the grid's winners written into the config file."""
+"""``mamba2-guard fit-selection``: the rule and the grid's winners written into the config file."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _fit(tmp_path, measurements: Path, out: Path):
-    return subprocess.run([sys.executable, "-m", "mamba2_guard", "autotune", "--fit-selection", str(measurements),
-                           "--out", str(out), "--gpu-slug", "gpu-a", "--state-dir", str(tmp_path / "state")],
+    return subprocess.run([sys.executable, "-m", "mamba2_guard", "fit-selection", str(measurements),
+                           "--out", str(out), "--gpu-slug", "gpu-a"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

@@ -189,7 +189,7 @@ def test_the_command_times_this_gpus_configs_by_default(tmp_path, monkeypatch, c
                               out=tmp_path / "m.jsonl", paths_only=False)
     assert selection_tools.measure(args, argparse.ArgumentParser()) == 0
     assert [path.name for path in measured] == ["nvidia-b200.yaml"]
-    assert "--fit-selection" in (out := capsys.readouterr().out) and "--gpu-slug nvidia-b200" in out
+    assert "mamba2-guard fit-selection" in (out := capsys.readouterr().out) and "--gpu-slug nvidia-b200" in out
     args.gpu_slug = "nvidia-h200"  # named: that file's configs
     assert selection_tools.measure(args, argparse.ArgumentParser()) == 0
     assert measured[-1].name == "nvidia-h200.yaml"

@@ -134,14 +134,14 @@ def test_pr_api_url_from_the_command_line_is_where_the_token_goes(
     """`pr --api-url` (a GitHub Enterprise) reaches the PR flow's client: the token never goes elsewhere."""
     import argparse
 
-    from mamba2_guard import cli
     from mamba2_guard.adapters import github
+    from mamba2_guard.commands import pr
     from mamba2_guard.config import GuardConfig
     from mamba2_guard.flows.pr import run_pr
 
     monkeypatch.setattr(github, "DEFAULT_BASE_URL", "http://127.0.0.1:9/not-this-one")
     args = argparse.Namespace(repo=FULL, origin=origin_url, api_url=fake_gh.api)
-    cfg = cli._with_pr_overrides(GuardConfig(), args)
+    cfg = pr.with_overrides(GuardConfig(), args)
     outcome = run_pr(tmp_path / "state", cfg, FP_NEW, "h200", root=make_source(new_configs(8), baseline_doc(FP_NEW)))
     assert outcome.github["action"] == "created", outcome.messages
     assert len(fake_gh.state.pulls) == 1

@@ -1,0 +1,67 @@
+"""``mamba2-guard pr``: open or update this GPU's config PR."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from mamba2_guard.adapters import files
+from mamba2_guard.commands import common
+
+
+def register(commands) -> None:
+    p = common.add_command(commands, "pr", "open or update the config PR for this GPU")
+    common.guard_arguments(p)
+    p.add_argument("--root", metavar="DIR", type=files.existing_directory,
+                   help="checkout holding the files to propose (default: this one)")
+    p.add_argument("--dry-run", action="store_true", help="print the body and the diff; push nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--repo", metavar="OWNER/NAME", help="GitHub repository (overrides github.repo)")
+    p.add_argument("--origin", metavar="URL", help="git remote to push to (overrides git.origin)")
+    p.add_argument("--api-url", metavar="URL", type=common.url,
+                   help="GitHub REST base URL, for Enterprise (overrides github.base_url)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Open or update the config PR for this GPU (``--dry-run``: print body and diff, push nothing)."""
+    from mamba2_guard import PROJECT_ROOT
+    from mamba2_guard.adapters import fingerprint
+    from mamba2_guard.flows.pr import run_pr
+
+    cfg = with_overrides(common.guard_config(args), args)
+    fp = fingerprint.collect()
+    slug = args.gpu_slug or fingerprint.gpu_slug(fp)
+    try:
+        outcome = run_pr(Path(args.state_dir), cfg, fp.to_dict(), slug,
+                         root=Path(args.root) if args.root else PROJECT_ROOT, dry_run=args.dry_run)
+    except RuntimeError as exc:
+        print(f"mamba2-guard: pr: {exc}", file=sys.stderr)
+        return common.EXIT_FAIL
+    if args.json:
+        print(json.dumps(outcome.to_dict(), indent=1, sort_keys=True, default=str))
+        return common.EXIT_OK
+    if args.dry_run and not outcome.diff:
+        print("\n".join(outcome.messages))
+        return common.EXIT_OK
+    print(f"title: {outcome.title}\nbranch: {outcome.branch} -> {outcome.base_branch} of {outcome.origin}\n")
+    print(outcome.body)
+    print("--- diff ---")
+    print(outcome.diff or "(no differences)")
+    for message in outcome.messages:
+        print(message)
+    return common.EXIT_OK
+
+
+def with_overrides(cfg, args: argparse.Namespace):
+    """The guard config with the PR target given on the command line (the workflow passes its own repo)."""
+
+    if args.repo is not None and (args.repo.count("/") != 1 or not all(args.repo.split("/"))):
+        raise ValueError(f"--repo: expected OWNER/NAME, got {args.repo!r}")
+    github = {**cfg.github, **({"repo": args.repo} if args.repo else {}),
+              **({"base_url": args.api_url} if args.api_url else {})}
+    git = {**cfg.git, **({"origin": args.origin} if args.origin else {})}
+    return dataclasses.replace(cfg, github=github, git=git)
