@@ -78,10 +78,6 @@ class Fingerprint:
         ``mamba2_guard.core.fingerprint.fingerprint_hash`` of :meth:`to_dict`."""
         return fingerprint_hash(self.to_dict())
 
-    @property
-    def has_gpu(self) -> bool:
-        return self.gpu_name is not None
-
 
 def driver_version() -> str | None:
     """The NVIDIA driver through NVML, or None without one."""

@@ -132,11 +132,6 @@ class PrClient:
             raise _err(f"cannot list pull requests for {branch}", e) from None
         return sorted((p for p in prs if p.head.ref == branch), key=lambda p: p.number)
 
-    def find_open_pr(self, repo_full_name: str, branch: str):
-        repo = self._repo(repo_full_name)
-        open_prs = [p for p in self._branch_prs(repo, repo_full_name, branch) if p.state == "open"]
-        return open_prs[0] if open_prs else None
-
     # -- main entry -------------------------------------------------------------------------
 
     def open_or_update_pr(
@@ -291,20 +286,6 @@ class PrClient:
         except GithubException as e:
             raise _err(f"cannot comment on #{pr.number}", e) from None
         return PrOutcome(COMMENTED, pr.number, pr.html_url, detail=f"commented on #{pr.number}")
-
-    def close_pr_for_branch(self, repo_full_name: str, branch: str, comment: str) -> PrOutcome:
-        """Close the open PR for ``branch`` (e.g. the base already contains its change)."""
-        repo = self._repo(repo_full_name)
-        open_prs = [p for p in self._branch_prs(repo, repo_full_name, branch) if p.state == "open"]
-        if not open_prs:
-            return PrOutcome(NOOP, detail=f"no open pull request for {branch}")
-        pr = open_prs[0]
-        try:
-            pr.create_issue_comment(comment)
-            pr.edit(state="closed")
-        except GithubException as e:
-            raise _err(f"cannot close #{pr.number}", e) from None
-        return PrOutcome(CLOSED, pr.number, pr.html_url, detail=f"closed #{pr.number}")
 
 
 def client_from_config(section: dict[str, Any] | None = None) -> PrClient:

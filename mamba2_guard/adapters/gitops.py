@@ -187,10 +187,6 @@ class GitResult:
     forced: bool = False
     detail: str = ""
 
-    @property
-    def remote_branch_exists(self) -> bool:
-        return self.remote_sha is not None
-
 
 # ----------------------------------------------------------------------------------------------
 

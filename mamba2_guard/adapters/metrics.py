@@ -66,11 +66,9 @@ NO_SNAPSHOT = "no such file"  # GuardMetrics.read_snapshot's answer where there 
 
 PREFIX = "mamba2_guard"
 GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
-JOBS = ("nightly", "retune", "drift", "metrics", "oneshot")
 RUN_STATUSES = ("success", "regression", "error", "timeout", "killed", "missed", "skipped")
 EVENTS = ("drift", "retune", "pr")
 QUANTILES = (("0.1", 10), ("0.5", 50), ("0.9", 90))
-ENV_FIELDS = ("torch", "triton", "helion", "mamba_ssm", "cuda_runtime", "driver", "python")
 DRIFT_COMPONENT_FOR_CLASS = {"new-gpu": "gpu", "kernel-source": "kernels", "invalid-config": "config"}
 DRIFT_COMPONENTS = ("gpu", "helion", "triton", "torch", "cuda_runtime", "driver", "mamba_ssm", "kernels", "config")
 

@@ -141,14 +141,6 @@ class DriftPolicy:
             invalid_config=values[INVALID_CONFIG],
         )
 
-    @classmethod
-    def from_config(cls, guard_config: Mapping[str, Any] | None) -> DriftPolicy:
-        """Read ``drift.policy`` from the guard config dict (defaults when absent)."""
-        section = (guard_config or {}).get("drift") or {}
-        if not isinstance(section, Mapping):
-            raise ValueError("guard config: 'drift' must be a mapping")
-        return cls.from_mapping(section.get("policy") or {})
-
     def action_for(self, cls_name: str, component: str | None = None) -> str:
         if cls_name == NEW_GPU:
             return self.new_gpu

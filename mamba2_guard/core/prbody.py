@@ -22,7 +22,6 @@ from mamba2_guard.core.drift import fingerprint_changes, short_value
 from mamba2_guard.core.fingerprint import fingerprint_hash
 
 # GitHub rejects PR bodies over 65536 characters; stay clearly under it, counted in UTF-8 bytes.
-GITHUB_BODY_LIMIT = 65536
 MAX_BODY_BYTES = 60_000
 MAX_TITLE_CHARS = 200
 MAX_FAILED_SEARCHES = 10  # listed in the body; the full list is in the config file's `tuned` record

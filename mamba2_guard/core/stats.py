@@ -108,13 +108,6 @@ def speedup(helion_ms: Sequence[float], mamba_ssm_ms: Sequence[float]) -> float 
     return m / h if h and m else None
 
 
-def relative_change(baseline: float | None, current: float | None) -> float | None:
-    """``current / baseline - 1``; None when either is missing or not positive."""
-    if baseline is None or current is None or not baseline > 0 or not current > 0:
-        return None
-    return current / baseline - 1.0
-
-
 # ----------------------------------------------------------------------------------------------
 # Two-sample comparison (Mann-Whitney U + Hodges-Lehmann interval)
 
@@ -137,10 +130,6 @@ class Comparison:
     upper: float | None
     confidence: float
     method: str  # "mann-whitney" | "identical" | "too-few-samples" | "no-samples" | "out-of-range"
-
-    @property
-    def testable(self) -> bool:
-        return self.p_value is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -53,12 +53,6 @@ def test_paired_ratios_and_speedup():
     assert stats.speedup([], [1.0]) is None
 
 
-def test_relative_change():
-    assert stats.relative_change(2.0, 2.1) == pytest.approx(0.05)
-    assert stats.relative_change(None, 1.0) is None
-    assert stats.relative_change(0.0, 1.0) is None
-
-
 # ----------------------------------------------------------------------------------------------
 # Mann-Whitney
 

@@ -111,10 +111,9 @@ def test_invalid_config():
     assert "ssd_chunk_scan_fwd/hd64_L4k" in rep.render_text()
 
 
-def test_policy_from_config_and_strongest_action():
-    policy = DriftPolicy.from_config(
-        {"drift": {"policy": {"software": {"driver": "ignore", "helion": "rebaseline"}, "kernel_source": "ignore"}}}
-    )
+def test_policy_from_mapping_and_strongest_action():
+    policy = DriftPolicy.from_mapping({"software": {"driver": "ignore", "helion": "rebaseline"},
+                                       "kernel_source": "ignore"})
     cur = {**FP_OLD, "driver_version": "590.1", "helion": "1.5.0", "kernels_source_hash": "f" * 64}
     rep = classify(cur, FP_OLD, FP_OLD, {}, policy=policy)
     actions = {i.component: i.action for i in rep.items}

@@ -143,13 +143,6 @@ def test_human_edit_comment_once_per_head(client, fake_gh):
     assert client.comment_human_edit(FULL, "mamba2-guard/none/000000000000").action == "noop"
 
 
-def test_close_pr_for_branch_when_base_already_has_the_change(client, fake_gh):
-    n = fake_gh.add_pr(BRANCH, body=body())
-    out = client.close_pr_for_branch(FULL, BRANCH, "main already contains these configs")
-    assert out.action == "closed" and fake_gh.state.pulls[n]["state"] == "closed"
-    assert client.close_pr_for_branch(FULL, BRANCH, "x").action == "noop"
-
-
 def test_bad_token_and_missing_token(fake_gh, monkeypatch):
     monkeypatch.setenv("OTHER_TOKEN", "ghp_wrongWRONGwrong123456")
     c = PrClient(
