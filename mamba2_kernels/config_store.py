@@ -131,7 +131,7 @@ class ShapeKey:
             else:
                 total += w.flag
         # Keys equally far by the formula must tie exactly so that the key text breaks the tie, here and in the
-        # fit's replay of this rule (mamba2_guard.core.selection): the terms are summed in set order, which varies
+        # fit's replay of this rule (mamba2_guard.core.selection_fit): the terms are summed in set order, which varies
         # with the process's hash seed, and so would the last bit of the sum.
         return round(total, 9)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mamba2_guard import PROJECT_ROOT
-from mamba2_guard.core.fingerprint import TIMING_METHOD, fingerprint_hash
+from mamba2_guard.core.fingerprint_hash import TIMING_METHOD, fingerprint_hash
 
 KERNELS_DIR = PROJECT_ROOT / "mamba2_kernels"
 
@@ -75,7 +75,7 @@ class Fingerprint:
 
     def digest(self) -> str:
         """Hash of the fields that decide whether configs and baselines still apply (not host or uuid):
-        ``mamba2_guard.core.fingerprint.fingerprint_hash`` of :meth:`to_dict`."""
+        ``mamba2_guard.core.fingerprint_hash.fingerprint_hash`` of :meth:`to_dict`."""
         return fingerprint_hash(self.to_dict())
 
 

@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-from mamba2_guard.core.fingerprint import TIMING_METHOD
+from mamba2_guard.core.fingerprint_hash import TIMING_METHOD
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # > 4x the H200's 60 MiB L2, as triton.testing.do_bench uses
 WARMUP_MS = 25.0  # as triton.testing.do_bench's default warm-up
 HEAD_START_MS = 0.5  # longer than a kernel call's Python dispatch (~0.1 ms for Helion's and mamba-ssm's here)
 MAX_WARMUP_ROUNDS = 1000
-# Bumped (in mamba2_guard.core.fingerprint) when a change to the timing moves the numbers: a baseline taken by another
-# method is not compared with, and the history window starts again.
+# Bumped (in mamba2_guard.core.fingerprint_hash) when a change to the timing moves the numbers: a baseline taken
+# by another method is not compared with, and the history window starts again.
 METHOD_VERSION = TIMING_METHOD
 
 

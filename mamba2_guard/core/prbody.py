@@ -19,7 +19,7 @@ from typing import Any
 from mamba2_guard.core import bringup
 from mamba2_guard.core.configdiff import ConfigDiff, diff_config_files
 from mamba2_guard.core.drift import fingerprint_changes, short_value
-from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 
 # GitHub rejects PR bodies over 65536 characters; stay clearly under it, counted in UTF-8 bytes.
 MAX_BODY_BYTES = 60_000

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mamba2_guard.core import stats
-from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 
 SCHEMA_VERSION = 1
 BASELINE_SCHEMA_VERSION = 1

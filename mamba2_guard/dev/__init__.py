@@ -181,16 +181,16 @@ TOOLS = {
                 "record the current sources of re-validated kernels in a GPU's config file and baseline"),
     "record-results": ("mamba2_guard.dev.record_results:run", record_results_arguments,
                        "write bench results made elsewhere into this checkout's baselines"),
-    "measure-selection": ("mamba2_guard.dev.selection_tools:measure", measure_selection_arguments,
+    "measure-selection": ("mamba2_guard.dev.measure_selection:measure", measure_selection_arguments,
                           "time every stored config at each grid shape's keys, and each state pass fused and "
                           "chained, for the selection rule's fit"),
-    "warm": ("mamba2_guard.dev.selection_tools:warm", warm_arguments,
+    "warm": ("mamba2_guard.dev.measure_selection:warm", warm_arguments,
              "precompile the configs the runtime selects at a suite's shapes (a job's cold start)"),
-    "first-call": ("mamba2_guard.dev.selection_tools:first_call", first_call_arguments,
+    "first-call": ("mamba2_guard.dev.measure_selection:first_call", first_call_arguments,
                    "seconds of the first call at each shape in a fresh process, ours and mamba-ssm's"),
     "kernel-times": ("mamba2_guard.dev.kernel_times:run", kernel_times_arguments,
                      "a whole call's device time kernel by kernel at each shape, ours and mamba-ssm's"),
-    "selected": ("mamba2_guard.dev.selected:run", selected_arguments,
+    "selected": ("mamba2_guard.dev.selected_configs:run", selected_arguments,
                  "the config each launch of a whole call selects from a GPU's config file, no GPU needed; "
                  "with --against, the launches a config change moves"),
 }

@@ -12,7 +12,7 @@ import dataclasses
 
 from mamba2_guard.adapters.state import write_json
 from mamba2_guard.bench.kernel_profile import device_events
-from mamba2_guard.core.kernel_times import per_call, table
+from mamba2_guard.core.kernel_time_table import per_call, table
 from mamba2_guard.dev import require_gpu
 from mamba2_kernels import registry, suites
 

@@ -11,7 +11,7 @@ import yaml
 
 from mamba2_guard import PROJECT_ROOT
 from mamba2_guard.core import first_calls
-from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.results import (
     Baseline,
     BenchResult,

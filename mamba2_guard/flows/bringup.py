@@ -121,7 +121,7 @@ class BringUpOptions:
     fit_rounds: int = 10
     until: str | None = None  # stop after this stage (None: run them all)
     stages: Sequence[bringup.Stage] | None = None  # the plan (default: ``stages_for`` the GPU; tests give theirs)
-    measure: Callable[..., Any] | None = None  # the fit stage's measurement (tests); default selection.measure
+    measure: Callable[..., Any] | None = None  # the fit stage's measurement (tests); default selection_measure.measure
 
     def __post_init__(self) -> None:
         for name in ("budget_seconds", "job_budget_seconds"):
@@ -228,11 +228,12 @@ def _search(opts: BringUpOptions, stage: bringup.Stage, left: float, progress: P
 def _fit(opts: BringUpOptions, stage: bringup.Stage, deadline: float, progress: Progress) -> dict[str, Any]:
     """Measure the grid shape by shape while the budget lasts (a shape measured is kept in the file), then
     fit the rule into the config file once every shape is in."""
-    from mamba2_guard.flows import selection
+    from mamba2_guard.flows import selection_measure
 
-    measure = opts.measure or selection.measure
+    measure = opts.measure or selection_measure.measure
     measurements = state_path(opts.state_dir, opts.gpu_slug).with_suffix(".selection.jsonl")
-    measured = {r.get("shape") for r in selection.read_records(measurements)} if measurements.exists() else set()
+    earlier = selection_measure.read_records(measurements) if measurements.exists() else []
+    measured = {record.get("shape") for record in earlier}
     for shape in stage.shapes:
         if shape in measured:
             continue
@@ -241,7 +242,7 @@ def _fit(opts: BringUpOptions, stage: bringup.Stage, deadline: float, progress: 
         measure([shape], config=opts.config_path, seed=0, rounds=opts.fit_rounds, processes=2, out=measurements)
         measured.add(shape)
         progress(f"bring-up fit: measured {shape} ({len(measured)}/{len(stage.shapes)})")
-    fits = selection.fit_into(opts.config_path, measurements)
+    fits = selection_measure.fit_into(opts.config_path, measurements)
     for fit in fits:
         progress(fit.describe())
     return {"stage": stage.name, "status": bringup.DONE, "done": len(stage.shapes), "changed": bool(fits),

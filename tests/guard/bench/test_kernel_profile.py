@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mamba2_guard.bench.kernel_profile import device_events
-from mamba2_guard.core.kernel_times import per_call
+from mamba2_guard.core.kernel_time_table import per_call
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.results import (
     BenchResult,
     CaseResult,

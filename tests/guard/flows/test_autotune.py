@@ -358,7 +358,7 @@ LATE_FIT = """
 import sys, time
 from pathlib import Path
 from mamba2_kernels import config_store
-from mamba2_guard.flows import selection
+from mamba2_guard.flows import selection_measure
 out, measurements, read = map(Path, sys.argv[1:4])
 save = config_store.save
 def save_late(path, cf):
@@ -368,7 +368,7 @@ def save_late(path, cf):
         time.sleep(0.05)
     save(path, cf)
 config_store.save = save_late
-selection.fit_into(out, measurements)
+selection_measure.fit_into(out, measurements)
 """
 
 
@@ -652,7 +652,7 @@ def test_covers_whole_suite():
 
 def test_missing_only_skips_launches_whose_key_has_its_own_config():
     from mamba2_guard.flows.autotune_worker import to_search
-    from mamba2_guard.flows.selection import captured_launches
+    from mamba2_guard.flows.selection_measure import captured_launches
 
     captured = [(kernel, args) for kernel, args in captured_launches("smoke", 0, "cpu", "ssd_combined_fwd")] * 2
     slots = [[kernel.name, str(kernel.shape_key(*args))] for kernel, args in captured[: len(captured) // 2]]

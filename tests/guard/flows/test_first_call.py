@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mamba2_guard.flows import baselines, selection
+from mamba2_guard.flows import baselines, selection_measure
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_fresh_runs_every_job_in_a_new_process():
     # A first call timed in a process that already ran another shape would find its kernels loaded.
-    assert len(set(selection.in_parallel(os.getpid, [(), (), ()], 1, fresh=True))) == 3
-    assert len(set(selection.in_parallel(os.getpid, [(), (), ()], 1))) == 1
+    assert len(set(selection_measure.in_parallel(os.getpid, [(), (), ()], 1, fresh=True))) == 3
+    assert len(set(selection_measure.in_parallel(os.getpid, [(), (), ()], 1))) == 1
 
 
 def first_call(tmp_path: Path, *args: str) -> tuple[dict, Path]:
@@ -62,7 +62,7 @@ def test_empty_compile_caches_are_where_each_library_looks_and_the_environment_i
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.delenv("HELION_CACHE_DIR", raising=False)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    with selection.empty_compile_caches() as root:
+    with selection_measure.empty_compile_caches() as root:
         assert not list(root.iterdir())
         for found in (knobs.cache.dir, get_helion_cache_dir(), cache_dir()):
             assert Path(found).parent == root, found
@@ -83,7 +83,8 @@ def test_each_shape_is_handed_on_as_it_finishes():
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        selection.first_call_seconds(["smoke", "mamba2-default"], ["chunk_cumsum"], ("helion",), on_shape=on_shape)
+        selection_measure.first_call_seconds(["smoke", "mamba2-default"], ["chunk_cumsum"], ("helion",),
+                                             on_shape=on_shape)
     assert handed == [("smoke", ["helion"])]
 
 
@@ -94,10 +95,10 @@ def on_a_gpu(tmp_path, monkeypatch):
     import dataclasses
 
     from mamba2_guard.adapters import fingerprint
-    from mamba2_guard.dev import selection_tools
+    from mamba2_guard.dev import measure_selection
 
     gpu = dataclasses.replace(fingerprint.collect(), gpu_name="NVIDIA H200", gpu_uuid="GPU-1")
-    monkeypatch.setattr(selection_tools, "require_gpu", lambda parser, why: None)
+    monkeypatch.setattr(measure_selection, "require_gpu", lambda parser, why: None)
     monkeypatch.setattr(fingerprint, "collect", lambda: gpu)
     monkeypatch.setattr(baselines, "first_call_path", lambda slug: tmp_path / f"{slug}.yaml")
     measured: list[list[str]] = []
@@ -112,11 +113,11 @@ def on_a_gpu(tmp_path, monkeypatch):
     def run(*shapes, measure=every_shape, empty_caches=True, record=True, missing_only=False):
         import argparse
 
-        monkeypatch.setattr(selection_tools.selection, "first_call_seconds", measure)
+        monkeypatch.setattr(measure_selection.selection_measure, "first_call_seconds", measure)
         args = argparse.Namespace(shapes=list(shapes), suite=None, entries=["ssd_combined_fwd_bwd"],
                                   sides=["helion", "mamba_ssm"], empty_caches=empty_caches, record=record,
                                   missing_only=missing_only)
-        return selection_tools.first_call(args, argparse.ArgumentParser())
+        return measure_selection.first_call(args, argparse.ArgumentParser())
 
     return run, tmp_path / "nvidia-h200.yaml", measured
 

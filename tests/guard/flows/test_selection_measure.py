@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from mamba2_guard.flows import selection
+from mamba2_guard.flows import selection_measure
 from mamba2_kernels import config_store
 from mamba2_kernels.config_store import ConfigFile
 from mamba2_kernels.testing import execution_mode
@@ -49,7 +49,7 @@ def _config(tmp_path, configs: dict) -> Path:
 
 def _measure(config, out, timer, **options) -> list[dict]:
     """The smoke shape measured on CPU, one compile process."""
-    return selection.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
+    return selection_measure.measure(["smoke"], config=config, seed=0, rounds=3, processes=1, out=out, device="cpu",
                              timer=timer, **options)
 
 
@@ -58,7 +58,7 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     config = _config(tmp_path, {first: TILES, twin: dict(TILES), LARGE: WIDER})
     out, timer = tmp_path / "m.jsonl", CallingTimer()
     records = _measure(config, out, timer)
-    launched = selection.captured_launches("smoke", 0, "cpu")
+    launched = selection_measure.captured_launches("smoke", 0, "cpu")
     launch_record, kernel_records, path_records = records[0], records[1:-2], records[-2:]
     keys = [[k.name, str(k.shape_key(*a))] for k, a in launched]
     assert launch_record == {"shape": "smoke", "launches": keys}
@@ -81,7 +81,7 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     def no_capture(*args):
         raise AssertionError("captured a shape the file already covers")
 
-    monkeypatch.setattr(selection, "captured_launches", no_capture)
+    monkeypatch.setattr(selection_measure, "captured_launches", no_capture)
     assert _measure(config, out, timer) == []
     assert out.read_text() == lines and len(timer.ran) == 6
     assert "smoke: measured by an earlier run" in capsys.readouterr().out
@@ -125,7 +125,7 @@ def test_a_run_cut_short_while_writing_a_record_keeps_the_earlier_ones_and_resum
     import sys
 
     config, out = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl"
-    keys = [[k.name, str(k.shape_key(*a))] for k, a in selection.captured_launches("smoke", 0, "cpu")]
+    keys = [[k.name, str(k.shape_key(*a))] for k, a in selection_measure.captured_launches("smoke", 0, "cpu")]
     first = json.dumps({"launches": keys, "shape": "smoke"}, sort_keys=True) + "\n"
     repo = Path(__file__).resolve().parents[3]
     child = subprocess.run([sys.executable, "-c", CUT_SHORT, str(config), str(out), str(len(first) + 20)],
@@ -136,25 +136,26 @@ def test_a_run_cut_short_while_writing_a_record_keeps_the_earlier_ones_and_resum
     records = _measure(config, out, CallingTimer())  # the rerun reads the file and measures the rest
     assert [r.get("kernel", r.get("stage")) for r in records] == [*(name for name, _ in keys),
                                                                  "chunk_state_passing", "chunk_state_passing_bwd"]
-    assert selection.read_records(out) == [json.loads(first), *records]
+    assert selection_measure.read_records(out) == [json.loads(first), *records]
 
 
 def test_a_layout_keeps_strides_offsets_and_integer_values_and_zeroes_floats():
     ints = torch.arange(40, dtype=torch.int32).reshape(4, 10)[:, 2:5]  # seq_idx-like: its values address memory
-    rebuilt = pickle.loads(pickle.dumps(selection.TensorLayout.of(ints))).build("cpu")
+    rebuilt = pickle.loads(pickle.dumps(selection_measure.TensorLayout.of(ints))).build("cpu")
     assert torch.equal(rebuilt, ints) and rebuilt.stride() == (10, 1) and rebuilt.storage_offset() == 2
     floats = torch.randn(4, 10)[:, 3:7]
-    zeros = selection.TensorLayout.of(floats).build("cpu")
+    zeros = selection_measure.TensorLayout.of(floats).build("cpu")
     assert zeros.shape == (4, 4) and zeros.stride() == (10, 1) and zeros.storage_offset() == 3 and not zeros.any()
 
 
 def test_a_compile_worker_launches_every_candidate_from_the_launch_layout_alone(tmp_path):
     # The pool's children get a launch's layout, not its data, so none of them runs the whole call again.
     config = _config(tmp_path, {SMALL: TILES, LARGE: WIDER})
-    kernel, args = next((k, a) for k, a in selection.captured_launches("smoke", 0, "cpu") if k.name == "bmm_chunk")
-    layout = pickle.loads(pickle.dumps(selection.launch_layout(args)))
+    kernel, args = next((k, a) for k, a in selection_measure.captured_launches("smoke", 0, "cpu")
+                        if k.name == "bmm_chunk")
+    layout = pickle.loads(pickle.dumps(selection_measure.launch_layout(args)))
     assert not any(isinstance(a, torch.Tensor) for a in layout)
-    assert selection._compile_worker("bmm_chunk", layout, str(config), "cpu") == 2
+    assert selection_measure._compile_worker("bmm_chunk", layout, str(config), "cpu") == 2
 
 
 def test_the_command_names_bad_shapes_and_needs_a_gpu(tmp_path):
@@ -178,18 +179,19 @@ def test_the_command_times_this_gpus_configs_by_default(tmp_path, monkeypatch, c
     import dataclasses
 
     from mamba2_guard.adapters import fingerprint
-    from mamba2_guard.dev import selection_tools
+    from mamba2_guard.dev import measure_selection
 
     b200 = dataclasses.replace(fingerprint.collect(), gpu_name="NVIDIA B200")
     measured = []
-    monkeypatch.setattr(selection_tools, "require_gpu", lambda parser, why: None)
+    monkeypatch.setattr(measure_selection, "require_gpu", lambda parser, why: None)
     monkeypatch.setattr(fingerprint, "collect", lambda: b200)
-    monkeypatch.setattr(selection_tools.selection, "measure", lambda shapes, config, **_: measured.append(config))
+    monkeypatch.setattr(measure_selection.selection_measure, "measure",
+                        lambda shapes, config, **_: measured.append(config))
     args = argparse.Namespace(shapes=["smoke"], suite=None, gpu_slug=None, seed=0, rounds=1, processes=1,
                               out=tmp_path / "m.jsonl", paths_only=False)
-    assert selection_tools.measure(args, argparse.ArgumentParser()) == 0
+    assert measure_selection.measure(args, argparse.ArgumentParser()) == 0
     assert [path.name for path in measured] == ["nvidia-b200.yaml"]
     assert "mamba2-guard fit-selection" in (out := capsys.readouterr().out) and "--gpu-slug nvidia-b200" in out
     args.gpu_slug = "nvidia-h200"  # named: that file's configs
-    assert selection_tools.measure(args, argparse.ArgumentParser()) == 0
+    assert measure_selection.measure(args, argparse.ArgumentParser()) == 0
     assert measured[-1].name == "nvidia-h200.yaml"

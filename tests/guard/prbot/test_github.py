@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mamba2_guard.adapters.github import GitHubError, PrClient
-from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.prbody import branch_name, marker
 
 from .conftest import FP_NEW, FP_OLD

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mamba2_guard.adapters.gitops import ConfigRepo, FetchFailed, GitOpsError, PushFailed, redact
-from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.prbody import branch_name
 
 from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, TOKEN, baseline_doc, git, new_configs

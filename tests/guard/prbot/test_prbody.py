@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mamba2_guard.core.configdiff import diff_config_files, diff_configs
 from mamba2_guard.core.drift import classify
-from mamba2_guard.core.fingerprint import fingerprint_hash
+from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.prbody import (
     MAX_BODY_BYTES,
     PrInput,

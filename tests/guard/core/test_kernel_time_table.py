@@ -1,4 +1,5 @@
-"""A whole call's device time kernel by kernel (``mamba2_guard.core.kernel_times``), and the tool's command line."""
+"""A whole call's device time kernel by kernel (``mamba2_guard.core.kernel_time_table``), and the tool's command
+line."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from mamba2_guard.core.kernel_times import KernelTime, per_call, table
+from mamba2_guard.core.kernel_time_table import KernelTime, per_call, table
 
 
 def test_events_of_several_calls_fold_into_one_row_per_kernel_per_call():

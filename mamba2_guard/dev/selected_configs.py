@@ -114,7 +114,7 @@ def compare(shapes: list[suites.ShapeSpec], entries: list[str], current: config_
     With ``processes`` > 1 the (shape, entry) pairs run in that many spawned processes."""
     jobs = [(entry_name, shape, current, before, seqlen) for shape in shapes for entry_name in entries]
     if processes > 1 and len(jobs) > 1:
-        from mamba2_guard.flows.selection import in_parallel
+        from mamba2_guard.flows.selection_measure import in_parallel
 
         results = in_parallel(selections, jobs, min(processes, len(jobs)))
     else:

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from mamba2_guard.core import selection
-from mamba2_guard.flows.selection import apply_fit, key_distance, read_records
+from mamba2_guard.core import selection_fit
+from mamba2_guard.flows.selection_measure import apply_fit, key_distance, read_records
 from mamba2_kernels import config_store
 from mamba2_kernels.config_store import ConfigFile
 
@@ -18,7 +18,7 @@ def _k(dstate: int, tokens: int, z: int = 0) -> str:
 
 
 def test_the_best_config_at_each_key_is_the_fastest():
-    row = selection.Measured("k", _k(64, 8192), {"a": 1.0, "b": 0.5, "c": 0.7})
+    row = selection_fit.Measured("k", _k(64, 8192), {"a": 1.0, "b": 0.5, "c": 0.7})
     assert row.best() == "b"
 
 
@@ -26,14 +26,14 @@ def test_weights_follow_the_field_that_decides_which_config_wins():
     """Configs here transfer across token counts but not across dstate: the fitted rule must weigh dstate
     (a tile field) over tokens (a size field), where a rule that ranks tokens first loses time."""
     fast_small, fast_large = {"s": 1.0, "l": 2.0}, {"s": 2.0, "l": 1.0}
-    rows = [selection.Measured("k", _k(64, t), fast_small) for t in (1024, 65536)]
-    rows += [selection.Measured("k", _k(256, t), fast_large) for t in (2048, 131072)]
+    rows = [selection_fit.Measured("k", _k(64, t), fast_small) for t in (1024, 65536)]
+    rows += [selection_fit.Measured("k", _k(256, t), fast_large) for t in (2048, 131072)]
     size_first = {"flag": 1.0, "tile": 0.5, "size": 2.0}
-    assert selection.loo_regret(rows, size_first, key_distance) > 1.0
-    result = selection.fit(rows, key_distance)
+    assert selection_fit.loo_regret(rows, size_first, key_distance) > 1.0
+    result = selection_fit.fit(rows, key_distance)
     assert result.regret == pytest.approx(1.0)
     assert result.fitted_on == 4 and result.best[_k(256, 2048)] == "l"
-    assert math.isclose(selection.loo_regret(rows, result.weights, key_distance), result.regret)
+    assert math.isclose(selection_fit.loo_regret(rows, result.weights, key_distance), result.regret)
 
 
 def test_headdim_is_weighed_apart_from_the_other_tile_fields():
@@ -42,10 +42,10 @@ def test_headdim_is_weighed_apart_from_the_other_tile_fields():
     that of its own headdim at a chunk size two doublings away, and loses time; the fit weighs headdim more."""
     def key(headdim: int, chunk: int) -> str:
         return f"chunk_size={chunk},headdim={headdim},tokens=8192"
-    rows = [selection.Measured("k", key(headdim, chunk), {"64": 1.0, "128": 2.0} if headdim == 64 else
+    rows = [selection_fit.Measured("k", key(headdim, chunk), {"64": 1.0, "128": 2.0} if headdim == 64 else
                                {"64": 2.0, "128": 1.0}) for headdim in (64, 128) for chunk in (64, 256)]
-    assert selection.loo_regret(rows, selection.DEFAULT_WEIGHTS, key_distance) == pytest.approx(2.0)
-    result = selection.fit(rows, key_distance)
+    assert selection_fit.loo_regret(rows, selection_fit.DEFAULT_WEIGHTS, key_distance) == pytest.approx(2.0)
+    result = selection_fit.fit(rows, key_distance)
     assert result.regret == pytest.approx(1.0)
     assert result.weights["headdim"] > 2 * result.weights["tile"]
 
@@ -55,28 +55,28 @@ def test_a_stored_key_timed_under_another_name_counts_as_that_candidate():
     left-out key's nearest stored key here is such an alias: its time is the candidate's, not a gap that sends
     the rule on to a farther key."""
     near, far = _k(64, 2048), _k(64, 65536)
-    row = selection.Measured("k", _k(64, 1024), {"first": 1.0, far: 3.0}, aliases={near: "first"})
-    weights = selection.DEFAULT_WEIGHTS
-    assert selection.loo_regret([row], weights, key_distance, stored=[near, far]) == pytest.approx(1.0)
-    unaliased = selection.Measured("k", row.key, row.ms)
-    assert selection.loo_regret([unaliased], weights, key_distance, stored=[near, far]) == pytest.approx(3.0)
+    row = selection_fit.Measured("k", _k(64, 1024), {"first": 1.0, far: 3.0}, aliases={near: "first"})
+    weights = selection_fit.DEFAULT_WEIGHTS
+    assert selection_fit.loo_regret([row], weights, key_distance, stored=[near, far]) == pytest.approx(1.0)
+    unaliased = selection_fit.Measured("k", row.key, row.ms)
+    assert selection_fit.loo_regret([unaliased], weights, key_distance, stored=[near, far]) == pytest.approx(3.0)
 
 
 def test_the_fit_knows_the_rule_s_weights_and_their_defaults():
     """mamba2_guard.core stays pure, so it writes the rule's weights out again; they must be the config store's."""
-    assert config_store.Weights().as_dict() == selection.DEFAULT_WEIGHTS
-    assert tuple(selection.WEIGHT_LADDER) == config_store.WEIGHT_NAMES
+    assert config_store.Weights().as_dict() == selection_fit.DEFAULT_WEIGHTS
+    assert tuple(selection_fit.WEIGHT_LADDER) == config_store.WEIGHT_NAMES
 
 
 def test_ties_keep_the_default_weights():
-    rows = [selection.Measured("k", _k(64, t), {"a": 1.0}) for t in (1024, 4096)]
-    assert selection.fit(rows, key_distance).weights == selection.DEFAULT_WEIGHTS
+    rows = [selection_fit.Measured("k", _k(64, t), {"a": 1.0}) for t in (1024, 4096)]
+    assert selection_fit.fit(rows, key_distance).weights == selection_fit.DEFAULT_WEIGHTS
 
 
 def test_one_kernel_per_fit():
     with pytest.raises(ValueError, match="one kernel"):
-        selection.fit([selection.Measured("a", _k(64, 1), {"x": 1.0}), selection.Measured("b", _k(64, 1), {"x": 1.0})],
-                      key_distance)
+        selection_fit.fit([selection_fit.Measured("a", _k(64, 1), {"x": 1.0}),
+                           selection_fit.Measured("b", _k(64, 1), {"x": 1.0})], key_distance)
 
 
 def test_apply_fit_stores_grid_winners_without_replacing_tuned_configs(tmp_path):
@@ -114,8 +114,8 @@ def test_a_broken_measurement_file_is_named(tmp_path):
         read_records(tmp_path / "missing.jsonl")
 
 
-def _path(chunk: int, state: int, fused: float, chain: float, stage: str = "s") -> selection.PathMeasured:
-    return selection.PathMeasured(stage, chunk, state, fused, chain)
+def _path(chunk: int, state: int, fused: float, chain: float, stage: str = "s") -> selection_fit.PathMeasured:
+    return selection_fit.PathMeasured(stage, chunk, state, fused, chain)
 
 
 def test_the_chain_rule_chains_long_chunks_with_small_states():
@@ -123,7 +123,7 @@ def test_the_chain_rule_chains_long_chunks_with_small_states():
     threshold at the geometric midpoint between the last win and the first loss."""
     rows = [_path(256, 1 << 18, 1.0, 0.8), _path(256, 1 << 20, 1.0, 0.9), _path(256, 1 << 22, 1.0, 1.2),
             _path(128, 1 << 18, 1.0, 1.3), _path(128, 1 << 22, 1.0, 1.1)]
-    result = selection.fit_chain(rows)
+    result = selection_fit.fit_chain(rows)
     assert result.rule == {"min_chunk": 256, "max_state": 1 << 21}
     assert result.regret == pytest.approx(1.0) and result.fused_regret > 1.05
     assert result.selection_entry() == {"min_chunk": 256, "max_state": 1 << 21, "fitted_on": 5}
@@ -131,16 +131,16 @@ def test_the_chain_rule_chains_long_chunks_with_small_states():
 
 
 def test_where_the_fused_kernel_wins_or_ties_there_is_no_chain_rule():
-    assert selection.fit_chain([_path(256, 1 << 18, 1.0, 1.1), _path(128, 1 << 20, 1.0, 1.0)]).rule is None
-    result = selection.fit_chain([_path(256, 1 << 18, 1.0, 1.0)])
+    assert selection_fit.fit_chain([_path(256, 1 << 18, 1.0, 1.1), _path(128, 1 << 20, 1.0, 1.0)]).rule is None
+    result = selection_fit.fit_chain([_path(256, 1 << 18, 1.0, 1.0)])
     assert result.rule is None and result.selection_entry() is None and "fused everywhere" in result.describe()
 
 
 def test_one_stage_per_chain_fit():
     with pytest.raises(ValueError, match="one stage"):
-        selection.fit_chain([_path(256, 1, 1.0, 1.0, "a"), _path(256, 1, 1.0, 1.0, "b")])
+        selection_fit.fit_chain([_path(256, 1, 1.0, 1.0, "a"), _path(256, 1, 1.0, 1.0, "b")])
     with pytest.raises(ValueError, match="no measurements"):
-        selection.fit_chain([])
+        selection_fit.fit_chain([])
 
 
 def test_apply_fit_writes_chain_rules_beside_the_weights(tmp_path):

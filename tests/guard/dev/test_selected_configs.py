@@ -1,4 +1,5 @@
-"""mamba2_guard.dev.selected (``mamba2-guard dev selected``): which config each launch of a whole call selects, and
+"""mamba2_guard.dev.selected_configs (``mamba2-guard dev selected``): which config each launch of a whole call
+selects, and
 which launches a config change moves, without a GPU."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from mamba2_guard.dev import selected
+from mamba2_guard.dev import selected_configs
 from mamba2_kernels import config_store, registry, suites
 from mamba2_kernels.tuning import capture_launches
 
@@ -29,7 +30,7 @@ def _keys_at_full_length(shape: suites.ShapeSpec) -> set[tuple[str, str]]:
 
 def test_keys_captured_at_a_short_sequence_are_the_shapes_own(smoke):
     shape = smoke.replace(docs=2)  # packed documents: the seq_idx path, whose keys flag it
-    short = selected.launches(ENTRY, shape, config_store.ConfigFile())  # two chunks of 32: 64 of 96 tokens
+    short = selected_configs.launches(ENTRY, shape, config_store.ConfigFile())  # two chunks of 32: 64 of 96 tokens
     cumsum, args, _ = short[0]
     assert cumsum.name == "chunk_cumsum" and args[0].shape[-1] == 64  # dt (b, h, L): the run was short
     assert {(kernel.name, str(key)) for kernel, _, key in short} == _keys_at_full_length(shape)
@@ -37,14 +38,14 @@ def test_keys_captured_at_a_short_sequence_are_the_shapes_own(smoke):
 
 
 def test_against_names_only_the_launches_whose_config_moved(smoke, capsys):
-    launched = selected.launches(ENTRY, smoke, config_store.ConfigFile(), seqlen=64)
+    launched = selected_configs.launches(ENTRY, smoke, config_store.ConfigFile(), seqlen=64)
     scan, args, key = next(launch for launch in launched if launch[0].name == "chunk_scan")
     stored = dict(scan.helion_kernel(None, "compiled").bind(args).config_spec.default_config())
-    neighbour = str(selected.at_tokens(key, 4096))  # another key: the call selects it as its nearest
+    neighbour = str(selected_configs.at_tokens(key, 4096))  # another key: the call selects it as its nearest
     current = config_store.ConfigFile(kernels={"chunk_scan": {neighbour: {**stored, "num_warps": 4}}})
     before = config_store.ConfigFile(kernels={"chunk_scan": {neighbour: {**stored, "num_warps": 8}}})
 
-    report, changed = selected.compare([smoke], [ENTRY], current, before, seqlen=64)
+    report, changed = selected_configs.compare([smoke], [ENTRY], current, before, seqlen=64)
     assert changed == {"smoke": [f"{ENTRY}: chunk_scan"]}
     rows = {row["now"]["kernel"]: row for row in report["smoke"][ENTRY]}
     assert rows["chunk_scan"]["now"]["source"] == "nearest" and rows["chunk_scan"]["now"]["served_by"] == neighbour
@@ -53,11 +54,11 @@ def test_against_names_only_the_launches_whose_config_moved(smoke, capsys):
     assert rows["bmm_chunk"]["now"]["source"] == rows["bmm_chunk"]["before"]["source"] == "default"
     assert "OTHER than before" in capsys.readouterr().out
 
-    _, unchanged = selected.compare([smoke], [ENTRY], current, current, seqlen=64)
+    _, unchanged = selected_configs.compare([smoke], [ENTRY], current, current, seqlen=64)
     assert unchanged == {}
     # in two pool processes, one per shape: the same report, in the shapes' order
     other = smoke.replace(name="smoke-docs", docs=2)
-    in_pool, moved = selected.compare([smoke, other], [ENTRY], current, before, seqlen=64, processes=2)
+    in_pool, moved = selected_configs.compare([smoke, other], [ENTRY], current, before, seqlen=64, processes=2)
     assert list(in_pool) == ["smoke", "smoke-docs"] and in_pool["smoke"] == report["smoke"]
     assert moved["smoke"] == changed["smoke"]
 
@@ -65,10 +66,11 @@ def test_against_names_only_the_launches_whose_config_moved(smoke, capsys):
 def test_the_state_passes_take_the_files_chain_rule(smoke):
     rule = {"chain": {"min_chunk": 32, "max_state": 10**6}}
     chained = config_store.ConfigFile(selection={"chunk_state_passing": rule})
-    names = {kernel.name for kernel, _, _ in selected.launches(ENTRY, smoke, chained, seqlen=64)}
+    names = {kernel.name for kernel, _, _ in selected_configs.launches(ENTRY, smoke, chained, seqlen=64)}
     assert {"chunk_state", "state_passing"} <= names and "chunk_state_passing" not in names
     assert "chunk_state_passing_bwd" in names  # no rule for the backward pass: fused
-    fused = {kernel.name for kernel, _, _ in selected.launches(ENTRY, smoke, config_store.ConfigFile(), seqlen=64)}
+    empty = config_store.ConfigFile()
+    fused = {kernel.name for kernel, _, _ in selected_configs.launches(ENTRY, smoke, empty, seqlen=64)}
     assert "chunk_state_passing" in fused and "chunk_state" not in fused
 
 

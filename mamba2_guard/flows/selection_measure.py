@@ -1,5 +1,5 @@
 """The config-selection rule's evidence: measure how stored configs transfer across a grid of shapes, fit the
-rule (``mamba2_guard.core.selection``) and write both into the config file; and warm the compile cache for shapes.
+rule (``mamba2_guard.core.selection_fit``) and write both into the config file; and warm the compile cache for shapes.
 
 ``measure`` runs each grid shape's whole SSD call once to capture every kernel launch with its real
 arguments, then times, for each launch's shape key, every config stored for that kernel at any key (adapted
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mamba2_guard.core import selection as fitting
+from mamba2_guard.core import selection_fit as fitting
 from mamba2_kernels import config_store, files
 
 WHOLE_CALL = "ssd_combined_fwd_bwd"
@@ -375,7 +375,7 @@ def read_records(path: Path) -> list[dict]:
 
 
 def key_distance(a: str, b: str, weights: Any) -> float:
-    """The config store's nearest-key distance between two key texts (``mamba2_guard.core.selection.Distance``)."""
+    """The config store's nearest-key distance between two key texts (``mamba2_guard.core.selection_fit.Distance``)."""
     return config_store.ShapeKey.parse(a).distance(config_store.ShapeKey.parse(b), config_store.Weights(**weights))
 
 

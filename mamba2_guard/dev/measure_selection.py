@@ -1,6 +1,7 @@
 """``mamba2-guard dev measure-selection``, ``dev warm`` and ``dev first-call``: the GPU halves of the config
-selection (``mamba2_guard.flows.selection``): time how stored configs transfer across a grid of shapes, precompile the
-configs the runtime selects for a suite's shapes, and time a job's first call at a shape, ours and mamba-ssm's."""
+selection (``mamba2_guard.flows.selection_measure``): time how stored configs transfer across a grid of shapes,
+precompile the configs the runtime selects for a suite's shapes, and time a job's first call at a shape, ours and
+mamba-ssm's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import datetime, timezone
 
 from mamba2_guard.adapters import fingerprint
 from mamba2_guard.dev import require_gpu
-from mamba2_guard.flows import baselines, selection
+from mamba2_guard.flows import baselines, selection_measure
 from mamba2_kernels import config_store, registry, suites
 
 
@@ -25,7 +26,7 @@ def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shapes = _shape_names(args)  # names first, on any machine: an unknown one is one line, exit 2
     require_gpu(parser, "it times the stored configs")
     slug = args.gpu_slug or fingerprint.gpu_slug(fingerprint.collect())
-    selection.measure(shapes, config=config_store.path_for(slug), seed=args.seed,
+    selection_measure.measure(shapes, config=config_store.path_for(slug), seed=args.seed,
                       rounds=args.rounds, processes=args.processes, out=args.out, paths_only=args.paths_only)
     print(f"measurements in {args.out}; fit them into {slug}'s file with: mamba2-guard fit-selection "
           f"{args.out} --gpu-slug {slug}")
@@ -37,7 +38,7 @@ def _entry_names(args: argparse.Namespace) -> list[str]:
 
 
 def warm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    print(json.dumps(selection.warm(_shape_names(args), _entry_names(args), args.processes, args.baseline)))
+    print(json.dumps(selection_measure.warm(_shape_names(args), _entry_names(args), args.processes, args.baseline)))
     return 0
 
 
@@ -69,7 +70,7 @@ def first_call(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                 measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu_uuid=fp.gpu_uuid)
             print(f"  {'not recorded (a side failed)' if left_out else 'recorded'} in {path}", flush=True)
 
-    seconds = selection.first_call_seconds(shapes, entries, args.sides, args.empty_caches, on_shape=finished)
+    seconds = selection_measure.first_call_seconds(shapes, entries, args.sides, args.empty_caches, on_shape=finished)
     print(json.dumps(seconds))
     if args.record:
         print("then regenerate the results page: python docs/results/build.py")
