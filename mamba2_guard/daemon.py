@@ -25,13 +25,24 @@ Robustness, and why:
   the kernel handed the signal to;
 * missed, skipped, failed and timed-out runs are logged and counted (``mamba2_guard_runs_total``);
 * one daemon per state directory (``filelock``; the kernel releases it when the process dies);
-* ``jobs.sqlite`` is checked before use; a corrupt one is moved aside and rebuilt (it only caches the
-  job definitions, which are re-added at start). ``daemon-state.json`` is written atomically.
+* ``jobs.sqlite`` is checked before use; a corrupt one is moved aside and rebuilt. At every start it is
+  emptied and the jobs are rebuilt from the configuration, and while running it restores only the daemon's
+  own jobs through a restricted unpickler (``mamba2_guard.adapters.jobstore``): a row someone else wrote is
+  never run. ``daemon-state.json`` is written atomically;
+* a watchdog: the ``metrics`` job is the scheduler's heartbeat (``mamba2_guard_scheduler_last_tick_timestamp_seconds``
+  and the next due run on ``/metrics``). When no tick came for ``WATCHDOG_TICKS`` of its periods (the
+  scheduler's thread died, on a full disk say, or its job store fails on every read) or the scheduler stopped,
+  the daemon moves a corrupt store aside and exits with ``EXIT_STALLED``, which systemd's
+  ``Restart=on-failure`` restarts: the process never stays up doing nothing;
+* SIGHUP reloads: the settings file (``<state>/guard.yaml``) is read by each cycle anyway, so the daemon
+  checks it now and says whether the next cycle can use it; the command line's settings (cron, ports) need
+  a restart. An invalid settings file stops the daemon at start instead (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -45,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from mamba2_guard import EXIT_BUSY
+from mamba2_guard.adapters import jobstore
 from mamba2_guard.adapters import metrics as metrics_mod
 from mamba2_guard.adapters.processes import kill_children, remove_orphaned_child_dirs, run_in_child, target_ref
 from mamba2_guard.adapters.state import (
@@ -64,6 +76,9 @@ NIGHTLY_TARGET = "mamba2_guard.flows.nightly:daemon_cycle"
 DRIFT_TARGET = "mamba2_guard.daemon:probe_drift"
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_STALLED = 3  # the watchdog: not 2, which the systemd unit does not restart
+WATCHDOG_TICKS = 3  # heartbeats missed before the watchdog fires
+WATCHDOG_MIN_S = 30.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -111,6 +126,7 @@ class _Context:
         self.active = 0
         self.idle = threading.Condition(self.lock)
         self.latest_mtime: float | None = None
+        self.last_tick = time.time()
 
     def save(self) -> None:
         if self.state is not None:
@@ -263,9 +279,39 @@ def _refresh_snapshot(force: bool = False) -> None:
 
 
 def metrics_job(**_: Any) -> str:
-    """Reload ``latest.json`` when it changed (a one-shot cycle outside the daemon may have written it)."""
+    """The scheduler's heartbeat: its time and the next due run on ``/metrics`` for the watchdog and for
+    Prometheus; and reload ``latest.json`` when it changed (a one-shot cycle may have written it)."""
+    CTX.last_tick = time.time()
+    due = None
+    if CTX.scheduler is not None:
+        with contextlib.suppress(Exception):  # a failing store: the missing ticks will tell
+            due = min((j.next_run_time for j in CTX.scheduler.get_jobs() if j.next_run_time), default=None)
+    CTX.metrics.update_liveness(CTX.last_tick, due.timestamp() if due else None)
     _refresh_snapshot()
     return "success"
+
+
+def stalled(config: DaemonConfig, last_tick: float, running: bool, now: float | None = None) -> str | None:
+    """Why the watchdog fires, or None: the scheduler stopped, or its heartbeat is overdue."""
+    if not running:
+        return "the scheduler stopped"
+    limit = max(WATCHDOG_TICKS * config.metrics_interval_s, WATCHDOG_MIN_S)
+    late = (now or time.time()) - last_tick
+    if late > limit:
+        return (f"no heartbeat for {late:.0f} s (limit {limit:.0f} s): the scheduler's thread died or its job store "
+                "fails on every read")
+    return None
+
+
+def reload_settings(state: StateDir) -> str:
+    """SIGHUP: whether the next cycle can use ``<state>/guard.yaml`` (each cycle reads it)."""
+    from mamba2_guard import config as guard_config
+
+    try:
+        cfg = guard_config.load(None, state.root)
+    except guard_config.GuardConfigError as exc:
+        return f"SIGHUP: the next cycle cannot use the settings: {exc}"
+    return f"SIGHUP: settings ok ({cfg.describe()}); each cycle reads them, the command line's need a restart"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,12 +343,11 @@ def build_scheduler(config: DaemonConfig, catch_up: bool = False):
         EVENT_SCHEDULER_STARTED,
     )
     from apscheduler.executors.pool import ThreadPoolExecutor
-    from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
     from apscheduler.schedulers.background import BackgroundScheduler
 
     state = StateDir(config.state_dir)
     sched = BackgroundScheduler(
-        jobstores={"default": SQLAlchemyJobStore(url=state.jobstore_url)},
+        jobstores={"default": jobstore.TrustedJobStore(state.jobstore_url, JOB_REFS)},
         executors={"default": ThreadPoolExecutor(4)},
         job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": int(config.misfire_grace_s)},
         timezone=timezone.utc,
@@ -340,6 +385,10 @@ def build_scheduler(config: DaemonConfig, catch_up: bool = False):
     sched.add_listener(on_event, EVENT_JOB_MISSED | EVENT_JOB_ERROR | EVENT_JOB_MAX_INSTANCES)
     sched.add_listener(on_started, EVENT_SCHEDULER_STARTED)
     return sched
+
+
+# The callables the job store may restore: the daemon's own jobs (``adapters.jobstore``).
+JOB_REFS = frozenset(f"{__name__}:{job.__name__}" for job in (nightly_job, retune_job, drift_job, metrics_job))
 
 
 def catch_up_needed(config: DaemonConfig, data: Mapping[str, Any], now: float | None = None) -> bool:
@@ -382,6 +431,7 @@ def run_daemon(config: DaemonConfig) -> int:
             CTX.metrics.record_state_error("jobs.sqlite")
             print(f"mamba2-guard: job store was corrupt ({problem}); moved to {state.corrupt} and rebuilt",
                   file=sys.stderr)
+        jobstore.clear(state.jobstore)  # rebuilt from the configuration below: nothing is loaded from disk
         CTX.data, problem = load_daemon_state(state)
         if problem:
             CTX.metrics.record_state_error("daemon-state.json")
@@ -402,22 +452,39 @@ def run_daemon(config: DaemonConfig) -> int:
         sched = build_scheduler(config, catch_up=catch_up)
         CTX.scheduler = sched
         stopping = threading.Event()
+        reloads: list[int] = []
+        outcome = EXIT_OK
 
         def on_signal(signum, _frame) -> None:
+            if signum == signal.SIGHUP:
+                reloads.append(signum)  # logged by the main loop: no file reading inside a signal handler
+                return
             if not stopping.is_set():
                 log.warning("signal %d: stopping (waiting up to %.0f s for a running job)", signum,
                             config.shutdown_grace_s)
             stopping.set()
 
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         try:
             sched.start()  # jobs run in the scheduler's threads
+            CTX.last_tick = time.time()
             # CPython runs signal handlers in the main thread only, and a signal that the kernel hands to
             # another thread does not wake a wait blocked here: so wake twice a second. (Blocked in a
             # BlockingScheduler until its next job, the daemon once outlived 30 s after SIGTERM.)
             while not stopping.wait(0.5):
-                pass
-            sched.shutdown(wait=False)
+                while reloads:
+                    reloads.pop()
+                    print(f"mamba2-guard daemon: {reload_settings(state)}", flush=True)
+                why = stalled(config, CTX.last_tick, sched.running)
+                if why:
+                    problem = ensure_healthy_jobstore(state)
+                    moved = f"; the corrupt job store ({problem}) was moved to {state.corrupt}" if problem else ""
+                    print(f"mamba2-guard daemon: watchdog: {why}{moved}; exiting {EXIT_STALLED} so that the service "
+                          "manager restarts it", file=sys.stderr, flush=True)
+                    outcome = EXIT_STALLED
+                    break
+            with contextlib.suppress(Exception):  # a scheduler whose thread died may not shut down cleanly
+                sched.shutdown(wait=False)
         finally:
             if not _wait_idle(config.shutdown_grace_s):
                 n = kill_children(config.kill_grace_s)
@@ -427,7 +494,7 @@ def run_daemon(config: DaemonConfig) -> int:
             for s, h in previous.items():
                 signal.signal(s, h)
         print("mamba2-guard daemon: stopped", flush=True)
-        return EXIT_OK
+        return outcome
     finally:
         if server is not None:
             server[0].shutdown()

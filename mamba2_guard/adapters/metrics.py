@@ -45,6 +45,12 @@ mamba2_guard_autotune_duration_seconds                {kernel}  last autotune (G
 mamba2_guard_prs_opened_total                         counter
 mamba2_guard_last_event_timestamp_seconds             {event=drift|retune|pr}  for annotations
 mamba2_guard_state_errors_total                       {file}  unreadable state moved aside
+mamba2_guard_scheduler_last_tick_timestamp_seconds    the daemon's heartbeat (stops moving: a stalled scheduler)
+mamba2_guard_scheduler_next_due_timestamp_seconds     when the daemon's next job is due
+mamba2_guard_bringup_jobs                             {stage, state=done|left}  a new GPU's bring-up
+mamba2_guard_bringup_stage                            {stage}  1 for the current stage
+mamba2_guard_bringup_device_seconds                   spent on the bring-up so far
+mamba2_guard_bringup_speedup_geomean_ratio            the whole calls against mamba-ssm at its last report
 ====================================================  ================================================
 """
 
@@ -172,6 +178,10 @@ class GuardMetrics:
                                    "(the seen-keys file), by kernel and reason", ("kernel", "reason"), registry=r)
         self.state_errors = Counter(f"{PREFIX}_state_errors", "State files found unreadable and moved aside",
                                     ("file",), registry=r)
+        self.scheduler_tick = Gauge(f"{PREFIX}_scheduler_last_tick_timestamp_seconds",
+                                    "When the daemon's scheduler last ran its heartbeat job", registry=r)
+        self.scheduler_next_due = Gauge(f"{PREFIX}_scheduler_next_due_timestamp_seconds",
+                                        "When the daemon's next job is due", registry=r)
         self.bringup_jobs = Gauge(f"{PREFIX}_bringup_jobs", "A new GPU's bring-up: jobs done and left, by stage",
                                   ("stage", "state"), registry=r)
         self.bringup_stage = Gauge(f"{PREFIX}_bringup_stage", "1 for the bring-up's current stage (complete: done)",
@@ -294,6 +304,12 @@ class GuardMetrics:
             self.events.labels(event=event).set(ts)
         if daemon_state.get("prs_opened"):
             self.prs.inc(daemon_state["prs_opened"])
+
+    def update_liveness(self, last_tick: float, next_due: float | None) -> None:
+        """The daemon's heartbeat: a last tick that stops moving while the process is up is a stalled scheduler."""
+        self.scheduler_tick.set(last_tick)
+        if next_due is not None:
+            self.scheduler_next_due.set(next_due)
 
     def update_bringup(self, progress: Mapping[str, Any] | None) -> None:
         """The bring-up's progress (``mamba2_guard.core.bringup.progress``); clears the series when None."""
