@@ -11,18 +11,26 @@ One PR per GPU and environment fingerprint, found by its deterministic branch an
 - human commits on the branch get one comment (per head commit), never a force-push.
 
 The token comes from an environment variable and is scrubbed from every message (``gitops.redact``).
+
+Every call ends in bounded time: server errors are retried three times with a short backoff, and a rate limit
+is not waited out (PyGithub's own retry sleeps until its reset, up to an hour, while the nightly waits) but
+raised at once, naming the reset time; the next run tries again. Whatever goes wrong, the error is one line
+that names GitHub and the API's URL.
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from github import Auth, Github, GithubException
+from urllib3.util import Retry
 
 from mamba2_guard.adapters.gitops import DEFAULT_TOKEN_ENV, install_log_redaction, redact, register_secret
 from mamba2_guard.core.prbody import branch_prefix, marker, parse_marker, sanitize_slug
@@ -64,12 +72,61 @@ class PrOutcome:
     detail: str = ""
 
 
+def bounded_retry() -> Retry:
+    """Three retries of a server error, backing off 1-4 s; no wait for a rate limit (module docstring)."""
+    return Retry(total=3, backoff_factor=1, status_forcelist=(500, 502, 503, 504), allowed_methods=None,
+                 respect_retry_after_header=False, raise_on_status=False)
+
+
+def rate_limit_reset(status: int | None, headers: Any, now: datetime.datetime | None = None
+                     ) -> datetime.datetime | None:
+    """When a rate-limited response's limit resets (``X-RateLimit-Reset``, else ``Retry-After``), or None
+    when the response is no rate limit."""
+    fields = {str(k).lower(): str(v) for k, v in (headers or {}).items()}
+    limited = fields.get("x-ratelimit-remaining") == "0" or "retry-after" in fields
+    if status not in (403, 429) or not limited:
+        return None
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    if fields.get("x-ratelimit-reset", "").isdigit():
+        return datetime.datetime.fromtimestamp(int(fields["x-ratelimit-reset"]), datetime.timezone.utc)
+    if fields.get("retry-after", "").isdigit():
+        return now + datetime.timedelta(seconds=int(fields["retry-after"]))
+    return now
+
+
 def _err(what: str, e: GithubException) -> GitHubError:
+    reset = rate_limit_reset(e.status, e.headers)
+    if reset is not None:
+        return GitHubError(f"{what}: rate limit reached (HTTP {e.status}); it resets at {reset:%Y-%m-%d %H:%M} UTC; "
+                           "the PR step gives up now and tries again on the next run", status=e.status)
     data = e.data if isinstance(e.data, dict) else {}
     msg = data.get("message") or str(e.data or "")
     errors = data.get("errors")
     extra = f" ({errors})" if errors else ""
     return GitHubError(f"{what}: HTTP {e.status} {msg}{extra}", status=e.status)
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def _answers(method: Method) -> Method:
+    """A public ``PrClient`` call whose every failure is one ``GitHubError`` naming GitHub and the API URL: a
+    response of an unexpected shape (a list for an object, garbage) included."""
+
+    @functools.wraps(method)
+    def call(self: PrClient, *args: Any, **kwargs: Any) -> Any:
+        where = f"GitHub ({self.base_url})"
+        try:
+            return method(self, *args, **kwargs)
+        except GitHubError as exc:
+            raise GitHubError(f"{where}: {exc}", exc.status) from None
+        except GithubException as exc:
+            raise GitHubError(f"{where}: {_err(method.__name__, exc)}", exc.status) from None
+        except (TypeError, KeyError, AttributeError, ValueError) as exc:
+            raise GitHubError(f"{where}: unexpected response to {method.__name__} "
+                              f"({type(exc).__name__}: {exc})") from None
+
+    return call  # type: ignore[return-value]
 
 
 def _label_names(pr) -> set[str]:
@@ -90,7 +147,7 @@ class PrClient:
         token_env: str = DEFAULT_TOKEN_ENV,
         base_url: str = DEFAULT_BASE_URL,
         timeout: int = 30,
-        retry: Any = Github.default_retry,
+        retry: Any = None,
         seconds_between_requests: float | None = 0.25,
         seconds_between_writes: float | None = 1.0,
         user_agent: str = "mamba2-guard",
@@ -106,7 +163,7 @@ class PrClient:
             auth=Auth.Token(token),
             base_url=self.base_url,
             timeout=timeout,
-            retry=retry,
+            retry=retry if retry is not None else bounded_retry(),
             seconds_between_requests=seconds_between_requests,
             seconds_between_writes=seconds_between_writes,
             user_agent=user_agent,
@@ -134,6 +191,7 @@ class PrClient:
 
     # -- main entry -------------------------------------------------------------------------
 
+    @_answers
     def open_or_update_pr(
         self,
         repo_full_name: str,
@@ -253,6 +311,7 @@ class PrClient:
 
     # -- human edits and cleanup --------------------------------------------------------------
 
+    @_answers
     def comment_human_edit(
         self,
         repo_full_name: str,

@@ -38,9 +38,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         outcome = run_pr(Path(args.state_dir), cfg, fp.to_dict(), slug,
                          root=Path(args.root) if args.root else PROJECT_ROOT, dry_run=args.dry_run)
-    except RuntimeError as exc:
-        print(f"mamba2-guard: pr: {exc}", file=sys.stderr)
-        return common.EXIT_FAIL
+    except RuntimeError as exc:  # git or GitHub: a remote, never a kernel problem (exit 1 is for those)
+        print(f"mamba2-guard: pr: {' '.join(str(exc).split())}", file=sys.stderr)
+        return common.EXIT_USAGE
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=1, sort_keys=True, default=str))
         return common.EXIT_OK

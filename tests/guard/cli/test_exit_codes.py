@@ -116,6 +116,8 @@ USAGE = [
                                           _file(t, "c.yaml", b"{}\n")], {}, "m.jsonl: not JSON lines"),
     ("fit-selection-empty", lambda t: ["fit-selection", _file(t, "m.jsonl", b""), "--out",
                                        _file(t, "c.yaml", b"{}\n")], {}, "m.jsonl: no measurement records"),
+    ("pr-origin-unreachable", lambda t: ["pr", "--origin", str(t / "no-such-remote.git"), "--state-dir",
+                                         str(t / "s")], {}, "no-such-remote.git"),
     ("sweep-spec-not-json", lambda t: ["dev", "sweep", _file(t, "spec.json", b"[1"), "--out", str(t / "o.json")], {},
      "spec.json"),
     ("snapshot-not-json", lambda t: ["metrics", "show", "--snapshot", _file(t, "latest.json", b"{torn"), "--state-dir",

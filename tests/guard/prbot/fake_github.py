@@ -63,6 +63,8 @@ class FakeGitHub:
         self.requests: list[Request] = []
         self.violations: list[str] = []
         self.lock = threading.Lock()
+        # (status, raw body bytes, headers): every request gets this answer instead (rate limits, odd bodies)
+        self.answer: tuple[int, bytes, dict[str, str]] | None = None
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
@@ -288,13 +290,20 @@ class FakeGitHub:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                try:
-                    status, payload = fake.handle(self.command, self.path, headers, body)
-                except Exception as e:  # a bug in the fake must fail the test, not hang it
-                    fake.violations.append(f"fake server error: {e!r}")
-                    status, payload = 500, {"message": "fake error"}
-                out = json.dumps(payload).encode()
+                extra: dict[str, str] = {}
+                if fake.answer is not None:
+                    status, out, extra = fake.answer
+                    fake.requests.append(Request(self.command, self.path, {}, None, headers))
+                else:
+                    try:
+                        status, payload = fake.handle(self.command, self.path, headers, body)
+                    except Exception as e:  # a bug in the fake must fail the test, not hang it
+                        fake.violations.append(f"fake server error: {e!r}")
+                        status, payload = 500, {"message": "fake error"}
+                    out = json.dumps(payload).encode()
                 self.send_response(status)
+                for name, value in extra.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json; charset=utf-8")
                 self.send_header("Content-Length", str(len(out)))
                 self.end_headers()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from datetime import datetime, timezone
+
 import pytest
 
 from mamba2_guard.adapters.github import GitHubError, PrClient
@@ -161,3 +164,29 @@ def test_bad_token_and_missing_token(fake_gh, monkeypatch):
     monkeypatch.delenv("NO_SUCH_TOKEN", raising=False)
     with pytest.raises(GitHubError, match=r"\$NO_SUCH_TOKEN"):
         PrClient(token_env="NO_SUCH_TOKEN", base_url=fake_gh.api)
+
+
+@pytest.mark.parametrize("status,headers", [
+    (403, {"X-RateLimit-Remaining": "0",
+           "X-RateLimit-Reset": str(int(datetime(2026, 12, 6, 3, 0, tzinfo=timezone.utc).timestamp()))}),
+    (429, {"Retry-After": "3600"}),
+], ids=["403-remaining-0", "429-retry-after"])
+def test_a_rate_limit_is_one_line_at_once_not_an_hour_of_sleep(client, fake_gh, status, headers):
+    fake_gh.answer = (status, b'{"message": "API rate limit exceeded"}', headers)
+    t0 = time.monotonic()
+    with pytest.raises(GitHubError) as caught:
+        client.open_or_update_pr(FULL, BRANCH, "main", "t", "b", [], "h200", "a" * 64)
+    assert time.monotonic() - t0 < 10
+    message = str(caught.value)
+    assert f"GitHub ({fake_gh.api})" in message and "rate limit reached" in message and "\n" not in message
+    assert "resets at " in message and "next run" in message
+    if status == 403:
+        assert "2026-12-06 03:00 UTC" in message
+
+
+@pytest.mark.parametrize("body", [b'[{"id": 1}]', b"<html>proxy error</html>"], ids=["json-list", "garbage"])
+def test_an_odd_response_is_one_line_naming_github_and_the_url(client, fake_gh, body):
+    fake_gh.answer = (200, body, {})
+    with pytest.raises(GitHubError) as caught:
+        client.open_or_update_pr(FULL, BRANCH, "main", "t", "b", [], "h200", "a" * 64)
+    assert str(caught.value).startswith(f"GitHub ({fake_gh.api}): ") and "\n" not in str(caught.value)
