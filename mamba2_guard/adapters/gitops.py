@@ -428,6 +428,11 @@ class ConfigRepo:
 
     def _fresh_worktree(self, branch: str) -> Path:
         path = self.worktree_path(branch)
+        # A kill during `git worktree add` leaves the worktree locked ("initializing"): prune skips it, and the
+        # branch stays checked out there, so every later `worktree add -B` failed. Only this guard (one cycle
+        # at a time, under the state dir's lock) uses the clone, so a lock in it is always a stale one.
+        for lock in (self.clone_dir / ".git" / "worktrees").glob("*/locked"):
+            lock.unlink(missing_ok=True)
         self._git(["worktree", "prune"], self.clone_dir)
         _, listing, _ = self._git(["worktree", "list", "--porcelain"], self.clone_dir)
         if f"worktree {path}" in listing:

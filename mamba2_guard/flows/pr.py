@@ -99,6 +99,19 @@ def _run_url() -> str | None:
     return f"{server}/{repo}/actions/runs/{run}" if server and repo and run else None
 
 
+def validate(root: Path, paths: tuple[str, str]) -> None:
+    """Each file to propose parses and passes the schema its readers check (the config store's, the
+    baselines'): a ValueError naming the file otherwise. A PR never carries a file the kernels or the guard
+    would refuse."""
+    from mamba2_guard.flows import baselines
+    from mamba2_kernels import config_store
+
+    configs, baseline = paths
+    for rel, load in ((configs, config_store.load), (baseline, baselines.load)):
+        if (root / rel).is_file():
+            load(root / rel)
+
+
 def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_slug: str, *,
            root: Path = PROJECT_ROOT, dry_run: bool = False, drift: drift_mod.DriftReport | None = None,
            reproduce_command: str | None = None, progress: Progress = lambda m: None,
@@ -111,6 +124,7 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
     base_branch = cfg.git.get("base_branch") or DEFAULT_BASE_BRANCH
     origin = cfg.git.get("origin")
     paths = managed_paths(gpu_slug)
+    validate(root, paths)  # before anything is fetched, committed or pushed, under --dry-run too
     new_texts = {p: (root / p).read_text() if (root / p).is_file() else None for p in paths}
     clone = Path(state_dir) / "pr" / "repo"
     if dry_run:

@@ -35,6 +35,13 @@ def _file(t: Path, name: str, data: bytes) -> str:
     return str(t / name)
 
 
+def _checkout(t: Path, configs: bytes) -> str:
+    """A checkout holding gpu-x's config file with ``configs``: what `pr --root` proposes."""
+    (t / "root" / "mamba2_kernels" / "configs").mkdir(parents=True)
+    (t / "root" / "mamba2_kernels" / "configs" / "gpu-x.yaml").write_bytes(configs)
+    return str(t / "root")
+
+
 def _result(t: Path) -> str:
     return _file(t, "result.json", json.dumps(sample.result()).encode())
 
@@ -118,6 +125,10 @@ USAGE = [
                                        _file(t, "c.yaml", b"{}\n")], {}, "m.jsonl: no measurement records"),
     ("pr-origin-unreachable", lambda t: ["pr", "--origin", str(t / "no-such-remote.git"), "--state-dir",
                                          str(t / "s")], {}, "no-such-remote.git"),
+    ("pr-configs-a-list", lambda t: ["pr", "--root", _checkout(t, b"- 1\n- 2\n"), "--gpu-slug", "gpu-x",
+                                     "--origin", str(t / "o.git"), "--state-dir", str(t / "s")], {}, "gpu-x.yaml"),
+    ("pr-dry-run-bad-yaml", lambda t: ["pr", "--dry-run", "--root", _checkout(t, b"kernels: [\n"), "--gpu-slug",
+                                       "gpu-x", "--state-dir", str(t / "s")], {}, "gpu-x.yaml: not valid YAML"),
     ("sweep-spec-not-json", lambda t: ["dev", "sweep", _file(t, "spec.json", b"[1"), "--out", str(t / "o.json")], {},
      "spec.json"),
     ("snapshot-not-json", lambda t: ["metrics", "show", "--snapshot", _file(t, "latest.json", b"{torn"), "--state-dir",

@@ -234,3 +234,19 @@ def test_token_reaches_git_only_through_askpass(tmp_path, origin_url, token, cap
     # Nothing under the state dir holds the token (no URL rewrite, no credential store).
     hits = subprocess.run(["grep", "-rl", TOKEN, str(tmp_path / "state")], capture_output=True, text=True)
     assert hits.stdout == ""
+
+
+def test_a_worktree_left_locked_by_a_killed_add_does_not_break_later_prs(tmp_path, origin, origin_url, make_source,
+                                                                          token):
+    repo = make_repo(tmp_path, origin_url)
+    first = repo.update(make_source(new_configs(8), baseline_doc(FP_NEW)), SLUG, FPH, "t1")
+    assert first.status == "pushed"
+    # What a kill during `git worktree add` leaves: the branch checked out in a worktree locked "initializing".
+    path = repo.worktree_path(BRANCH)
+    if path.exists():
+        git(repo.clone_dir, "worktree", "remove", "--force", str(path))
+    git(repo.clone_dir, "worktree", "add", "--lock", "--reason", "initializing", "-B", BRANCH, str(path), "HEAD")
+    assert (repo.clone_dir / ".git" / "worktrees").glob("*/locked")
+    again = repo.update(make_source(new_configs(16), baseline_doc(FP_NEW)), SLUG, FPH, "t2")
+    assert again.status == "pushed", again.detail
+    assert show(origin, BRANCH, "mamba2_kernels/configs/h200.yaml") == new_configs(16)
