@@ -14,7 +14,7 @@ from mamba2_guard.core.prbody import (
     render_pr,
 )
 
-from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, baseline_doc, new_configs
+from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, KEY_4K, baseline_doc, new_configs
 
 
 def test_config_diff_added_removed_changed_fields():
@@ -103,9 +103,9 @@ def test_pr_body_contents():
     assert "helion 1.4.0 -> 1.5.0" in pr.title and "triton 3.5.0 -> 3.6.0" in pr.title
     assert "| software | `helion` | 1.4.0 | 1.5.0 | retune |" in body
     # Per kernel x shape: before/after latency, change, speedup, precision.
-    assert "| `ssd_chunk_scan_fwd` | `hd64_ds128_cs256_bf16_L4k` | 0.5 | 0.4 | -20.0% | 0.6 | 1.20x | 1.50x |" in body
+    assert f"| `ssd_chunk_scan_fwd` | `{KEY_4K}` | 0.5 | 0.4 | -20.0% | 0.6 | 1.20x | 1.50x |" in body
     assert "1.00e-03" in body and "2.00e-04" in body
-    assert "~ ssd_chunk_scan_fwd / hd64_ds128_cs256_bf16_L4k: num_warps 4 -> 8" in body
+    assert f"~ ssd_chunk_scan_fwd / {KEY_4K}: num_warps 4 -> 8" in body
     assert "| 7 | full | 3600 | 2026-02-01 | - | - |" in body and "did not finish" not in body
     assert "mamba2-guard autotune --gpu nvidia-h200 --seed 7" in body
     assert "https://ci.example/runs/42" in body
@@ -134,7 +134,7 @@ def test_pr_body_lists_the_searches_that_failed():
 def test_pr_body_new_gpu_and_no_drift_report():
     pr = render_pr(_input(old_configs=None, old_baseline=None, drift=None))
     assert "new GPU nvidia-h200" in pr.title
-    assert "+ rmsnorm_gated_fwd / g1024_bf16" in pr.body
+    assert "+ rmsnorm_gated_fwd / dtype=bfloat16,group_size=1024" in pr.body
     # Without a drift report the changed versions come from the recorded fingerprints.
     pr2 = render_pr(_input(drift=None))
     assert "| `helion` | 1.4.0 | 1.5.0 |" in pr2.body
