@@ -8,10 +8,50 @@ of one machine meet. Nothing here imports anything of the project.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
+
+# The largest state or input file the guard reads (seen keys, snapshots, results): far above what they hold,
+# far below what would exhaust memory.
+MAX_READ_BYTES = 64 * 1024 * 1024
+
+
+class UnreadableFile(ValueError):
+    """A file that is not a regular file, is larger than expected, or is nested too deeply to parse."""
+
+
+def read_regular(path: Path, limit: int = MAX_READ_BYTES) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes: a FIFO would block the reader
+    forever and a link to /dev/zero never end. FileNotFoundError passes through; UnreadableFile names the
+    file otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnreadableFile(f"{path}: not a regular file")
+        if info.st_size > limit:
+            raise UnreadableFile(f"{path}: {info.st_size} bytes, over the {limit} a file of this kind can hold")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise UnreadableFile(f"{path}: over the {limit} bytes a file of this kind can hold")
+    return data
+
+
+def load_json(path: Path, limit: int = MAX_READ_BYTES) -> Any:
+    """``read_regular`` then JSON; nesting too deep for the parser is an UnreadableFile naming the file, not a
+    RecursionError. json.JSONDecodeError and UnicodeDecodeError pass through for the caller to name."""
+    data = read_regular(path, limit)
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise UnreadableFile(f"{path}: nested too deeply to be a file the guard writes") from None
 
 
 def state_dir() -> Path:

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mamba2_kernels.files import atomic_write, state_dir
+from mamba2_kernels.files import UnreadableFile, atomic_write, load_json, state_dir
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,10 @@ def current() -> dict[str, Any] | None:
 def read(file: Path) -> dict[str, dict[str, Any]]:
     """The entries of a seen file; a missing file is empty. Raises ValueError naming the file otherwise."""
     try:
-        data = json.loads(file.read_text())
+        data = load_json(file)
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, UnreadableFile) as exc:
         raise ValueError(f"{file}: not a readable seen-keys file ({exc})") from exc
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"{file}: expected a mapping of '<gpu>|<kernel>|<key>' to entries")
@@ -94,7 +94,6 @@ def record(kernel: str, key: str, gpu: str, reason: str, used: str | None) -> No
 
 def _merge(file: Path, kernel: str, key: str, gpu: str, reason: str, used: str | None) -> None:
     from filelock import FileLock
-
 
     now = time.time()
     file.parent.mkdir(parents=True, exist_ok=True)

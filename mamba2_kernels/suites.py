@@ -235,9 +235,14 @@ def _seen_shapes() -> tuple[dict[str, ShapeSpec], dict[str, tuple[tuple[str, str
         return {}, {}, str(exc)
     shapes: dict[str, ShapeSpec] = {}
     keys: dict[str, tuple[tuple[str, str], ...]] = {}
-    for entry in entries.values():
+    for label, entry in entries.items():
         call = entry.get("call")
         if not isinstance(call, dict):
+            continue
+        fields = [entry.get(name) for name in ("gpu", "kernel", "key")]
+        if not all(isinstance(value, str) and value for value in fields):  # one bad entry must not stop a cycle
+            logging.getLogger(__name__).warning("%s: entry %r left out: expected gpu, kernel and key as text",
+                                                file, label)
             continue
         name = f"seen-{entry['gpu']}-" + hashlib.sha256(json.dumps(call, sort_keys=True).encode()).hexdigest()[:8]
         try:

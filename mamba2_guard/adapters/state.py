@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mamba2_kernels.files import atomic_write, state_dir
+from mamba2_kernels.files import UnreadableFile, atomic_write, load_json, state_dir
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,11 @@ def move_aside(path: Path, corrupt_dir: Path, reason: str) -> Path:
 def read_json(path: Path, corrupt_dir: Path | None = None) -> tuple[Any, str | None]:
     """(data, problem). Missing file -> (None, None). Unparseable -> moved aside, (None, reason)."""
     try:
-        return json.loads(path.read_bytes()), None  # bytes: undecodable ones are a JSON error too
+        return load_json(path), None  # bytes: undecodable ones are a JSON error too
     except FileNotFoundError:
         return None, None
+    except UnreadableFile as exc:  # a FIFO, a link to /dev/zero: named, never moved (it is not ours)
+        return None, str(exc)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         reason = f"not valid JSON: {exc}"
         if corrupt_dir is not None:
