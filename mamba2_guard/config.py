@@ -20,6 +20,9 @@ Errors name the file and the key.
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +102,34 @@ def _section(path: Path, data: dict[str, Any], name: str, allowed: dict[str, Any
     return dict(value)
 
 
+# The autotune settings' ranges, as AutotuneOptions and the bring-up check them when they run: (least, whether
+# the least itself is allowed). Every number must also be finite (1e400 reads as infinity).
+AUTOTUNE_RANGES = {"budget_seconds": (0, False), "total_budget_seconds": (0, False), "job_timeout_seconds": (0, False),
+                   "bringup_job_seconds": (0, False), "rounds": (2, True), "max_attempts": (1, True), "seed": (0, True)}
+
+
+def _check_autotune_numbers(path: Path, autotune: dict[str, Any]) -> None:
+    for key, (least, inclusive) in AUTOTUNE_RANGES.items():
+        value = autotune.get(key)
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < least or (value == least and not inclusive):
+            bound = f">= {least}" if inclusive else f"> {least}"
+            raise GuardConfigError(f"{path}: autotune.{key}: expected a finite number {bound}, got {value!r}")
+
+
+def _check_overrides(path: Path, policy: Policy) -> None:
+    """Each per-kernel override names a kernel (or a pattern matching one): a misspelt name would never apply."""
+    from mamba2_kernels import registry
+
+    names = list(registry.REGISTRY)
+    for pattern in policy.overrides:
+        if not fnmatch.filter(names, pattern):
+            close = difflib.get_close_matches(pattern, names, n=1)
+            hint = f"; did you mean {close[0]}?" if close else f" (kernels: {', '.join(names)})"
+            raise GuardConfigError(f"{path}: policy.overrides.{pattern}: no kernel of that name{hint}")
+
+
 def parse(data: Any, path: Path) -> GuardConfig:
     if data is None:
         data = {}
@@ -124,7 +155,9 @@ def parse(data: Any, path: Path) -> GuardConfig:
         verdict_policy = Policy.from_dict(policy_raw)
     except (TypeError, ValueError) as exc:
         raise GuardConfigError(f"{path}: {exc}") from None
+    _check_overrides(path, verdict_policy)
     autotune = _section(path, data, "autotune", AUTOTUNE_KEYS)
+    _check_autotune_numbers(path, autotune)
     if "effort" in autotune and autotune["effort"] not in ("quick", "full"):
         raise GuardConfigError(f"{path}: autotune.effort: expected quick or full, got {autotune['effort']!r}")
     try:

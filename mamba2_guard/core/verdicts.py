@@ -100,6 +100,9 @@ class Policy:
 
     def __post_init__(self) -> None:
         _validate(self, "policy")
+        if not isinstance(self.overrides, Mapping):
+            raise ValueError(f"policy.overrides: expected a mapping of kernel name (or pattern) to settings, "
+                             f"got {type(self.overrides).__name__}")
         for pattern, values in self.overrides.items():
             if not isinstance(values, Mapping):
                 raise ValueError(f"policy.overrides.{pattern}: expected a mapping")

@@ -42,6 +42,11 @@ def _checkout(t: Path, configs: bytes) -> str:
     return str(t / "root")
 
 
+def _config(t: Path, text: bytes) -> list[str]:
+    """`config check` of a guard.yaml holding ``text``."""
+    return ["config", "check", _file(t, "g.yaml", text + b"\n")]
+
+
 def _result(t: Path) -> str:
     return _file(t, "result.json", json.dumps(sample.result()).encode())
 
@@ -114,6 +119,16 @@ USAGE = [
     ("sweep-out-a-directory", lambda t: ["dev", "sweep", _file(t, "spec.json", b"[]"), "--out", str(t)], {}, "--out"),
     ("pr-api-url-not-a-url", lambda t: ["pr", "--dry-run", "--api-url", "github.example", "--state-dir",
                                         str(t / "s")], {}, "--api-url"),
+    ("config-overrides-a-list", lambda t: _config(t, b"policy: {overrides: [1]}"), {},
+     "policy.overrides: expected a mapping"),
+    ("config-override-misspelt", lambda t: _config(t, b"policy: {overrides: {chunk_scna: {threshold: 0.1}}}"), {},
+     "did you mean chunk_scan?"),
+    ("config-budget-negative", lambda t: _config(t, b"autotune: {budget_seconds: -10}"), {}, "autotune.budget_seconds"),
+    ("config-budget-infinite", lambda t: _config(t, b"autotune: {budget_seconds: 1.0e+400}"), {}, "got inf"),
+    ("config-rounds-0", lambda t: _config(t, b"autotune: {rounds: 0}"), {}, "autotune.rounds"),
+    ("config-attempts-0", lambda t: _config(t, b"autotune: {max_attempts: 0}"), {}, "autotune.max_attempts"),
+    ("config-job-timeout-0", lambda t: _config(t, b"autotune: {job_timeout_seconds: 0}"), {},
+     "autotune.job_timeout_seconds"),
     ("config-not-utf8", lambda t: ["config", "check", _file(t, "g.yaml", b"\xff\xfe")], {}, "g.yaml: not valid YAML"),
     ("baseline-not-utf8", lambda t: ["check", "--result", _result(t), "--baseline", _file(t, "b.yaml", b"\xff"),
                                      "--state-dir", str(t / "s")], {}, "b.yaml: not valid YAML"),
