@@ -32,6 +32,7 @@ import yaml
 from mamba2_guard.core.drift import DriftPolicy
 from mamba2_guard.core.tuneplan import Criteria
 from mamba2_guard.core.verdicts import Policy
+from mamba2_kernels.files import UnreadableFile, load_yaml
 
 FILE_NAME = "guard.yaml"
 SECTIONS = ("drift", "policy", "autotune", "github", "git", "bot", "pr")
@@ -185,7 +186,9 @@ def load(explicit: str | Path | None = None, state_dir: str | Path | None = None
     else:
         return GuardConfig()
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path)
+    except UnreadableFile as exc:
+        raise GuardConfigError(str(exc)) from None
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise GuardConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse(data, path)

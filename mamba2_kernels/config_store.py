@@ -58,7 +58,7 @@ from typing import Any
 import yaml
 
 from mamba2_kernels import seen
-from mamba2_kernels.files import atomic_write
+from mamba2_kernels.files import UnreadableFile, atomic_write, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,9 @@ def _check_config(path: Path, where: str, config: Any) -> dict[str, Any]:
 def load(path: Path) -> ConfigFile:
     """Read and validate one config file. Errors name the file and the key."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path)
+    except UnreadableFile as exc:
+        raise ConfigFileError(str(exc)) from exc
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigFileError(f"{path}: not valid YAML: {exc}") from exc
     if data is None:

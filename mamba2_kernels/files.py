@@ -44,6 +44,18 @@ def read_regular(path: Path, limit: int = MAX_READ_BYTES) -> bytes:
     return data
 
 
+def load_yaml(path: Path, limit: int = MAX_READ_BYTES) -> Any:
+    """``read_regular`` then ``yaml.safe_load``: a file that is no regular file, too large, or nested too deeply
+    for the parser is an UnreadableFile naming it. yaml.YAMLError and UnicodeDecodeError pass through."""
+    import yaml
+
+    text = read_regular(path, limit).decode()
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise UnreadableFile(f"{path}: nested too deeply to be a file the guard writes") from None
+
+
 def load_json(path: Path, limit: int = MAX_READ_BYTES) -> Any:
     """``read_regular`` then JSON; nesting too deep for the parser is an UnreadableFile naming the file, not a
     RecursionError. json.JSONDecodeError and UnicodeDecodeError pass through for the caller to name."""

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import yaml
 
+from mamba2_kernels.files import UnreadableFile, load_yaml
+
 SUITES_FILE = Path(__file__).resolve().parent / "suites.yaml"
 # The shapes production called at keys no config was tuned for (mamba2_kernels/seen.py), while still untuned.
 SEEN_SUITE = "seen"
@@ -187,8 +189,10 @@ def _parse_call(where: str, call: Any, seqlen: int) -> dict[str, Any]:
 
 def load(path: Path = SUITES_FILE) -> Suites:
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
+        data = load_yaml(path)
+    except UnreadableFile as exc:
+        raise SuiteFileError(str(exc)) from exc
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise SuiteFileError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("shapes"), dict):
         raise SuiteFileError(f"{path}: shapes: expected a mapping of shape name -> shape")

@@ -20,7 +20,7 @@ from mamba2_guard.core.results import (
     load_baseline,
 )
 from mamba2_kernels.config_store import slugify
-from mamba2_kernels.files import atomic_write
+from mamba2_kernels.files import UnreadableFile, atomic_write, load_yaml
 
 BASELINE_DIR = PROJECT_ROOT / "baselines"
 
@@ -55,7 +55,9 @@ def read_document(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = load_yaml(path)
+    except UnreadableFile as exc:
+        raise BaselineFileError(str(exc)) from exc
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise BaselineFileError(f"{path}: not valid YAML: {exc}") from exc
     if doc is not None and not isinstance(doc, dict):
@@ -110,10 +112,10 @@ def first_call_path(slug: str, directory: Path | None = None) -> Path:
 def read_first_calls(path: Path) -> dict[str, dict[str, Any]]:
     """The records of a first-call file (empty where there is none); ValueError naming the file otherwise."""
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = load_yaml(path)
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, UnreadableFile) as exc:
         raise ValueError(f"{path}: not a readable first-call file ({exc})") from None
     return first_calls.parse(doc, str(path))
 

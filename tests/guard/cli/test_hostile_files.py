@@ -8,6 +8,7 @@ import json
 import os
 
 from mamba2_kernels import files, seen
+from tests.guard.infra import sample
 
 from .test_console_script import guard, one_line_error
 
@@ -61,3 +62,14 @@ def test_read_regular_refuses_what_is_not_a_regular_file_of_its_size(tmp_path):
         else:
             raise AssertionError(f"{path} was read")
     assert files.read_regular(big, limit=2048) == b"0" * 1025
+
+
+def test_yaml_nested_too_deeply_is_named_in_one_line(tmp_path):
+    deep = ("[" * 200_000 + "]" * 200_000 + "\n").encode()
+    (tmp_path / "guard.yaml").write_bytes(b"policy: " + deep)
+    one_line_error(guard("config", "check", str(tmp_path / "guard.yaml")), "guard.yaml", "nested too deeply")
+    (tmp_path / "baseline.yaml").write_bytes(deep)
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps(sample.result()))
+    one_line_error(guard("check", "--result", str(result), "--baseline", str(tmp_path / "baseline.yaml"),
+                         "--state-dir", str(tmp_path / "s")), "baseline.yaml", "nested too deeply")
