@@ -32,3 +32,8 @@ def __getattr__(name: str) -> Any:
     module_name, _, attr = target.partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, attr) if attr else module
+
+
+def __dir__() -> list[str]:
+    """The public names too, though they load lazily: what ``dir()`` and a REPL's completion show."""
+    return sorted({*globals(), *_PUBLIC})

@@ -28,7 +28,7 @@ from mamba2_kernels._runtime import eager_under_compile
 from mamba2_kernels.conv.causal_conv1d import causal_conv1d_bwd, causal_conv1d_fwd
 from mamba2_kernels.norm.gated_rmsnorm import gated_rmsnorm_bwd, gated_rmsnorm_fwd
 from mamba2_kernels.ssd._keys import dtype_name
-from mamba2_kernels.ssd.combined import check_chunk_size, ssd_backward, ssd_forward
+from mamba2_kernels.ssd.combined import check_chunk_size, check_seq_idx, check_tensors, ssd_backward, ssd_forward
 
 __all__ = ["mamba_split_conv1d_scan_combined", "MambaSplitConv1dScanCombinedFn", "layer_dims"]
 
@@ -59,6 +59,9 @@ def layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, in
         raise NotImplementedError(f"activation: only None, 'silu' and 'swish' are supported, got {activation!r}")
     expect(isinstance(zxbcdt, torch.Tensor) and zxbcdt.dim() == 3,
            f"zxbcdt: expected (batch, seqlen, d_in_proj), got {_shape(zxbcdt)}")
+    check_tensors(("zxbcdt", zxbcdt), conv1d_weight=conv1d_weight, conv1d_bias=conv1d_bias, dt_bias=dt_bias, A=A,
+                  D=D, initial_states=initial_states, rmsnorm_weight=rmsnorm_weight, outproj_weight=outproj_weight,
+                  outproj_bias=outproj_bias)
     batch, seqlen, width_in = zxbcdt.shape
     check_chunk_size(chunk_size)
     expect(isinstance(D, torch.Tensor) and D.dim() in (1, 2), f"D: expected (nheads,) or (nheads, headdim), got "
@@ -97,8 +100,7 @@ def layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, in
         expected = (batch, nheads, headdim, dstate)
         expect(tuple(initial_states.shape) == expected, f"initial_states: expected {expected}, got "
                f"{_shape(initial_states)}")
-    if seq_idx is not None:
-        expect(tuple(seq_idx.shape) == (batch, seqlen), f"seq_idx: expected {(batch, seqlen)}, got {_shape(seq_idx)}")
+    check_seq_idx(seq_idx, batch, seqlen, zxbcdt.device)
     expect(len(dt_limit) == 2 and dt_limit[0] <= dt_limit[1],
            f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
     if rmsnorm_weight is not None:

@@ -65,10 +65,51 @@ def check_chunk_size(chunk_size) -> None:
         raise NotImplementedError(f"chunk_size: only powers of two are supported, got {chunk_size}")
 
 
+IO_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the kernels compute in
+
+
+def check_tensors(io: tuple[str, torch.Tensor], **others: torch.Tensor | None) -> None:
+    """The contract every public call shares, errors naming the argument: the io tensor (``io``: name, tensor)
+    in a dtype the kernels compute in, non-empty, on a device that runs kernels (not ``meta``); every other
+    tensor given floating and on the same device. float64 or integer inputs used to fail deep inside a Helion
+    kernel (a 160-line InternalError), an empty sequence with an unpacking error."""
+    name, tensor = io
+    _expect(tensor.dtype in IO_DTYPES, f"{name}: expected float16, bfloat16 or float32, got {tensor.dtype}")
+    _expect(tensor.device.type != "meta", f"{name}: on the meta device; expected a CUDA tensor (or CPU, reference "
+            "mode)")
+    _expect(tensor.numel() > 0, f"{name}: expected no empty dimension, got {tuple(tensor.shape)}")
+    for other, value in others.items():
+        if value is None:
+            continue
+        _expect(isinstance(value, torch.Tensor) and value.is_floating_point(),
+                f"{other}: expected a floating tensor, got "
+                + (str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__))
+        _expect(value.device == tensor.device, f"{other}: expected on {name}'s device {tensor.device}, got "
+                f"{value.device}")
+
+
+def check_seq_idx(seq_idx: torch.Tensor | None, batch: int, seqlen: int, device: torch.device) -> None:
+    """seq_idx: (batch, seqlen) integers on the io device, non-decreasing along each row (the documents of a
+    packed row, in order). The order is checked on CPU tensors only: on a GPU it would take a device-to-host
+    copy, which stalls an eager training step at every layer."""
+    if seq_idx is None:
+        return
+    _expect(isinstance(seq_idx, torch.Tensor), f"seq_idx: expected an integer tensor, got {type(seq_idx).__name__}")
+    _expect(tuple(seq_idx.shape) == (batch, seqlen), f"seq_idx: expected {(batch, seqlen)}, got "
+            f"{tuple(seq_idx.shape)}")
+    _expect(not seq_idx.is_floating_point() and not seq_idx.is_complex() and seq_idx.dtype != torch.bool,
+            f"seq_idx: expected an integer tensor (int32), got {seq_idx.dtype}")
+    _expect(seq_idx.device == device, f"seq_idx: expected on the device {device}, got {seq_idx.device}")
+    if seq_idx.device.type == "cpu" and seqlen > 1:
+        _expect(bool((seq_idx[:, 1:] >= seq_idx[:, :-1]).all()),
+                "seq_idx: expected non-decreasing document indices along each row")
+
+
 def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit) -> None:
     """The shape contract of mamba_chunk_scan_combined, with errors naming the argument."""
     _expect(isinstance(x, torch.Tensor) and x.dim() == 4, f"x: expected (batch, seqlen, nheads, headdim), got "
             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    check_tensors(("x", x), dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
     batch, seqlen, nheads, headdim = x.shape
     check_chunk_size(chunk_size)
     _expect(tuple(dt.shape) == (batch, seqlen, nheads),
@@ -90,9 +131,7 @@ def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
         expected = (batch, nheads, headdim, B.shape[3])
         _expect(tuple(initial_states.shape) == expected,
                 f"initial_states: expected {expected}, got {tuple(initial_states.shape)}")
-    if seq_idx is not None:
-        _expect(tuple(seq_idx.shape) == (batch, seqlen),
-                f"seq_idx: expected {(batch, seqlen)}, got {tuple(seq_idx.shape)}")
+    check_seq_idx(seq_idx, batch, seqlen, x.device)
     _expect(len(dt_limit) == 2 and dt_limit[0] <= dt_limit[1],
             f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
 

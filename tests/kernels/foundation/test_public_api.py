@@ -94,3 +94,12 @@ def test_public_names_are_listed():
 
     public = set(mamba2_kernels.__all__)
     assert {"causal_conv1d_fn", "rmsnorm_fn", "RMSNormGated", "mamba_chunk_scan_combined"} <= public
+
+
+def test_dir_lists_the_public_names_though_they_load_lazily():
+    import mamba2_kernels
+
+    names = dir(mamba2_kernels)
+    assert {"mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "rmsnorm_fn", "causal_conv1d_fn",
+            "patch_mamba_ssm"} <= set(names)
+    assert names == sorted(names)

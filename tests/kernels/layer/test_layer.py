@@ -177,6 +177,11 @@ def test_activation_none():
     ({"chunk_size": 0}, ValueError, "chunk_size: expected"),
     ({"chunk_size": 24}, NotImplementedError, "chunk_size: only powers of two"),
     ({"activation": "relu"}, NotImplementedError, "activation"),
+    ({"zxbcdt": torch.zeros(2, 40, 84, dtype=torch.float64)}, ValueError, "zxbcdt: expected float16, bfloat16 or"),
+    ({"zxbcdt": torch.zeros(2, 0, 84)}, ValueError, "zxbcdt: expected no empty dimension"),
+    ({"seq_idx": torch.zeros(2, 40)}, ValueError, "seq_idx: expected an integer tensor"),
+    ({"seq_idx": torch.tensor([[1] * 20 + [0] * 20] * 2, dtype=torch.int32)}, ValueError,
+     "seq_idx: expected non-decreasing"),
 ])
 def test_bad_arguments_are_named(change, error, message):
     leaves, static = _problem()

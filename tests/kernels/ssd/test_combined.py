@@ -97,6 +97,15 @@ def test_backward_runs():
     ({"initial_states": torch.zeros(2, 4, 16, 8)}, "initial_states: expected"),
     ({"seq_idx": torch.zeros(2, 81, dtype=torch.int32)}, "seq_idx: expected"),
     ({"dt_limit": (1.0, 0.0)}, "dt_limit: expected"),
+    ({"x": torch.zeros(2, 80, 4, 16, dtype=torch.float64)}, "x: expected float16, bfloat16 or float32, got "
+     "torch.float64"),
+    ({"x": torch.zeros(2, 80, 4, 16, dtype=torch.int32)}, "x: expected float16, bfloat16 or float32, got torch.int32"),
+    ({"x": torch.zeros(2, 80, 4, 16, device="meta")}, "x: on the meta device"),
+    ({"x": torch.zeros(2, 0, 4, 16), "dt": torch.zeros(2, 0, 4), "B": torch.zeros(2, 0, 2, 8),
+      "C": torch.zeros(2, 0, 2, 8)}, "x: expected no empty dimension"),
+    ({"dt": torch.zeros(2, 80, 4, dtype=torch.int64)}, "dt: expected a floating tensor, got torch.int64"),
+    ({"seq_idx": torch.zeros(2, 80)}, "seq_idx: expected an integer tensor"),
+    ({"seq_idx": torch.arange(80, 0, -1, dtype=torch.int32).expand(2, 80)}, "seq_idx: expected non-decreasing"),
 ])
 def test_bad_arguments_are_named(change, message):
     arguments = {**_problem(), "chunk_size": 32, **change}
