@@ -279,6 +279,16 @@ class History:
 
     # -- reading -------------------------------------------------------------------------------
 
+    def run_of(self, result: BenchResult) -> int | None:
+        """The run recorded for ``result`` (the same start, to the second, fingerprint, suite and number of
+        cases), or None: a result checked again is not recorded again, which would count one measurement twice
+        in every later window."""
+        with self._errors():
+            row = self.conn.execute(
+                "SELECT MIN(id) FROM runs WHERE started_at = ? AND fingerprint_hash = ? AND suite IS ? AND n_cases = ?",
+                (result.started_at, result.fingerprint_hash, result.suite, len(result.cases))).fetchone()
+        return row[0] if row and row[0] is not None else None
+
     def window(self, kernel: str, shape: str, fingerprint_hash: str, size: int = 20, *,
                before_run: int | None = None) -> list[HistoryPoint]:
         """Up to ``size`` earlier runs of one case, oldest first, all since the last run recorded

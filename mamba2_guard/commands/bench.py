@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from mamba2_guard.core import report
 
     common.console().print(report.bench_table(result))
+    atomic_write(state / common.RESULTS_DIR / common.LAST_BENCH, f"{out.resolve()}\n")
     print(f"result: {out} (`mamba2-guard check` judges it against the baseline)")
     if args.update_baseline:
         path = baselines.path_for(fingerprint.gpu_slug(fp))

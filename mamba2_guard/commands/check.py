@@ -36,11 +36,11 @@ def run(args: argparse.Namespace) -> int:
     if args.result:
         result_path = common.existing_file("--result", args.result)
     else:
-        saved = sorted((state / common.RESULTS_DIR).glob(f"*{common.RESULT_SUFFIX}"))
-        if not saved:
+        result_path = common.newest_result(state)
+        if result_path is None:
             raise ValueError(f"--result: no saved bench result under {state / common.RESULTS_DIR}; run "
                              "`mamba2-guard bench` or `mamba2-guard nightly`")
-        result_path = saved[-1]
+        print(f"judging {result_path}, the newest result of {state}")
     try:
         result = baselines.read_result(result_path)
     except ValueError as exc:
@@ -50,11 +50,17 @@ def run(args: argparse.Namespace) -> int:
     if baseline is None and args.baseline:  # named, yet empty: "no baseline" would judge nothing
         raise ValueError(f"--baseline: {baseline_path}: empty; expected a baseline (fingerprint, results)")
     with History(state / "history.sqlite") as history:
-        result, verdicts = run_check(result, baseline, history, policy)
+        earlier = history.run_of(result)
+        result, verdicts = run_check(result, baseline, history, policy, before_run=earlier)
         code = exit_code(verdicts, missing_fails=args.strict)
-        history.record(result, verdicts, datetime.datetime.now(datetime.timezone.utc), job="check",
-                       status="pass" if code == 0 else "fail")
-    paths = write_reports(state, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), result, verdicts, baseline, policy)
+        if earlier is None:
+            history.record(result, verdicts, datetime.datetime.now(datetime.timezone.utc), job="check",
+                           status="pass" if code == 0 else "fail")
+        else:
+            print(f"{result_path} is in the history already (run {earlier}): judged against the runs before it, "
+                  "not recorded again")
+    paths = write_reports(state, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), result, verdicts, baseline, policy,
+                          save_result=False)  # a result checked again is not saved again
     common.console().print(report.rich_table(result, verdicts, baseline))
     print(f"report: {paths['report_md']}")
     if isinstance(partial := result.extra.get("partial"), dict):

@@ -15,8 +15,20 @@ from mamba2_guard.adapters.state import default_state_dir
 from mamba2_guard.core import flags
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-# Where bench and nightly save results and where check finds the latest: <state>/reports/<stamp>-result.json.
-RESULTS_DIR, RESULT_SUFFIX = "reports", "-result.json"
+# Where bench and nightly save results and where check finds the latest: <state>/reports/<stamp>-result.json;
+# a bench written elsewhere (--json) leaves its path in <state>/reports/last-bench.txt.
+RESULTS_DIR, RESULT_SUFFIX, LAST_BENCH = "reports", "-result.json", "last-bench.txt"
+
+
+def newest_result(state: Path) -> Path | None:
+    """The newest result of a bench or a nightly of this state directory, by modification time."""
+    saved = list((state / RESULTS_DIR).glob(f"*{RESULT_SUFFIX}"))
+    pointer = state / RESULTS_DIR / LAST_BENCH
+    if pointer.is_file():
+        named = Path(pointer.read_text().strip())
+        if named.is_file():
+            saved.append(named)
+    return max(saved, key=lambda path: path.stat().st_mtime, default=None)
 
 
 def add_command(commands: Any, name: str, text: str) -> argparse.ArgumentParser:

@@ -14,13 +14,15 @@ Rerun = Callable[[CaseResult], CaseResult]
 
 
 def run_check(result: BenchResult, baseline: Baseline | None, history: History | None, policy: Policy,
-              rerun: Rerun | None = None) -> tuple[BenchResult, list[Verdict]]:
-    """Returns the result (with confirming re-runs recorded in the cases' ``extra``) and the verdicts."""
+              rerun: Rerun | None = None, before_run: int | None = None) -> tuple[BenchResult, list[Verdict]]:
+    """Returns the result (with confirming re-runs recorded in the cases' ``extra``) and the verdicts.
+    ``before_run``: the result's own run in the history, when it is there already (a second check of it):
+    the window then holds the runs before it, as at its first check, not the result itself."""
     fp = result.fingerprint_hash
 
     def window(kernel: str, shape: str):
         size = policy.for_case(kernel, shape).history_size
-        return history.window(kernel, shape, fp, size) if history is not None else []
+        return history.window(kernel, shape, fp, size, before_run=before_run) if history is not None else []
 
     verdicts = check(result, baseline, window, policy)
     if rerun is None:

@@ -164,11 +164,15 @@ def rerun_on_device(options: CycleOptions, gpu_uuid: str | None = None) -> Any:
 
 
 def write_reports(state_dir: Path, stamp: str, result: BenchResult, verdicts: list[Verdict],
-                  baseline, policy: Policy) -> dict[str, str]:
+                  baseline, policy: Policy, *, save_result: bool = True) -> dict[str, str]:
+    """The reports of a judged result, and the result itself unless it is saved already (``check``)."""
     reports = state_dir / "reports"
     paths = {"result": reports / f"{stamp}-result.json", "report_json": reports / f"{stamp}-report.json",
              "report_md": reports / f"{stamp}-report.md"}
-    atomic_write(paths["result"], json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
+    if save_result:
+        atomic_write(paths["result"], json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
+    else:
+        del paths["result"]
     atomic_write(paths["report_json"], json.dumps(report.render_json(result, verdicts, baseline, policy),
                                                        indent=1, allow_nan=False) + "\n")
     markdown = report.render_markdown(result, verdicts, baseline)

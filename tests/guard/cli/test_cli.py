@@ -64,6 +64,24 @@ def test_nightly_on_cpu_records_history_and_reports(tmp_path, capsys):
     assert len(list((state / "reports").glob("*-report.json"))) == 1
 
 
+def test_check_judges_the_newest_result_and_records_it_once(tmp_path, capsys):
+    from mamba2_guard.adapters.history import History
+
+    state = tmp_path / "state"
+    assert cli.main(["nightly", "--kernels", "chunk_cumsum", "--state-dir", str(state)]) == cli.EXIT_OK
+    out = tmp_path / "elsewhere" / "bench.json"
+    assert cli.main(["bench", "--shapes", "smoke", "--kernels", "chunk_cumsum", "--json", str(out), "--state-dir",
+                     str(state)]) == cli.EXIT_OK
+    capsys.readouterr()
+    for _ in range(2):
+        assert cli.main(["check", "--state-dir", str(state)]) == cli.EXIT_OK
+    printed = capsys.readouterr().out
+    assert printed.count(f"judging {out}, the newest result") == 2  # the bench's, not the older nightly's
+    assert "in the history already" in printed
+    with History(state / "history.sqlite") as history:
+        assert sorted(r["job"] for r in history.runs()) == ["check", "nightly"]  # the check recorded once
+
+
 def test_check_without_results_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["check", "--state-dir", str(tmp_path)]) == cli.EXIT_USAGE
     assert "--result: no saved bench result" in capsys.readouterr().err
