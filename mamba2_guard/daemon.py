@@ -78,7 +78,7 @@ DRIFT_TARGET = "mamba2_guard.daemon:probe_drift"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_STALLED = 3  # the watchdog: not 2, which the systemd unit does not restart
 WATCHDOG_TICKS = 3  # heartbeats missed before the watchdog fires
-WATCHDOG_MIN_S = 30.0
+WATCHDOG_MIN_S = 10.0
 
 
 # ----------------------------------------------------------------------------------------------

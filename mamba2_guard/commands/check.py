@@ -40,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
         if result_path is None:
             raise ValueError(f"--result: no saved bench result under {state / common.RESULTS_DIR}; run "
                              "`mamba2-guard bench` or `mamba2-guard nightly`")
-        print(f"judging {result_path}, the newest result of {state}")
     try:
         result = baselines.read_result(result_path)
     except ValueError as exc:
@@ -56,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
         if earlier is None:
             history.record(result, verdicts, datetime.datetime.now(datetime.timezone.utc), job="check",
                            status="pass" if code == 0 else "fail")
-        else:
-            print(f"{result_path} is in the history already (run {earlier}): judged against the runs before it, "
-                  "not recorded again")
     paths = write_reports(state, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), result, verdicts, baseline, policy,
                           save_result=False)  # a result checked again is not saved again
     common.console().print(report.rich_table(result, verdicts, baseline))
     print(f"report: {paths['report_md']}")
+    print(f"judged: {result_path}" + ("" if args.result else f" (the newest result of {state})"))
+    if earlier is not None:
+        print(f"history: the result is run {earlier} already; judged against the runs before it, not recorded again")
     if isinstance(partial := result.extra.get("partial"), dict):
         print(f"note: {result_path} holds {partial.get('cases')} of the {partial.get('planned')} planned cases: "
               f"its bench stopped early; the same command with --resume --json {result_path} measures the rest")

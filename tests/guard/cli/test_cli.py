@@ -76,8 +76,8 @@ def test_check_judges_the_newest_result_and_records_it_once(tmp_path, capsys):
     for _ in range(2):
         assert cli.main(["check", "--state-dir", str(state)]) == cli.EXIT_OK
     printed = capsys.readouterr().out
-    assert printed.count(f"judging {out}, the newest result") == 2  # the bench's, not the older nightly's
-    assert "in the history already" in printed
+    assert printed.count(f"judged: {out} (the newest result") == 2  # the bench's, not the older nightly's
+    assert "not recorded again" in printed
     with History(state / "history.sqlite") as history:
         assert sorted(r["job"] for r in history.runs()) == ["check", "nightly"]  # the check recorded once
 

@@ -112,10 +112,11 @@ def test_a_run_stops_at_its_budget_and_a_killed_one_resumes_from_its_journal(tmp
     assert len(set(jobs)) == 6 and len(jobs) <= 6 + 1
 
 
-def test_the_config_pr_is_opened_after_the_first_stage_and_updated_as_later_ones_land(tmp_path):
-    bare = tmp_path / "origin.git"
+def checkout_and_origin(tmp_path: Path, settings: str = "") -> tuple[Path, Path]:
+    """A checkout with one commit, pushed to a real bare repository; the state dir's guard.yaml names that
+    repository as the PR target (plus ``settings``). Returns (bare repository, checkout)."""
+    bare, root = tmp_path / "origin.git", tmp_path / "checkout"
     subprocess.run(["git", "init", "-q", "--bare", "--initial-branch=main", str(bare)], check=True)
-    root = tmp_path / "checkout"
     subprocess.run(["git", "init", "-q", "--initial-branch=main", str(root)], check=True)
     (root / "README.md").write_text("configs\n")
     git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.com"]
@@ -123,7 +124,12 @@ def test_the_config_pr_is_opened_after_the_first_stage_and_updated_as_later_ones
     subprocess.run([*git, "commit", "-q", "-m", "initial"], check=True)
     subprocess.run([*git, "push", "-q", str(bare), "main"], check=True)
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "guard.yaml").write_text(f"git: {{origin: 'file://{bare}'}}\n")
+    (tmp_path / "state" / "guard.yaml").write_text(f"git: {{origin: 'file://{bare}'}}\n{settings}")
+    return bare, root
+
+
+def test_the_config_pr_is_opened_after_the_first_stage_and_updated_as_later_ones_land(tmp_path):
+    bare, root = checkout_and_origin(tmp_path)
     cfg = guard_config.load(None, tmp_path / "state")
     out = root / "mamba2_kernels" / "configs" / f"{SLUG}.yaml"
     bodies = []
@@ -208,18 +214,8 @@ def test_a_nightly_on_a_gpu_without_configs_brings_it_up_and_proposes_them(tmp_p
     from mamba2_guard.core import drift as drift_mod
     from mamba2_guard.flows import nightly
 
-    bare, root = tmp_path / "origin.git", tmp_path / "checkout"
-    subprocess.run(["git", "init", "-q", "--bare", "--initial-branch=main", str(bare)], check=True)
-    subprocess.run(["git", "init", "-q", "--initial-branch=main", str(root)], check=True)
-    (root / "README.md").write_text("configs\n")
-    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "initial"], check=True)
-    subprocess.run([*git, "push", "-q", str(bare), "main"], check=True)
+    bare, root = checkout_and_origin(tmp_path, "autotune: {total_budget_seconds: 600, bringup_job_seconds: 1}\n")
     state = tmp_path / "state"
-    state.mkdir()
-    (state / "guard.yaml").write_text(f"git: {{origin: 'file://{bare}'}}\n"
-                                      "autotune: {total_budget_seconds: 600, bringup_job_seconds: 1}\n")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(flow, "stages_for", lambda slug: stages(other_files=False))
     monkeypatch.setenv("MAMBA2_GUARD_TUNER", FAKE)
