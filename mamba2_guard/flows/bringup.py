@@ -177,6 +177,9 @@ def run_bring_up(opts: BringUpOptions, progress: Progress,
     stopped = None
     for stage in stages:
         if state["stages"][stage.name]["status"] in bringup.FINISHED:
+            if stage.name == opts.until:  # a later run with the same --until goes no further either
+                stopped = f"stage {stage.name} is done; stopped there, as asked"
+                break
             continue
         left = deadline - time.monotonic()
         progress(f"bring-up {opts.gpu_slug}: stage {stage.name} ({stage.why}): {stage.jobs} jobs, "

@@ -76,6 +76,8 @@ def test_a_borrowed_config_that_fails_here_is_never_stored(tmp_path):
                         "helion": {"launches": []}}}
     outcome = flow.run_bring_up(options(tmp_path, until="borrow", tuning={"extra": extra}), lambda m: None)
     assert outcome.stopped == "stopped after stage borrow, as asked"
+    again = flow.run_bring_up(options(tmp_path, until="borrow", tuning={"extra": extra}), lambda m: None)
+    assert again.runs == [] and "stopped there, as asked" in again.stopped  # no stage past --until
     kernels = config_store.load(tmp_path / f"{SLUG}.yaml").kernels
     assert "chunk_scan" not in kernels  # failed precision here: the runtime keeps its default, the search stage tries
     assert kernels["chunk_state"]["k=1"] == {"block_sizes": [64], "num_warps": 4}
