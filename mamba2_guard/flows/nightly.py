@@ -325,13 +325,18 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
             if left_out:
                 progress(f"not written to the baseline: {', '.join(left_out)}")
         speedups = [c.speedup for c in result.cases if c.kernel in ZOO_ENTRIES and c.speedup]
-        steps = retune_and_propose(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress,
+        steps = retune_or_bring_up(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress,
                                    speedups)
         if (steps.get("bringup") or {}).get("progress"):
             add_bring_up_section(paths, steps["bringup"]["progress"])
         paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))
-        # Last: a run in the history is a cycle that finished.
+        # A run in the history is a cycle whose measuring finished; the PR step comes after it, so that a
+        # remote that fails or stalls loses neither the history nor the metrics.
         history.record(result, verdicts, _now(), job=job, status="pass" if code == 0 else "fail")
+    due = steps.pop("pr_due", None)
+    if due is not None:
+        steps["pr"] = propose_configs(state_dir, stamp, options, cfg, fp, slug, drift, paths, progress, **due)
+        paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))  # with the PR's event
     return CycleOutcome(code, result, verdicts, drift, paths, steps)
 
 
@@ -347,13 +352,14 @@ def retune_plan(entries: Sequence[registry.KernelEntry], shapes: Sequence, seen:
     return kernels, [*shapes, *(shape for shape in seen if shape.name not in known)]
 
 
-def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint,
+def retune_or_bring_up(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint,
                        slug: str, drift: drift_mod.DriftReport, entries: Sequence[registry.KernelEntry],
                        shapes: Sequence, paths: dict[str, str], progress: Progress,
                        speedups: Sequence[float] = ()) -> dict[str, Any]:
-    """A new GPU's bring-up where one is due, else a re-tune where the drift policy says so (GPU only), then
-    the PR step. None of these steps can fail the cycle: their problems are reported and recorded in the
-    outcome's ``steps``."""
+    """A new GPU's bring-up where one is due, else a re-tune where the drift policy says so (GPU only); then
+    whether the PR step is due (``steps["pr_due"]``, run by the cycle after the history and the metrics; a
+    bring-up opens and updates its PR itself as stages land). None of these steps can fail the cycle: their
+    problems are reported and recorded in the outcome's ``steps``."""
     steps: dict[str, Any] = {}
     configs_path, baseline_path = recorded_paths(slug, options.root)
     produced = bool(options.update_baseline)
@@ -410,7 +416,8 @@ def retune_and_propose(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
         steps["pr"] = {"status": "disabled"}
         return steps
     if (drift.found or produced) and (steps.get("pr") or {}).get("status") != "done":
-        steps["pr"] = propose(dry=not produced, bring_up=(steps.get("bringup") or {}).get("progress"))
+        # Run by the cycle once the history and the metrics are written (``_cycle``).
+        steps["pr_due"] = {"dry": not produced, "bring_up": (steps.get("bringup") or {}).get("progress")}
     return steps
 
 

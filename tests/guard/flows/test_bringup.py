@@ -226,7 +226,7 @@ def test_a_nightly_on_a_gpu_without_configs_brings_it_up_and_proposes_them(tmp_p
     report.write_text("## mamba2-guard check\n")
     paths = {"report_md": str(report)}
     messages: list[str] = []
-    steps = nightly.retune_and_propose(state, "20261205T000000Z", nightly.CycleOptions(root=str(root)),
+    steps = nightly.retune_or_bring_up(state, "20261205T000000Z", nightly.CycleOptions(root=str(root)),
                                        guard_config.load(None, state), fp, SLUG, drift_mod.classify(fp.to_dict(), None,
                                                                                                      None),
                                        [], [], paths, messages.append, speedups=[1.2, 1.3])

@@ -147,3 +147,20 @@ def test_drift_names_the_configs_an_untuned_gpu_borrows(tmp_path):
     a100 = dataclasses.replace(h100, gpu_name="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
     assert not [n for n in detect_drift(a100, root=tmp_path).notes if "jobs run on" in n]
     assert not [n for n in detect_drift(h100, root=tmp_path, slug="nvidia-h200").notes if "jobs run on" in n]
+
+
+def test_the_pr_step_comes_after_the_history_and_the_metrics(tmp_path, monkeypatch):
+    """A PR step that never returns (a remote that hangs, then a kill) loses neither the night's history row nor
+    its metrics: they are written first."""
+    state = tmp_path / "state"
+    monkeypatch.setattr(nightly, "retune_or_bring_up", lambda *args, **kwargs: {"pr_due": {"dry": True}})
+
+    def killed_while_pushing(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(nightly, "propose_configs", killed_while_pushing)
+    with pytest.raises(KeyboardInterrupt):
+        run_cycle(state, OPTIONS)
+    with History(state / "history.sqlite") as history:
+        assert [run["status"] for run in history.runs()] == ["pass"]
+    assert (state / "latest.json").is_file()
