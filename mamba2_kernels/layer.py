@@ -38,7 +38,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from mamba2_kernels._targets import load_target
+from mamba2_kernels.targets import load_target
 
 # (mamba-ssm module, attribute, ours as "module:attribute")
 SWAPS = (

@@ -14,7 +14,8 @@ Configs
 Precision
     ``scaled_atol(expected, atol)``  the rms-scaled absolute tolerance of Helion's own accuracy check
 References
-    ``load_target("module:function")``  a function by name (registry entries, test tuners)
+    ``load_target("module:function")``  a function by name (registry entries, test tuners); also in
+                   ``mamba2_kernels.targets``, which imports nothing heavy (the daemon's and tuner's children)
     ``mamba_ssm``  the loader of mamba-ssm's Triton kernels (``module``, ``keep_autotune_picks``,
                    ``forget_last_picks``, ``last_picks``)
 """
@@ -37,7 +38,7 @@ from mamba2_kernels._runtime import (
     validate_config,
 )
 from mamba2_kernels._runtime import _config_error as config_error
-from mamba2_kernels._targets import load_target
+from mamba2_kernels.targets import load_target
 
 __all__ = ["TunedKernel", "adapt_config", "capture_launches", "complete_config", "config_error", "device_capability",
            "device_slug", "load_target", "mamba_ssm", "pinned_config", "scaled_atol", "tuned_kernels",

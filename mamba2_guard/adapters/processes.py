@@ -218,7 +218,7 @@ def child_main(spec_path: str) -> int:
     spec = pickle.loads(Path(spec_path).read_bytes())
     out = Path(spec["out"])
     watch_parent(spec.get("parent"))
-    from mamba2_kernels.tuning import load_target
+    from mamba2_kernels.targets import load_target
 
     try:
         value = load_target(spec["target"])(*spec["args"], **spec["kwargs"])

@@ -53,7 +53,7 @@ def _case_dict(case: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     from mamba2_guard.adapters.processes import watch_parent
     from mamba2_kernels.files import atomic_write
-    from mamba2_kernels.tuning import load_target
+    from mamba2_kernels.targets import load_target
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:

@@ -46,7 +46,7 @@ from mamba2_kernels.files import atomic_write
 
 def load_tuner(ref: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The tuner named by ``module:function`` or ``/path/file.py:function``."""
-    from mamba2_kernels.tuning import load_target
+    from mamba2_kernels.targets import load_target
 
     return load_target(ref)
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from mamba2_kernels import _mamba_ssm
-from mamba2_kernels._targets import load_target
 from mamba2_kernels.suites import ShapeSpec
+from mamba2_kernels.targets import load_target
 
 Inputs = dict[str, Any]
 Outputs = dict[str, torch.Tensor]
