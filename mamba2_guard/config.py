@@ -20,7 +20,6 @@ Errors name the file and the key.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import math
 from dataclasses import dataclass, field
@@ -122,13 +121,13 @@ def _check_autotune_numbers(path: Path, autotune: dict[str, Any]) -> None:
 def _check_overrides(path: Path, policy: Policy) -> None:
     """Each per-kernel override names a kernel (or a pattern matching one): a misspelt name would never apply."""
     from mamba2_kernels import registry
+    from mamba2_kernels.suites import unknown_name
 
     names = list(registry.REGISTRY)
     for pattern in policy.overrides:
         if not fnmatch.filter(names, pattern):
-            close = difflib.get_close_matches(pattern, names, n=1)
-            hint = f"; did you mean {close[0]}?" if close else f" (kernels: {', '.join(names)})"
-            raise GuardConfigError(f"{path}: policy.overrides.{pattern}: no kernel of that name{hint}")
+            unknown = unknown_name("kernel", pattern, names).args[0]
+            raise GuardConfigError(f"{path}: policy.overrides.{pattern}: {unknown}")
 
 
 def parse(data: Any, path: Path) -> GuardConfig:

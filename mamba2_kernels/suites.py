@@ -8,6 +8,7 @@ entries use it."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,17 @@ _MAX = {"batch": 1024, "seqlen": 1 << 22, "nheads": 4096, "headdim": 512, "ngrou
         "chunk_size": 1024}
 MAX_TOKENS = 1 << 22
 CALL_KEYS = ("z", "dt_dtype", "docs", "D", "initial_states")
+
+
+def unknown_name(kind: str, name: str, valid: Iterable[str]) -> KeyError:
+    """The error for a name that is none of ``valid``: "did you mean" the closest where one is close (the whole
+    list of kernels was a 630-character line), else the valid names."""
+    import difflib
+
+    valid = list(valid)
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"valid {kind}s: {', '.join(valid)}"
+    return KeyError(f"unknown {kind} {name!r}; {hint}")
 
 
 class SuiteFileError(ValueError):
@@ -98,7 +110,7 @@ class Suites:
 
     def shape(self, name: str) -> ShapeSpec:
         if name not in self.shapes:
-            raise KeyError(f"unknown shape {name!r}; valid shapes: {', '.join(sorted(self.shapes))}")
+            raise unknown_name("shape", name, sorted(self.shapes))
         return self.shapes[name]
 
     def suite(self, name: str) -> list[ShapeSpec]:
@@ -109,7 +121,7 @@ class Suites:
             why = f"{file} records no call that fell back" if file else f"${seen.SEEN_ENV} is off"
             raise KeyError(f"suite {name!r} is empty: {why}")
         if name not in self.suites:
-            raise KeyError(f"unknown suite {name!r}; valid suites: {', '.join(sorted(self.suites))}")
+            raise unknown_name("suite", name, sorted(self.suites))
         return [self.shapes[s] for s in self.suites[name]]
 
 

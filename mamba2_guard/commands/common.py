@@ -158,7 +158,8 @@ def cycle_options(args: argparse.Namespace, **overrides):
 
 def existing_file(flag: str, path: str) -> Path:
     if not Path(path).is_file():
-        raise ValueError(f"{flag}: no such file: {path}")
+        why = "not a regular file" if Path(path).exists() else "no such file"
+        raise ValueError(f"{flag}: {why}: {path}")
     return Path(path)
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from mamba2_guard.core.results import (
     load_baseline,
 )
 from mamba2_kernels.config_store import slugify
-from mamba2_kernels.files import UnreadableFile, atomic_write, load_yaml
+from mamba2_kernels.files import UnreadableFile, atomic_write, load_json, load_yaml
 
 BASELINE_DIR = PROJECT_ROOT / "baselines"
 
@@ -42,10 +41,12 @@ def path_for_result(result: BenchResult, directory: Path | None = None) -> Path:
 def read_result(path: Path) -> BenchResult:
     """The bench result in ``path``; ValueError naming the file where it is none."""
     try:
-        return BenchResult.from_dict(json.loads(path.read_text()))
+        return BenchResult.from_dict(load_json(path))
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the bench result: {exc.strerror}") from None
-    except ValueError as exc:  # JSONDecodeError and the schema's errors
+    except UnreadableFile as exc:  # a FIFO, /dev/zero, nesting too deep: named as it is
+        raise ValueError(str(exc)) from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and the schema's errors
         raise ValueError(f"{path}: not a bench result: {exc}") from None
 
 

@@ -25,6 +25,7 @@ from mamba2_kernels.registry.entry import (
     KernelEntry,
     MissingImplementation,
 )
+from mamba2_kernels.suites import unknown_name
 
 __all__ = ["COMPOSITE_PHASES", "DEFAULT_TOLERANCE", "ENTRIES", "FAMILIES", "REGISTRY", "SSD_CALL_STAGES",
            "BaselineUnavailable", "KernelEntry", "MissingImplementation", "get", "seen_entries", "select",
@@ -55,7 +56,7 @@ def tuned_kernel_names() -> set[str]:
 
 def get(name: str) -> KernelEntry:
     if name not in REGISTRY:
-        raise KeyError(f"unknown kernel {name!r}; valid kernels: {', '.join(REGISTRY)}")
+        raise unknown_name("kernel", name, REGISTRY)
     return REGISTRY[name]
 
 

@@ -122,7 +122,7 @@ USAGE = [
     ("config-overrides-a-list", lambda t: _config(t, b"policy: {overrides: [1]}"), {},
      "policy.overrides: expected a mapping"),
     ("config-override-misspelt", lambda t: _config(t, b"policy: {overrides: {chunk_scna: {threshold: 0.1}}}"), {},
-     "did you mean chunk_scan?"),
+     "did you mean 'chunk_scan'?"),
     ("config-budget-negative", lambda t: _config(t, b"autotune: {budget_seconds: -10}"), {}, "autotune.budget_seconds"),
     ("config-budget-infinite", lambda t: _config(t, b"autotune: {budget_seconds: 1.0e+400}"), {}, "got inf"),
     ("config-rounds-0", lambda t: _config(t, b"autotune: {rounds: 0}"), {}, "autotune.rounds"),

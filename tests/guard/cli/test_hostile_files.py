@@ -73,3 +73,10 @@ def test_yaml_nested_too_deeply_is_named_in_one_line(tmp_path):
     result.write_text(json.dumps(sample.result()))
     one_line_error(guard("check", "--result", str(result), "--baseline", str(tmp_path / "baseline.yaml"),
                          "--state-dir", str(tmp_path / "s")), "baseline.yaml", "nested too deeply")
+
+
+def test_a_fifo_as_the_result_to_check_is_named_not_waited_on(tmp_path):
+    fifo = tmp_path / "result.json"
+    os.mkfifo(fifo)
+    one_line_error(guard("check", "--result", str(fifo), "--state-dir", str(tmp_path / "s"), timeout=120),
+                   "result.json", "not a regular file")

@@ -23,9 +23,11 @@ def test_every_kernel_of_the_layer_is_declared_once():
         assert entry.replaces and entry.reference and entry.outputs and entry.args
 
 
-def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(KeyError, match="valid kernels: chunk_cumsum, chunk_state"):
+def test_unknown_names_suggest_the_closest_or_list_the_valid_ones():
+    with pytest.raises(KeyError, match="unknown kernel 'chunk_stat'; did you mean 'chunk_state'\\?"):
         registry.get("chunk_stat")
+    with pytest.raises(KeyError, match="valid kernels: chunk_cumsum, chunk_state"):
+        registry.get("attention")
     with pytest.raises(KeyError, match="valid families: ssd, norm, conv"):
         registry.select(family="attention")
 

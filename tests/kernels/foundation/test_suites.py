@@ -44,7 +44,9 @@ def test_a_suite_may_list_the_suites_above_it():
 def test_unknown_names_list_the_valid_ones():
     loaded = suites.load()
     with pytest.raises(KeyError, match="valid shapes: bamba-9b, .*, long-context, .*, zamba2-7b"):
-        loaded.shape("nano")
+        loaded.shape("x")
+    with pytest.raises(KeyError, match="did you mean 'long-context'"):
+        loaded.shape("long-contxt")
     with pytest.raises(KeyError, match="valid suites: default, selection-grid, smoke, zoo-fit, zoo-heldout"):
         loaded.suite("nightly")
 
