@@ -56,7 +56,7 @@ def test_drift_exit_codes_and_json(tmp_path, capsys, current_fp):
     assert code == 0 and json.loads(out)["items"][0]["action"] == "ignore"
 
     # No configs at all: on a CPU that is no drift (nothing runs compiled); on a GPU it is new-gpu
-    # (tests/guard/prbot/test_drift.py).
+    # (tests/guard/core/test_drift.py).
     (tmp_path / "empty").mkdir()
     code, out, _ = run_cli(capsys, "drift", "--root", str(tmp_path / "empty"), "--state-dir", state, "--json")
     doc = json.loads(out)

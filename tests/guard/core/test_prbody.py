@@ -13,8 +13,7 @@ from mamba2_guard.core.prbody import (
     parse_marker,
     render_pr,
 )
-
-from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, KEY_4K, baseline_doc, new_configs
+from tests.guard.pr_data import CONFIGS_OLD, FP_NEW, FP_OLD, KEY_4K, baseline_doc, new_configs
 
 
 def test_config_diff_added_removed_changed_fields():

@@ -11,9 +11,8 @@ from mamba2_guard.adapters.github import GitHubError
 from mamba2_guard.adapters.gitops import ConfigRepo, FetchFailed, PushFailed
 from mamba2_guard.core.drift import classify
 from mamba2_guard.core.prbody import PrInput, render_pr
-
-from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, TOKEN, baseline_doc, git, new_configs
-from .fake_github import FULL
+from tests.guard.fake_github import FULL
+from tests.guard.pr_data import CONFIGS_OLD, FP_NEW, FP_OLD, TOKEN, baseline_doc, git, new_configs
 
 
 def _pr_text(configs):

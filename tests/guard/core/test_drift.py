@@ -7,8 +7,7 @@ import json
 import pytest
 
 from mamba2_guard.core.drift import DriftPolicy, classify
-
-from .conftest import FP_OLD
+from tests.guard.pr_data import FP_OLD
 
 
 def test_no_drift():

@@ -13,8 +13,7 @@ import yaml
 from mamba2_guard.adapters.gitops import ConfigRepo, FetchFailed, GitOpsError, PushFailed, redact
 from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.prbody import branch_name
-
-from .conftest import CONFIGS_OLD, FP_NEW, FP_OLD, TOKEN, baseline_doc, git, new_configs
+from tests.guard.pr_data import CONFIGS_OLD, FP_NEW, FP_OLD, TOKEN, baseline_doc, git, new_configs
 
 SLUG = "h200"
 FPH = fingerprint_hash(FP_NEW)

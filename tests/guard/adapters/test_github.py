@@ -10,9 +10,8 @@ import pytest
 from mamba2_guard.adapters.github import GitHubError, PrClient
 from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.prbody import branch_name, marker
-
-from .conftest import FP_NEW, FP_OLD
-from .fake_github import FULL
+from tests.guard.fake_github import FULL
+from tests.guard.pr_data import FP_NEW, FP_OLD
 
 SLUG = "nvidia-h200"
 FPH = fingerprint_hash(FP_NEW)
