@@ -331,18 +331,26 @@ def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any, borrow
     would be measured against Helion's default config, which a slow winner beats."""
     from mamba2_guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
     from mamba2_kernels import config_store
-    from mamba2_kernels.tuning import complete_config, validate_config
 
     ranked = config_store.serving_candidates(base, borrowed, kernel.name, key)
     if not ranked:
         return DEFAULT, None, None
-    found = ranked[0]
+    config, why = as_served(kernel, args, ranked[0])
+    if config is None:
+        return DEFAULT, None, why
+    return (COMMITTED if ranked[0].source == "exact" else NEAREST), config, None
+
+
+def as_served(kernel: Any, args: tuple[Any, ...], found: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """A stored config (a config-store ``Lookup``) as the runtime would run it for ``args``: adapted to the
+    call when it was stored for another key (``complete_config``); or None and why it is invalid here."""
+    from mamba2_kernels.tuning import complete_config, validate_config
+
     other_key = found.source != "exact"
     why = validate_config(kernel, args, found.config, other_key)
     if why is not None:
-        return DEFAULT, None, why
-    config = complete_config(kernel, args, found.config, other_key) or dict(found.config)
-    return (NEAREST if other_key else COMMITTED), config, None
+        return None, why
+    return complete_config(kernel, args, found.config, other_key) or dict(found.config), None
 
 
 def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any,
@@ -352,13 +360,10 @@ def neighbour_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any,
     long-context's chunk_scan ran in 1.27 ms on nemotron3-nano's new config and in 1.78 ms on the old one, the
     nearest config it was tuned against."""
     from mamba2_kernels import config_store
-    from mamba2_kernels.tuning import complete_config, validate_config
 
-    out = []
-    for found in config_store.serving_candidates(base, borrowed, kernel.name, key):
-        if found.source != "exact" and validate_config(kernel, args, found.config, other_key=True) is None:
-            out.append(complete_config(kernel, args, found.config, other_key=True) or dict(found.config))
-    return out
+    stored = config_store.serving_candidates(base, borrowed, kernel.name, key)
+    served = [as_served(kernel, args, found)[0] for found in stored if found.source != "exact"]
+    return [config for config in served if config is not None]
 
 
 def search_seeds(kernel: Any, args: tuple[Any, ...], base: Any, key: Any,
@@ -382,14 +387,12 @@ def foreign_configs(kernel: Any, args: tuple[Any, ...], key: Any, files: Sequenc
     (``complete_config``: this call's per-load lists, the default's values for options a file lacks), is a
     valid config here; each config once, the nearest key of each file first."""
     from mamba2_kernels import config_store
-    from mamba2_kernels.tuning import complete_config, validate_config
 
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     for owner, cf in files:
         for found in config_store.candidates(cf, kernel.name, key):
-            other_key = found.source != "exact"
-            if validate_config(kernel, args, found.config, other_key) is None:
-                config = complete_config(kernel, args, found.config, other_key) or dict(found.config)
+            config = as_served(kernel, args, found)[0]
+            if config is not None:
                 out.setdefault(json.dumps(config, sort_keys=True), (owner, config))
     return list(out.values())
 
