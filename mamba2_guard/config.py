@@ -21,13 +21,13 @@ Errors name the file and the key.
 from __future__ import annotations
 
 import fnmatch
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from mamba2_guard.core import tuneplan
 from mamba2_guard.core.drift import DriftPolicy
 from mamba2_guard.core.tuneplan import Criteria
 from mamba2_guard.core.verdicts import Policy
@@ -102,20 +102,12 @@ def _section(path: Path, data: dict[str, Any], name: str, allowed: dict[str, Any
     return dict(value)
 
 
-# The autotune settings' ranges, as AutotuneOptions and the bring-up check them when they run: (least, whether
-# the least itself is allowed). Every number must also be finite (1e400 reads as infinity).
-AUTOTUNE_RANGES = {"budget_seconds": (0, False), "total_budget_seconds": (0, False), "job_timeout_seconds": (0, False),
-                   "bringup_job_seconds": (0, False), "rounds": (2, True), "max_attempts": (1, True), "seed": (0, True)}
-
-
 def _check_autotune_numbers(path: Path, autotune: dict[str, Any]) -> None:
-    for key, (least, inclusive) in AUTOTUNE_RANGES.items():
-        value = autotune.get(key)
-        if value is None:
-            continue
-        if not math.isfinite(value) or value < least or (value == least and not inclusive):
-            bound = f">= {least}" if inclusive else f"> {least}"
-            raise GuardConfigError(f"{path}: autotune.{key}: expected a finite number {bound}, got {value!r}")
+    """The numbers as the autotune and the bring-up check them when they run (``tuneplan.setting_problem``)."""
+    for key in tuneplan.SETTING_RANGES:
+        problem = tuneplan.setting_problem(key, autotune.get(key))
+        if problem:
+            raise GuardConfigError(f"{path}: autotune.{key}: {problem}")
 
 
 def _check_overrides(path: Path, policy: Policy) -> None:

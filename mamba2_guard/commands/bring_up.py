@@ -65,18 +65,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"nothing to bring up on {slug}: its config file holds every kernel and no bring-up is in progress "
               "(--force runs the stages left)")
         return common.EXIT_OK
-    fields = autotune.config_options(cfg)
-    opts = flow.BringUpOptions(
-        state_dir=state_dir, gpu_slug=slug, budget_seconds=args.budget_minutes * 60, fingerprint=fp.to_dict(),
-        fingerprint_digest=fp.digest(), out=out,
-        job_budget_seconds=args.job_seconds or float(cfg.autotune_value("bringup_job_seconds",
-                                                                        flow.DEFAULT_JOB_BUDGET_SECONDS)),
-        tuning={k: fields[k] for k in ("effort", "seed", "rounds", "max_attempts", "criteria",
-                                         "helion_benchmark_subprocess")},
-        devices=visible_devices(), tuner=tuner, until=args.until)
+    stages = flow.stages_for(slug)  # planned once: for the bar's total and for the run
+    opts = flow.options_from_config(
+        cfg, job_budget_seconds=args.job_seconds, state_dir=state_dir, gpu_slug=slug,
+        budget_seconds=args.budget_minutes * 60, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), out=out,
+        devices=visible_devices(), tuner=tuner, until=args.until, stages=stages)
     on_configs = _proposer(state_dir, cfg, fp, slug) if args.pr else None
     state = flow.load_state(state_dir, slug)
-    total = sum(stage.jobs for stage in flow.stages_for(slug))
+    total = sum(stage.jobs for stage in stages)
     with _bar(total, bringup.progress(state)["jobs_done"] if state else 0, sys.stderr.isatty()) as (on_job, log):
         outcome = flow.run_bring_up(opts, log, on_configs=on_configs, on_job=on_job)
     summary = bringup.progress(outcome.state)

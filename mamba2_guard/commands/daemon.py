@@ -49,10 +49,9 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mamba2_guard import config as guard_config
     from mamba2_guard import daemon
 
-    guard_config.load(None, args.state_dir)  # refused at start, not by every cycle after (exit 2 names the key)
+    common.guard_config(args)  # refused at start, not by every cycle after (exit 2 names the key)
     if args.nightly_target == daemon.NIGHTLY_TARGET:  # a test target takes its own options
         unknown = sorted({key for key, _ in args.option} - set(NIGHTLY_OPTIONS))
         if unknown:

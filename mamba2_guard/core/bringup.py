@@ -87,10 +87,15 @@ def plan(*, whole_call: str, suite_kernels: Sequence[str], suite_shapes: Sequenc
     ]
 
 
+def stage_state(stage: Stage) -> dict[str, Any]:
+    """A stage not started: pending, or skipped when it has no jobs."""
+    return {"status": PENDING if stage.jobs else SKIPPED, "jobs": stage.jobs, "done": 0, "seconds": 0.0,
+            "why": stage.why}
+
+
 def new_state(gpu_slug: str, stages: Sequence[Stage], now: str) -> dict[str, Any]:
     return {"gpu_slug": gpu_slug, "started": now, "updated": now, "seconds": 0.0,
-            "stages": {s.name: {"status": PENDING if s.jobs else SKIPPED, "jobs": s.jobs, "done": 0,
-                                "seconds": 0.0, "why": s.why} for s in stages}}
+            "stages": {s.name: stage_state(s) for s in stages}}
 
 
 def record(state: Mapping[str, Any], stage: str, *, status: str, done: int, seconds: float, now: str,

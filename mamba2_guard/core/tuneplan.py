@@ -36,6 +36,25 @@ COMMITTED, NEAREST, DEFAULT = "committed", "nearest", "default"
 INCUMBENTS = (COMMITTED, NEAREST, DEFAULT)
 
 
+# The autotune settings' ranges, wherever they come from (guard.yaml, the CLI, the bring-up): the least value,
+# and whether the least itself is allowed. Every number must also be finite: 1.0e+400 reads as infinity, and an
+# infinite budget made every job report the overall budget spent.
+SETTING_RANGES = {"budget_seconds": (0, False), "total_budget_seconds": (0, False), "job_timeout_seconds": (0, False),
+                  "bringup_job_seconds": (0, False), "rounds": (2, True), "max_attempts": (1, True), "seed": (0, True)}
+
+
+def setting_problem(name: str, value: Any) -> str | None:
+    """Why ``value`` is no valid autotune setting ``name`` (``SETTING_RANGES``), or None; None is valid (the
+    setting's default)."""
+    if value is None:
+        return None
+    least, inclusive = SETTING_RANGES[name]
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < least or (value == least and not inclusive)):
+        return f"expected a finite number {'>=' if inclusive else '>'} {least}, got {value!r}"
+    return None
+
+
 # ----------------------------------------------------------------------------------------------
 # Jobs and sharding
 

@@ -88,16 +88,15 @@ class AutotuneOptions:
     extra: dict[str, Any] = field(default_factory=dict)  # handed to the tuner (tests)
 
     def __post_init__(self) -> None:
-        for name in ("budget_seconds", "total_budget_seconds", "job_timeout_seconds"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"{name}: expected a number of seconds > 0, got {value!r}")
+        for name in ("budget_seconds", "total_budget_seconds", "job_timeout_seconds", "rounds", "max_attempts",
+                     "seed"):
+            problem = tuneplan.setting_problem(name, getattr(self, name))
+            if problem:
+                raise ValueError(f"{name}: {problem}")
         if self.effort not in ("quick", "full"):
             raise ValueError(f"effort: expected quick or full, got {self.effort!r}")
         if self.search not in ("helion", "borrowed"):
             raise ValueError(f"search: expected helion or borrowed, got {self.search!r}")
-        if self.rounds < 2 or self.max_attempts < 1:
-            raise ValueError(f"rounds >= 2 and max_attempts >= 1 expected, got {self.rounds!r}, {self.max_attempts!r}")
 
     @property
     def job_timeout(self) -> float:

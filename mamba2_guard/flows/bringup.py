@@ -31,7 +31,7 @@ from typing import Any
 from mamba2_guard.core import bringup, tuneplan
 from mamba2_guard.flows import autotune
 from mamba2_kernels import config_store
-from mamba2_kernels.files import atomic_write
+from mamba2_kernels.files import UnreadableFile, atomic_write, load_json
 
 Progress = Callable[[str], None]
 WHOLE_CALL = "ssd_combined_fwd_bwd"
@@ -55,8 +55,8 @@ def load_state(state_dir: Path, gpu_slug: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        state = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        state = load_json(path)
+    except (UnicodeDecodeError, json.JSONDecodeError, UnreadableFile) as exc:
         raise ValueError(f"{path}: not a bring-up state file ({exc})") from None
     if not isinstance(state, dict) or not isinstance(state.get("stages"), dict):
         raise ValueError(f"{path}: not a bring-up state file (expected an object with 'stages')")
@@ -120,18 +120,33 @@ class BringUpOptions:
     tuner: str = autotune.DEFAULT_TUNER
     fit_rounds: int = 10
     until: str | None = None  # stop after this stage (None: run them all)
-    stages: Sequence[bringup.Stage] | None = None  # the plan (default: ``stages_for`` the GPU; tests give theirs)
+    stages: Sequence[bringup.Stage] | None = None  # the plan (default: ``stages_for`` the GPU)
     measure: Callable[..., Any] | None = None  # the fit stage's measurement (tests); default selection_measure.measure
 
     def __post_init__(self) -> None:
-        for name in ("budget_seconds", "job_budget_seconds"):
+        # Each is checked as the guard config's setting it comes from; neither may be left out here.
+        checks = (("budget_seconds", "total_budget_seconds"), ("job_budget_seconds", "bringup_job_seconds"))
+        for name, setting in checks:
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
-                raise ValueError(f"{name}: expected a finite number of seconds > 0, got {value!r}")
+            problem = tuneplan.setting_problem(setting, value) if value is not None else "expected a number, got None"
+            if problem:
+                raise ValueError(f"{name}: {problem}")
 
     @property
     def config_path(self) -> Path:
         return Path(self.out) if self.out else config_store.path_for(self.gpu_slug)
+
+
+# The guard config's autotune settings a bring-up's searches take (its budgets are the bring-up's own).
+TUNING_SETTINGS = ("effort", "seed", "rounds", "max_attempts", "criteria", "helion_benchmark_subprocess")
+
+
+def options_from_config(cfg: Any, *, job_budget_seconds: float | None = None, **fields: Any) -> BringUpOptions:
+    """``BringUpOptions`` with the guard config's settings: its searches' (``TUNING_SETTINGS``) and the job
+    budget (``autotune.bringup_job_seconds``) unless ``job_budget_seconds`` overrides it; ``fields`` the rest."""
+    settings = autotune.config_options(cfg)
+    budget = job_budget_seconds or float(cfg.autotune_value("bringup_job_seconds", DEFAULT_JOB_BUDGET_SECONDS))
+    return BringUpOptions(job_budget_seconds=budget, tuning={k: settings[k] for k in TUNING_SETTINGS}, **fields)
 
 
 @dataclass
@@ -169,7 +184,7 @@ def run_bring_up(opts: BringUpOptions, progress: Progress,
     state = load_state(opts.state_dir, opts.gpu_slug) or bringup.new_state(opts.gpu_slug, stages, _now())
     state.setdefault("stages", {})
     for stage in stages:  # a plan grown since the state was written (a new zoo shape) gets its new stages
-        state["stages"].setdefault(stage.name, bringup.new_state(opts.gpu_slug, [stage], _now())["stages"][stage.name])
+        state["stages"].setdefault(stage.name, bringup.stage_state(stage))
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(state, indent=1, sort_keys=True) + "\n")
     deadline = time.monotonic() + opts.budget_seconds

@@ -432,15 +432,11 @@ def bring_up_step(state_dir: Path, options: CycleOptions, cfg, fp: fingerprint.F
     from mamba2_guard.flows import autotune
     from mamba2_guard.flows import bringup as bring_up
 
-    fields = autotune.config_options(cfg)
-    opts = bring_up.BringUpOptions(
-        state_dir=state_dir, gpu_slug=slug,
-        budget_seconds=float(fields["total_budget_seconds"] or autotune.DEFAULT_TOTAL_BUDGET_SECONDS),
-        fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), out=configs_path,
-        job_budget_seconds=float(cfg.autotune_value("bringup_job_seconds", bring_up.DEFAULT_JOB_BUDGET_SECONDS)),
-        tuning={k: fields[k] for k in ("effort", "seed", "rounds", "max_attempts", "criteria",
-                                         "helion_benchmark_subprocess")},
-        devices=shard.visible_devices(), tuner=os.environ.get(autotune.TUNER_ENV) or autotune.DEFAULT_TUNER)
+    budget = cfg.autotune_value("total_budget_seconds", None) or autotune.DEFAULT_TOTAL_BUDGET_SECONDS
+    opts = bring_up.options_from_config(
+        cfg, state_dir=state_dir, gpu_slug=slug, budget_seconds=float(budget), fingerprint=fp.to_dict(),
+        fingerprint_digest=fp.digest(), out=configs_path, devices=shard.visible_devices(),
+        tuner=os.environ.get(autotune.TUNER_ENV) or autotune.DEFAULT_TUNER)
 
     def on_configs(summary: dict[str, Any]) -> None:
         if options.pr and cfg.pr_enabled:

@@ -277,3 +277,18 @@ def test_a_seed_launches_the_innermost_tiles_first():
     for nothing_to_flip in ({"loop_orders": [[4, 3, 2, 1, 0]]}, {"loop_orders": [[0]]}, {"loop_orders": []},
                             {"block_sizes": [8]}):
         assert tuneplan.innermost_first(nothing_to_flip) is None
+
+
+def test_every_autotune_setting_has_one_range_wherever_it_is_given(tmp_path):
+    from mamba2_guard.flows.autotune import AutotuneOptions
+    from mamba2_guard.flows.bringup import BringUpOptions
+
+    assert tuneplan.setting_problem("rounds", 2) is None and tuneplan.setting_problem("seed", None) is None
+    assert tuneplan.setting_problem("rounds", 1) == "expected a finite number >= 2, got 1"
+    assert tuneplan.setting_problem("budget_seconds", True) is not None  # a YAML boolean is no number
+    base = dict(kernels=["chunk_cumsum"], shapes=["smoke"], out=tmp_path / "c.yaml", state_dir=tmp_path,
+                gpu_slug="g")
+    with pytest.raises(ValueError, match=r"budget_seconds: expected a finite number > 0, got inf"):
+        AutotuneOptions(**base, budget_seconds=float("inf"))
+    with pytest.raises(ValueError, match=r"job_budget_seconds: expected a finite number > 0, got 0"):
+        BringUpOptions(state_dir=tmp_path, gpu_slug="g", budget_seconds=60, job_budget_seconds=0)
