@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,23 +46,25 @@ def read_regular(path: Path, limit: int = MAX_READ_BYTES) -> bytes:
 
 
 def load_yaml(path: Path, limit: int = MAX_READ_BYTES) -> Any:
-    """``read_regular`` then ``yaml.safe_load``: a file that is no regular file, too large, or nested too deeply
-    for the parser is an UnreadableFile naming it. yaml.YAMLError and UnicodeDecodeError pass through."""
+    """``read_regular`` then ``yaml.safe_load`` (``parse_regular``). yaml.YAMLError and UnicodeDecodeError pass
+    through for the caller to name."""
     import yaml
 
-    text = read_regular(path, limit).decode()
-    try:
-        return yaml.safe_load(text)
-    except RecursionError:
-        raise UnreadableFile(f"{path}: nested too deeply to be a file the guard writes") from None
+    return parse_regular(path, lambda data: yaml.safe_load(data.decode()), limit)
 
 
 def load_json(path: Path, limit: int = MAX_READ_BYTES) -> Any:
-    """``read_regular`` then JSON; nesting too deep for the parser is an UnreadableFile naming the file, not a
-    RecursionError. json.JSONDecodeError and UnicodeDecodeError pass through for the caller to name."""
+    """``read_regular`` then JSON (``parse_regular``). json.JSONDecodeError and UnicodeDecodeError pass through
+    for the caller to name."""
+    return parse_regular(path, json.loads, limit)
+
+
+def parse_regular(path: Path, parse: Callable[[bytes], Any], limit: int = MAX_READ_BYTES) -> Any:
+    """``parse`` of ``read_regular``'s bytes; nesting too deep for the parser is an UnreadableFile naming the
+    file, not a RecursionError."""
     data = read_regular(path, limit)
     try:
-        return json.loads(data)
+        return parse(data)
     except RecursionError:
         raise UnreadableFile(f"{path}: nested too deeply to be a file the guard writes") from None
 
