@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One "night" of a bring-up measured from zero on a GPU that has configs of its own (issue 50's measurement):
+# the bring-up runs with the GPU's file withheld (`bring-up --withhold-configs`), between two benches of the
+# whole SSD call against mamba-ssm with the same withheld file, which give two points of the anytime curve.
+# Made for a device machine that starts bare on every call: the state of earlier nights comes in as a tarball
+# and the new state goes out as one, so calls of at most 10 minutes resume each other as nights do.
+#
+#   scripts/gpu-bringup-night.sh OUTDIR [SECONDS] [STATE_TGZ]
+#
+# SECONDS: this call's wall-clock limit (default 570); the bring-up gets what the benches and the set-up leave.
+# STATE_TGZ: an earlier night's OUTDIR/state.tgz (default: none, a bring-up from zero).
+# SHAPES: the shapes benched before and after (default: the suite's). Needs PYTHONPATH with the guard's wheels.
+set -uo pipefail
+out=${1:?usage: gpu-bringup-night.sh OUTDIR [SECONDS] [STATE_TGZ]}
+limit=${2:-570}
+restore=${3:-}
+shapes=${SHAPES:-nemotron3-nano long-context mamba2-default}
+bench_limit=${BENCH_SECONDS:-150}
+mkdir -p "$out" .gpu/state
+exec > >(tee -a "$out/night.log") 2>&1
+if [[ -n "$restore" ]]; then tar xzf "$restore" || exit 2; fi
+night=$(( $(cat .gpu/state/nights 2>/dev/null || echo 0) + 1 ))
+echo "$night" > .gpu/state/nights
+slug=$(python3 -c 'from mamba2_guard.adapters import fingerprint as f; print(f.gpu_slug(f.collect()))') || exit 2
+export MAMBA2_GUARD_GPU_SLUG=$slug-withheld MAMBA2_GUARD_BORROW=0
+echo "night $night on $slug, $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader
+python3 -c 'import torch, triton, helion; print("torch", torch.__version__, "triton", triton.__version__, "helion", helion.__version__)'
+
+bench() {  # one point of the curve: the whole call at $shapes, after $(bring-up seconds so far)
+  # shellcheck disable=SC2086  # $shapes is a list of names
+  timeout "$bench_limit" python3 -m mamba2_guard bench --shapes $shapes --kernels ssd_combined_fwd_bwd \
+    --rounds 10 --state-dir .gpu/state --json "$out/curve-$night-$1.json"
+}
+bench before
+left=$(( limit - SECONDS - bench_limit - 20 ))
+echo "bring-up: $left s of this call left for it"
+if (( left > 60 )); then
+  timeout "$left" python3 -m mamba2_guard bring-up --withhold-configs --budget-minutes "$(( left / 60 ))" \
+    --state-dir .gpu/state --json | tee "$out/bringup-$night.txt"
+  echo "bring-up exit ${PIPESTATUS[0]}"
+fi
+bench after
+tar czf "$out/state.tgz" .gpu/state "mamba2_kernels/configs/$slug-withheld.yaml" 2>/dev/null \
+  || tar czf "$out/state.tgz" .gpu/state
+echo "night $night done after $SECONDS s"
