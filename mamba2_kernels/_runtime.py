@@ -378,14 +378,6 @@ def _config_error(bound: Any, config: dict[str, Any]) -> str | None:
     return None
 
 
-def eager_under_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A public entry point as torch.compile runs it: eagerly, with a graph break around it. Dynamo cannot
-    trace what it reaches (the config lookup, Helion's binding of a kernel to its arguments) and fails there
-    inside an autograd Function rather than breaking the graph; Inductor could not fuse into the Helion
-    kernels anyway, and eagerly they run as the same compiled kernels."""
-    return torch.compiler.disable(fn, recursive=True)
-
-
 def tuned_kernel(*, name: str, shape_key: Callable[..., ShapeKey], partial_sums: dict[int, int] | None = None,
                  finish: Callable[..., Any] | None = None, seeds: Sequence[dict[str, Any]] = ()
                  ) -> Callable[[Callable[..., Any]], TunedKernel]:

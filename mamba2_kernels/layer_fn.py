@@ -14,25 +14,51 @@ The forward and backward are made of the Helion kernels: ``mamba2_kernels.conv.c
 Recomputation follows mamba-ssm: the forward saves zxbcdt, the weights, the SSD's pre-gate output and the
 norm's rstd; the backward recomputes the conv output (x, B, C) and, when out_proj is fused, the input of
 out_proj (the norm output, or the z-gated SSD output), instead of saving them.
+
+Under ``torch.compile`` the layer is ``mamba2_kernels.layer_compose`` over the public operators of its parts
+(``OPERATOR_PARTS``: the conv, the SSD call and the gated norm, each a ``torch.library`` custom op): no graph
+break, the split, the SwiGLU and out_proj left to Inductor; it then saves the conv output as the parts' own
+backwards need it, rather than recomputing it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 
 import torch
 import torch.nn.functional as F
 
-from mamba2_kernels import seen
-from mamba2_kernels._runtime import eager_under_compile
-from mamba2_kernels.conv.causal_conv1d import causal_conv1d_bwd, causal_conv1d_fwd
+from mamba2_kernels import layer_compose, seen
+from mamba2_kernels.conv.causal_conv1d import causal_conv1d_bwd, causal_conv1d_fn, causal_conv1d_fwd
 from mamba2_kernels.norm.gated_rmsnorm import gated_rmsnorm_bwd, gated_rmsnorm_fwd
+from mamba2_kernels.norm.rmsnorm import rmsnorm_fn
 from mamba2_kernels.ssd._keys import dtype_name
-from mamba2_kernels.ssd.combined import check_chunk_size, check_seq_idx, check_tensors, ssd_backward, ssd_forward
+from mamba2_kernels.ssd.combined import (
+    check_chunk_size,
+    check_seq_idx,
+    check_tensors,
+    mamba_chunk_scan_combined,
+    ssd_backward,
+    ssd_forward,
+)
 
 __all__ = ["mamba_split_conv1d_scan_combined", "MambaSplitConv1dScanCombinedFn", "layer_dims"]
 
 INF = float("inf")
+
+
+def _ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit):
+    return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                     initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
+                                     dt_limit=dt_limit, return_final_states=True)
+
+
+def _norm(x, weight, eps, z, group_size, norm_before_gate):
+    return rmsnorm_fn(x, weight, None, z=z, eps=eps, group_size=group_size, norm_before_gate=norm_before_gate)
+
+
+OPERATOR_PARTS = types.SimpleNamespace(conv=causal_conv1d_fn, ssd=_ssd, norm=_norm)
 ACTIVATIONS = (None, "silu", "swish")
 
 
@@ -50,70 +76,64 @@ def layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, in
                activation, rmsnorm_weight, outproj_weight, outproj_bias, headdim, ngroups):
     """Check the arguments (ValueError / NotImplementedError naming the argument); returns
     (batch, seqlen, nheads, headdim, ngroups, dstate, d_nonssm)."""
-
-    def expect(ok, message):
-        if not ok:
-            raise ValueError(message)
-
     if activation not in ACTIVATIONS:
         raise NotImplementedError(f"activation: only None, 'silu' and 'swish' are supported, got {activation!r}")
-    expect(isinstance(zxbcdt, torch.Tensor) and zxbcdt.dim() == 3,
-           f"zxbcdt: expected (batch, seqlen, d_in_proj), got {_shape(zxbcdt)}")
+    if not (isinstance(zxbcdt, torch.Tensor) and zxbcdt.dim() == 3):
+        raise ValueError(f"zxbcdt: expected (batch, seqlen, d_in_proj), got {_shape(zxbcdt)}")
     check_tensors(("zxbcdt", zxbcdt), conv1d_weight=conv1d_weight, conv1d_bias=conv1d_bias, dt_bias=dt_bias, A=A,
                   D=D, initial_states=initial_states, rmsnorm_weight=rmsnorm_weight, outproj_weight=outproj_weight,
                   outproj_bias=outproj_bias)
     batch, seqlen, width_in = zxbcdt.shape
     check_chunk_size(chunk_size)
-    expect(isinstance(D, torch.Tensor) and D.dim() in (1, 2), f"D: expected (nheads,) or (nheads, headdim), got "
-           f"{_shape(D)}")
+    if not (isinstance(D, torch.Tensor) and D.dim() in (1, 2)):
+        raise ValueError(f"D: expected (nheads,) or (nheads, headdim), got {_shape(D)}")
     if D.dim() == 1:
-        expect(isinstance(headdim, int) and headdim > 0, f"headdim: required (a positive int) when D is 1-D, got "
-               f"{headdim!r}")
+        if not (isinstance(headdim, int) and headdim > 0):
+            raise ValueError(f"headdim: required (a positive int) when D is 1-D, got {headdim!r}")
         nheads = D.shape[0]
     else:
         nheads, d_headdim = D.shape
-        expect(headdim is None or headdim == d_headdim, f"headdim: {headdim} disagrees with D's shape {tuple(D.shape)}")
+        if not (headdim is None or headdim == d_headdim):
+            raise ValueError(f"headdim: {headdim} disagrees with D's shape {tuple(D.shape)}")
         headdim = d_headdim
     dim = nheads * headdim
-    expect(isinstance(ngroups, int) and ngroups > 0 and nheads % ngroups == 0,
-           f"ngroups: expected a positive divisor of nheads ({nheads}), got {ngroups!r}")
-    expect(isinstance(conv1d_weight, torch.Tensor) and conv1d_weight.dim() == 2,
-           f"conv1d_weight: expected (dim + 2*ngroups*dstate, width), got {_shape(conv1d_weight)}")
+    if not (isinstance(ngroups, int) and ngroups > 0 and nheads % ngroups == 0):
+        raise ValueError(f"ngroups: expected a positive divisor of nheads ({nheads}), got {ngroups!r}")
+    if not (isinstance(conv1d_weight, torch.Tensor) and conv1d_weight.dim() == 2):
+        raise ValueError(f"conv1d_weight: expected (dim + 2*ngroups*dstate, width), got {_shape(conv1d_weight)}")
     conv_dim, width = conv1d_weight.shape
-    expect(conv_dim > dim and (conv_dim - dim) % (2 * ngroups) == 0,
-           f"conv1d_weight: expected dim ({dim}) + 2*ngroups ({ngroups})*dstate rows, got {conv_dim}")
+    if not (conv_dim > dim and (conv_dim - dim) % (2 * ngroups) == 0):
+        raise ValueError(f"conv1d_weight: expected dim ({dim}) + 2*ngroups ({ngroups})*dstate rows, got {conv_dim}")
     if not 2 <= width <= 4:
         raise NotImplementedError(f"conv1d_weight: the causal conv1d supports widths 2..4, got {width}")
     dstate = (conv_dim - dim) // (2 * ngroups)
     rest = width_in - 2 * dim - 2 * ngroups * dstate - nheads
-    expect(rest >= 0 and rest % 2 == 0,
-           f"zxbcdt: last dim {width_in} is not 2*d_nonssm + 2*dim ({2 * dim}) + 2*ngroups*dstate "
-           f"({2 * ngroups * dstate}) + nheads ({nheads})")
+    if not (rest >= 0 and rest % 2 == 0):
+        raise ValueError(f"zxbcdt: last dim {width_in} is not 2*d_nonssm + 2*dim ({2 * dim}) + 2*ngroups*dstate "
+               f"({2 * ngroups * dstate}) + nheads ({nheads})")
     d_nonssm = rest // 2
-    if conv1d_bias is not None:
-        expect(tuple(conv1d_bias.shape) == (conv_dim,), f"conv1d_bias: expected ({conv_dim},), got "
-               f"{_shape(conv1d_bias)}")
-    expect(isinstance(dt_bias, torch.Tensor) and tuple(dt_bias.shape) == (nheads,),
-           f"dt_bias: expected ({nheads},), got {_shape(dt_bias)}")
-    expect(isinstance(A, torch.Tensor) and tuple(A.shape) == (nheads,), f"A: expected ({nheads},), got {_shape(A)}")
+    if conv1d_bias is not None and tuple(conv1d_bias.shape) != (conv_dim,):
+        raise ValueError(f"conv1d_bias: expected ({conv_dim},), got {_shape(conv1d_bias)}")
+    if not (isinstance(dt_bias, torch.Tensor) and tuple(dt_bias.shape) == (nheads,)):
+        raise ValueError(f"dt_bias: expected ({nheads},), got {_shape(dt_bias)}")
+    if not (isinstance(A, torch.Tensor) and tuple(A.shape) == (nheads,)):
+        raise ValueError(f"A: expected ({nheads},), got {_shape(A)}")
     if initial_states is not None:
         expected = (batch, nheads, headdim, dstate)
-        expect(tuple(initial_states.shape) == expected, f"initial_states: expected {expected}, got "
-               f"{_shape(initial_states)}")
+        if tuple(initial_states.shape) != expected:
+            raise ValueError(f"initial_states: expected {expected}, got {_shape(initial_states)}")
     check_seq_idx(seq_idx, batch, seqlen, zxbcdt.device)
-    expect(len(dt_limit) == 2 and dt_limit[0] <= dt_limit[1],
-           f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
-    if rmsnorm_weight is not None:
-        expect(tuple(rmsnorm_weight.shape) == (dim,), f"rmsnorm_weight: expected ({dim},), got "
-               f"{_shape(rmsnorm_weight)}")
+    if not (len(dt_limit) == 2 and dt_limit[0] <= dt_limit[1]):
+        raise ValueError(f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
+    if rmsnorm_weight is not None and tuple(rmsnorm_weight.shape) != (dim,):
+        raise ValueError(f"rmsnorm_weight: expected ({dim},), got {_shape(rmsnorm_weight)}")
     if outproj_weight is not None:
-        expect(outproj_weight.dim() == 2 and outproj_weight.shape[1] == d_nonssm + dim,
-               f"outproj_weight: expected (out_dim, {d_nonssm + dim}), got {_shape(outproj_weight)}")
-        if outproj_bias is not None:
-            expect(tuple(outproj_bias.shape) == (outproj_weight.shape[0],),
-                   f"outproj_bias: expected ({outproj_weight.shape[0]},), got {_shape(outproj_bias)}")
-    else:
-        expect(outproj_bias is None, "outproj_bias: given without outproj_weight")
+        if not (outproj_weight.dim() == 2 and outproj_weight.shape[1] == d_nonssm + dim):
+            raise ValueError(f"outproj_weight: expected (out_dim, {d_nonssm + dim}), got {_shape(outproj_weight)}")
+        if outproj_bias is not None and tuple(outproj_bias.shape) != (outproj_weight.shape[0],):
+            raise ValueError(f"outproj_bias: expected ({outproj_weight.shape[0]},), got {_shape(outproj_bias)}")
+    elif outproj_bias is not None:
+        raise ValueError("outproj_bias: given without outproj_weight")
     return batch, seqlen, nheads, headdim, ngroups, dstate, d_nonssm
 
 
@@ -270,7 +290,6 @@ def _backward(ctx, dout, *args):
             drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None)
 
 
-@eager_under_compile
 def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
                                      initial_states=None, seq_idx=None, dt_limit=(0.0, INF), return_final_states=False,
                                      activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,
@@ -287,6 +306,11 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
     """
     dims = layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
                       dt_limit, activation, rmsnorm_weight, outproj_weight, outproj_bias, headdim, ngroups)
+    if torch.compiler.is_compiling():
+        return layer_compose.mamba_split_conv1d_scan(
+            OPERATOR_PARTS, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
+            dt_limit, return_final_states, activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias,
+            headdim, ngroups, norm_before_gate)
     shape = layer_call_shape(dims, zxbcdt, conv1d_weight, D, chunk_size, initial_states, seq_idx, rmsnorm_weight,
                              norm_before_gate)
     with seen.calling(**shape):

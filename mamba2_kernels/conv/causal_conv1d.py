@@ -27,7 +27,8 @@ import torch
 
 from mamba2_kernels import _fastmath as fastmath
 from mamba2_kernels._buffers import check_out
-from mamba2_kernels._runtime import eager_under_compile, tuned_kernel
+from mamba2_kernels._ops import placed, present
+from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey, tokens_bucket
 
 __all__ = ["causal_conv1d_fwd", "causal_conv1d_bwd", "causal_conv1d_fn", "causal_conv1d_fwd_kernel",
@@ -260,21 +261,48 @@ def causal_conv1d_bwd(x, weight, bias, dout, seq_idx=None, activation=None, dx=N
     return dx, dweight, dbias
 
 
-class CausalConv1dFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias=None, seq_idx=None, activation=None):
-        ctx.save_for_backward(x, weight, bias, seq_idx)
-        ctx.activation = activation
-        return causal_conv1d_fwd(x, weight, bias, seq_idx, activation)
-
-    @staticmethod
-    def backward(ctx, dout):
-        x, weight, bias, seq_idx = ctx.saved_tensors
-        dx, dweight, dbias = causal_conv1d_bwd(x, weight, bias, dout, seq_idx, ctx.activation)
-        return dx, dweight, dbias, None, None
+@torch.library.custom_op("mamba2_kernels::causal_conv1d_fwd", mutates_args=())
+def _conv_fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, seq_idx: torch.Tensor | None,
+                 activation: str | None) -> torch.Tensor:
+    """The convolution as one operator torch.compile keeps whole; out in x's layout."""
+    return causal_conv1d_fwd(x, weight, bias, seq_idx, activation)
 
 
-@eager_under_compile
+@_conv_fwd_op.register_fake
+def _conv_fwd_fake(x, weight, bias, seq_idx, activation):
+    return _empty_like_layout(x)
+
+
+def _conv_setup_context(ctx, inputs, output):
+    x, weight, bias, seq_idx, activation = inputs
+    ctx.save_for_backward(x, weight, bias, seq_idx)
+    ctx.activation = activation
+
+
+def _conv_backward(ctx, dout):
+    x, weight, bias, seq_idx = ctx.saved_tensors
+    dx, dweight, *dbias = torch.ops.mamba2_kernels.causal_conv1d_bwd(x, weight, bias, dout, seq_idx, ctx.activation)
+    return dx, dweight, *placed(dbias, (bias,)), None, None
+
+
+_conv_fwd_op.register_autograd(_conv_backward, setup_context=_conv_setup_context)
+
+
+@torch.library.custom_op("mamba2_kernels::causal_conv1d_bwd", mutates_args=())
+def _conv_bwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dout: torch.Tensor,
+                 seq_idx: torch.Tensor | None, activation: str | None) -> list[torch.Tensor]:
+    """[dx channels last, dweight, and dbias when bias is given]."""
+    dx, dweight, dbias = causal_conv1d_bwd(x, weight, bias, dout, seq_idx, activation)
+    return [dx, dweight.contiguous(), *present([dbias])]
+
+
+@_conv_bwd_op.register_fake
+def _conv_bwd_fake(x, weight, bias, dout, seq_idx, activation):
+    return [_empty_like_layout(_as_channels_last(x)), torch.empty_like(weight),
+            *present([torch.empty_like(bias) if bias is not None else None])]
+
+
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, activation=None):
     """Drop-in for ``causal_conv1d.causal_conv1d_fn`` (no initial/final states), differentiable."""
-    return CausalConv1dFn.apply(x, weight, bias, seq_idx, activation)
+    x, weight, bias, seq_idx, _ = _prepare(x, weight, bias, seq_idx, activation)
+    return torch.ops.mamba2_kernels.causal_conv1d_fwd(x, weight, bias, seq_idx, activation)

@@ -23,14 +23,14 @@ gradient reaches varlen_states, which is not differentiated (never silently drop
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import types
+from collections.abc import Sequence
 
 import torch
 
 from mamba2_kernels import seen
-from mamba2_kernels._runtime import eager_under_compile
+from mamba2_kernels._ops import placed, present
 from mamba2_kernels.ssd import compose
 from mamba2_kernels.ssd._keys import dtype_name
 from mamba2_kernels.ssd.bmm_chunk import bmm_chunk_fwd
@@ -51,16 +51,11 @@ from mamba2_kernels.ssd.state_paths import chunk_state_passing_bwd, chunk_state_
 INF = float("inf")
 
 
-def _expect(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 def check_chunk_size(chunk_size) -> None:
     """A positive power of two, before any kernel runs: the chunk_scan and dx kernels tile the chunk so
     (mamba-ssm's also take other lengths; every public Mamba-2 model chunks by 128 or 256)."""
-    _expect(isinstance(chunk_size, int) and chunk_size > 0,
-            f"chunk_size: expected a positive int, got {chunk_size!r}")
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
     if chunk_size & (chunk_size - 1):
         raise NotImplementedError(f"chunk_size: only powers of two are supported, got {chunk_size}")
 
@@ -74,18 +69,20 @@ def check_tensors(io: tuple[str, torch.Tensor], **others: torch.Tensor | None) -
     tensor given floating and on the same device. float64 or integer inputs used to fail deep inside a Helion
     kernel (a 160-line InternalError), an empty sequence with an unpacking error."""
     name, tensor = io
-    _expect(tensor.dtype in IO_DTYPES, f"{name}: expected float16, bfloat16 or float32, got {tensor.dtype}")
-    _expect(tensor.device.type != "meta", f"{name}: on the meta device; expected a CUDA tensor (or CPU, reference "
-            "mode)")
-    _expect(tensor.numel() > 0, f"{name}: expected no empty dimension, got {tuple(tensor.shape)}")
+    if tensor.dtype not in IO_DTYPES:
+        raise ValueError(f"{name}: expected float16, bfloat16 or float32, got {tensor.dtype}")
+    if tensor.device.type == "meta":
+        raise ValueError(f"{name}: on the meta device; expected a CUDA tensor (or CPU, reference mode)")
+    if tensor.numel() == 0:
+        raise ValueError(f"{name}: expected no empty dimension, got {tuple(tensor.shape)}")
     for other, value in others.items():
         if value is None:
             continue
-        _expect(isinstance(value, torch.Tensor) and value.is_floating_point(),
-                f"{other}: expected a floating tensor, got "
-                + (str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__))
-        _expect(value.device == tensor.device, f"{other}: expected on {name}'s device {tensor.device}, got "
-                f"{value.device}")
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            raise ValueError(f"{other}: expected a floating tensor, got "
+                             + (str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__))
+        if value.device != tensor.device:
+            raise ValueError(f"{other}: expected on {name}'s device {tensor.device}, got {value.device}")
 
 
 def check_seq_idx(seq_idx: torch.Tensor | None, batch: int, seqlen: int, device: torch.device) -> None:
@@ -94,67 +91,80 @@ def check_seq_idx(seq_idx: torch.Tensor | None, batch: int, seqlen: int, device:
     copy, which stalls an eager training step at every layer."""
     if seq_idx is None:
         return
-    _expect(isinstance(seq_idx, torch.Tensor), f"seq_idx: expected an integer tensor, got {type(seq_idx).__name__}")
-    _expect(tuple(seq_idx.shape) == (batch, seqlen), f"seq_idx: expected {(batch, seqlen)}, got "
-            f"{tuple(seq_idx.shape)}")
-    _expect(not seq_idx.is_floating_point() and not seq_idx.is_complex() and seq_idx.dtype != torch.bool,
-            f"seq_idx: expected an integer tensor (int32), got {seq_idx.dtype}")
-    _expect(seq_idx.device == device, f"seq_idx: expected on the device {device}, got {seq_idx.device}")
-    if seq_idx.device.type == "cpu" and seqlen > 1:
-        _expect(bool((seq_idx[:, 1:] >= seq_idx[:, :-1]).all()),
-                "seq_idx: expected non-decreasing document indices along each row")
+    if not isinstance(seq_idx, torch.Tensor):
+        raise ValueError(f"seq_idx: expected an integer tensor, got {type(seq_idx).__name__}")
+    if tuple(seq_idx.shape) != (batch, seqlen):
+        raise ValueError(f"seq_idx: expected {(batch, seqlen)}, got {tuple(seq_idx.shape)}")
+    if seq_idx.is_floating_point() or seq_idx.is_complex() or seq_idx.dtype == torch.bool:
+        raise ValueError(f"seq_idx: expected an integer tensor (int32), got {seq_idx.dtype}")
+    if seq_idx.device != device:
+        raise ValueError(f"seq_idx: expected on the device {device}, got {seq_idx.device}")
+    checkable = seq_idx.device.type == "cpu" and seqlen > 1 and not torch.compiler.is_compiling()
+    if checkable and not bool((seq_idx[:, 1:] >= seq_idx[:, :-1]).all()):
+        raise ValueError("seq_idx: expected non-decreasing document indices along each row")
 
 
 def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit) -> None:
     """The shape contract of mamba_chunk_scan_combined, with errors naming the argument."""
-    _expect(isinstance(x, torch.Tensor) and x.dim() == 4, f"x: expected (batch, seqlen, nheads, headdim), got "
-            f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not (isinstance(x, torch.Tensor) and x.dim() == 4):
+        raise ValueError(f"x: expected (batch, seqlen, nheads, headdim), got "
+                f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     check_tensors(("x", x), dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
     batch, seqlen, nheads, headdim = x.shape
     check_chunk_size(chunk_size)
-    _expect(tuple(dt.shape) == (batch, seqlen, nheads),
-            f"dt: expected {(batch, seqlen, nheads)}, got {tuple(dt.shape)}")
-    _expect(tuple(A.shape) == (nheads,), f"A: expected ({nheads},), got {tuple(A.shape)}")
-    _expect(B.dim() == 4 and B.shape[:2] == (batch, seqlen),
-            f"B: expected (batch={batch}, seqlen={seqlen}, ngroups, dstate), got {tuple(B.shape)}")
+    if tuple(dt.shape) != (batch, seqlen, nheads):
+        raise ValueError(f"dt: expected {(batch, seqlen, nheads)}, got {tuple(dt.shape)}")
+    if tuple(A.shape) != (nheads,):
+        raise ValueError(f"A: expected ({nheads},), got {tuple(A.shape)}")
+    if not (B.dim() == 4 and B.shape[:2] == (batch, seqlen)):
+        raise ValueError(f"B: expected (batch={batch}, seqlen={seqlen}, ngroups, dstate), got {tuple(B.shape)}")
     ngroups = B.shape[2]
-    _expect(nheads % ngroups == 0, f"B: ngroups ({ngroups}) must divide nheads ({nheads})")
-    _expect(C.shape == B.shape, f"C: expected the shape of B {tuple(B.shape)}, got {tuple(C.shape)}")
-    if z is not None:
-        _expect(z.shape == x.shape, f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
-    if D is not None:
-        _expect(tuple(D.shape) in {(nheads,), (nheads, headdim)},
-                f"D: expected ({nheads},) or ({nheads}, {headdim}), got {tuple(D.shape)}")
-    if dt_bias is not None:
-        _expect(tuple(dt_bias.shape) == (nheads,), f"dt_bias: expected ({nheads},), got {tuple(dt_bias.shape)}")
+    if nheads % ngroups != 0:
+        raise ValueError(f"B: ngroups ({ngroups}) must divide nheads ({nheads})")
+    if C.shape != B.shape:
+        raise ValueError(f"C: expected the shape of B {tuple(B.shape)}, got {tuple(C.shape)}")
+    if z is not None and z.shape != x.shape:
+        raise ValueError(f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
+    if D is not None and tuple(D.shape) not in {(nheads,), (nheads, headdim)}:
+        raise ValueError(f"D: expected ({nheads},) or ({nheads}, {headdim}), got {tuple(D.shape)}")
+    if dt_bias is not None and tuple(dt_bias.shape) != (nheads,):
+        raise ValueError(f"dt_bias: expected ({nheads},), got {tuple(dt_bias.shape)}")
     if initial_states is not None:
         expected = (batch, nheads, headdim, B.shape[3])
-        _expect(tuple(initial_states.shape) == expected,
-                f"initial_states: expected {expected}, got {tuple(initial_states.shape)}")
+        if tuple(initial_states.shape) != expected:
+            raise ValueError(f"initial_states: expected {expected}, got {tuple(initial_states.shape)}")
     check_seq_idx(seq_idx, batch, seqlen, x.device)
-    _expect(len(dt_limit) == 2 and dt_limit[0] <= dt_limit[1],
-            f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
+    if not (len(dt_limit) == 2 and dt_limit[0] <= dt_limit[1]):
+        raise ValueError(f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
 
 
 def check_cu_seqlens(x, cu_seqlens) -> None:
-    """cu_seqlens for return_varlen_states: given, batch 1, a 1-D integer tensor on x's device holding
-    0 = cu_seqlens[0] <= cu_seqlens[1] <= ... <= cu_seqlens[-1] = seqlen (one device-to-host copy)."""
-    _expect(cu_seqlens is not None,
-            "return_varlen_states: cu_seqlens must be provided if return_varlen_states is True")
-    batch, seqlen = x.shape[:2]
-    _expect(batch == 1, f"cu_seqlens: passing cu_seqlens to get the varlen states is only supported if batch "
-            f"dimension is 1, got batch {batch}")
-    _expect(isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 1
-            and not cu_seqlens.is_floating_point() and not cu_seqlens.is_complex() and cu_seqlens.dtype != torch.bool,
-            "cu_seqlens: expected a 1-D integer tensor (num_seqs + 1,), got "
-            + (f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}" if isinstance(cu_seqlens, torch.Tensor)
-               else type(cu_seqlens).__name__))
-    _expect(cu_seqlens.device == x.device, f"cu_seqlens: expected on x's device {x.device}, got {cu_seqlens.device}")
+    """cu_seqlens for return_varlen_states: given, batch 1, a 1-D integer tensor on x's device. Its values
+    (``check_cu_seqlens_values``) are checked where the forward runs, inside the operator."""
+    if cu_seqlens is None:
+        raise ValueError("return_varlen_states: cu_seqlens must be provided if return_varlen_states is True")
+    batch = x.shape[0]
+    if batch != 1:
+        raise ValueError(f"cu_seqlens: passing cu_seqlens to get the varlen states is only supported if batch "
+                         f"dimension is 1, got batch {batch}")
+    if not (isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 1
+            and not cu_seqlens.is_floating_point() and not cu_seqlens.is_complex() and cu_seqlens.dtype != torch.bool):
+        raise ValueError("cu_seqlens: expected a 1-D integer tensor (num_seqs + 1,), got "
+                         + (f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}" if isinstance(cu_seqlens, torch.Tensor)
+                            else type(cu_seqlens).__name__))
+    if cu_seqlens.device != x.device:
+        raise ValueError(f"cu_seqlens: expected on x's device {x.device}, got {cu_seqlens.device}")
+
+
+def check_cu_seqlens_values(cu_seqlens: torch.Tensor, seqlen: int) -> None:
+    """0 = cu_seqlens[0] <= cu_seqlens[1] <= ... <= cu_seqlens[-1] = seqlen (one device-to-host copy)."""
     bounds = cu_seqlens.tolist()
-    _expect(bounds[0] == 0, f"cu_seqlens: expected to start at 0, got {bounds[0]}")
-    _expect(all(a <= b for a, b in zip(bounds, bounds[1:], strict=False)),
-            f"cu_seqlens: expected non-decreasing offsets, got {bounds}")
-    _expect(bounds[-1] == seqlen, f"cu_seqlens: expected to end at seqlen ({seqlen}), got {bounds[-1]}")
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens: expected to start at 0, got {bounds[0]}")
+    if any(a > b for a, b in zip(bounds, bounds[1:], strict=False)):
+        raise ValueError(f"cu_seqlens: expected non-decreasing offsets, got {bounds}")
+    if bounds[-1] != seqlen:
+        raise ValueError(f"cu_seqlens: expected to end at seqlen ({seqlen}), got {bounds[-1]}")
 
 
 # The Helion stages, named as compose.forward/backward expect them; the ddA terms stay partials until the
@@ -185,45 +195,87 @@ def call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx) -> dict:
             "dstate": B.shape[3], "chunk_size": chunk_size, "dtype": dtype_name(x.dtype), "call": pattern}
 
 
-class _MambaChunkScanCombinedFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_softplus, dt_limit,
-                return_final_states, cu_seqlens):
-        ctx.call = seen.current()
+@torch.library.custom_op("mamba2_kernels::ssd_combined_fwd", mutates_args=())
+def _ssd_fwd_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+                D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+                dt_softplus: bool, dt_limit: Sequence[float], return_final_states: bool) -> list[torch.Tensor]:
+    """The forward as one operator that torch.compile keeps whole (``_ssd_fwd_fake`` gives its outputs):
+    [out, final_states, out_x (the pre-gate output, when z is given), varlen_states (with cu_seqlens)].
+    ``return_final_states`` only tells the backward whether final_states can carry a gradient."""
+    if cu_seqlens is not None:
+        check_cu_seqlens_values(cu_seqlens, x.shape[1])
+    with seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
         out, out_x, _, _, _, final_states, *varlen = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias,
-                                                                 initial_states, seq_idx, dt_softplus, dt_limit,
-                                                                 cu_seqlens=cu_seqlens)
-        ctx.save_for_backward(out if z is None else out_x, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx)
-        ctx.chunk_size = chunk_size
-        ctx.dt_softplus = dt_softplus
-        ctx.dt_limit = dt_limit
-        ctx.return_final_states = return_final_states
-        ctx.return_varlen_states = cu_seqlens is not None
-        if ctx.return_varlen_states:
-            ctx.set_materialize_grads(False)  # so that an unused varlen_states brings no gradient
-        results = (out, *((final_states,) if return_final_states else ()), *varlen)
-        return results if len(results) > 1 else out
-
-    @staticmethod
-    def backward(ctx, dout, *rest):
-        out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
-        dfinal_states = rest[0] if ctx.return_final_states else None
-        if ctx.return_varlen_states:
-            if rest[-1] is not None:
-                raise NotImplementedError("varlen_states: gradients through varlen_states are not supported "
-                                          "(mamba-ssm supports no backward at all with return_varlen_states)")
-            if dout is None:  # only final_states is used
-                dout = torch.zeros_like(out)
-        if dout.stride(-1) != 1:
-            dout = dout.contiguous()
-        with seen.calling(**ctx.call) if ctx.call else contextlib.nullcontext():
-            dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
-                dout, x, dt, A, B, C, out, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-                dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=ctx.dt_softplus, dt_limit=ctx.dt_limit)
-        return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None, None)
+                                                                 initial_states, seq_idx, dt_softplus,
+                                                                 tuple(dt_limit), cu_seqlens=cu_seqlens)
+    return present([out, final_states, out_x if z is not None else None, *varlen])
 
 
-@eager_under_compile
+@_ssd_fwd_op.register_fake
+def _ssd_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+                  dt_limit, return_final_states):
+    batch, _, nheads, headdim = x.shape
+    state = (nheads, headdim, B.shape[-1])
+    varlen = C.new_empty((cu_seqlens.shape[0] - 1, *state)) if cu_seqlens is not None else None
+    out_x = torch.empty_like(x, memory_format=torch.contiguous_format) if z is not None else None
+    return present([torch.empty_like(x, memory_format=torch.contiguous_format),
+                    x.new_empty((batch, *state), dtype=torch.float32), out_x, varlen])
+
+
+def _ssd_setup_context(ctx, inputs, output):
+    x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit, \
+        return_final_states = inputs
+    ctx.save_for_backward(output[0] if z is None else output[2], x, dt, A, B, C, D, z, dt_bias, initial_states,
+                          seq_idx)
+    ctx.chunk_size, ctx.dt_softplus, ctx.dt_limit = chunk_size, dt_softplus, tuple(dt_limit)
+    ctx.return_final_states = return_final_states
+
+
+def _ssd_backward(ctx, grads):
+    out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
+    dout, dfinal_states, *rest = grads
+    dvarlen_states = rest[-1] if len(rest) == (z is not None) + 1 else None
+    optional = (D, z, dt_bias, initial_states)
+    dx, ddt, dA, dB, dC, *given = torch.ops.mamba2_kernels.ssd_combined_bwd(
+        dout, x, dt, A, B, C, out, ctx.chunk_size, D, z, dt_bias, initial_states,
+        dfinal_states if ctx.return_final_states else None, dvarlen_states, seq_idx, ctx.dt_softplus, ctx.dt_limit)
+    dD, dz, ddt_bias, dinitial_states = placed(given, optional)
+    return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None, None)
+
+
+_ssd_fwd_op.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
+
+
+@torch.library.custom_op("mamba2_kernels::ssd_combined_bwd", mutates_args=())
+def _ssd_bwd_op(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None,
+                dt_bias: torch.Tensor | None, initial_states: torch.Tensor | None,
+                dfinal_states: torch.Tensor | None, dvarlen_states: torch.Tensor | None,
+                seq_idx: torch.Tensor | None, dt_softplus: bool, dt_limit: Sequence[float]) -> list[torch.Tensor]:
+    """The backward as one operator: [dx, ddt, dA, dB, dC, then dD, dz, ddt_bias, dinitial_states for those of
+    D, z, dt_bias, initial_states given]. ``out`` is the forward's pre-gate output when z is given."""
+    if dvarlen_states is not None and bool(dvarlen_states.any()):
+        raise NotImplementedError("varlen_states: gradients through varlen_states are not supported "
+                                  "(mamba-ssm supports no backward at all with return_varlen_states)")
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    with seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
+        dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
+            dout, x, dt, A, B, C, out, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+            dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit))
+    if ddt_bias is not None:  # a view of dA's buffer (one reduction makes both); an operator's outputs must not alias
+        ddt_bias = ddt_bias.clone()
+    return [dx, ddt, dA, dB, dC, *present([dD, dz, ddt_bias, dinitial_states])]
+
+
+@_ssd_bwd_op.register_fake
+def _ssd_bwd_fake(dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, initial_states, dfinal_states,
+                  dvarlen_states, seq_idx, dt_softplus, dt_limit):
+    return [torch.empty_like(t, memory_format=torch.contiguous_format)
+            for t in present([x, dt, A, B, C, D, z, dt_bias, initial_states])]
+
+
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, INF),
                               return_final_states=False, return_varlen_states=False):
@@ -241,6 +293,10 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         check_cu_seqlens(x, cu_seqlens)
     else:
         cu_seqlens = None  # unused, as in mamba-ssm
-    with seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
-        return _MambaChunkScanCombinedFn.apply(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
-                                               dt_softplus, tuple(dt_limit), return_final_states, cu_seqlens)
+    out, final_states, *rest = torch.ops.mamba2_kernels.ssd_combined_fwd(
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
+        [float(v) for v in dt_limit], return_final_states)
+    varlen_states = rest[-1] if return_varlen_states else None
+    results = (out, *((final_states,) if return_final_states else ()),
+               *((varlen_states,) if return_varlen_states else ()))
+    return results if len(results) > 1 else out

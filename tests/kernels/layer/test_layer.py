@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.backends.debugging import aot_eager
 
 import mamba2_kernels
 from mamba2_kernels import _mamba_ssm
@@ -280,25 +281,45 @@ COMPILE_CASES = [pytest.param(device, memeff, id=f"{device}-memeff{int(memeff)}"
 
 
 @pytest.mark.parametrize(("device", "use_mem_eff_path"), COMPILE_CASES)
-def test_patched_mamba2_runs_under_torch_compile(patched, device, use_mem_eff_path):
-    """torch.compile around a patched Mamba2: the drop-ins (the whole layer; or the conv, the SSD call and the
-    gated norm) run eagerly behind graph breaks, with the eager outputs and gradients. Dynamo cannot trace
-    their config lookup and Helion's kernel binding: without the breaks it failed inside the autograd Function.
-    On a GPU Inductor compiles the rest of the module (the projections), so the results agree to rounding."""
-    module, u, dout = _module_case(patched, use_mem_eff_path, ngroups=2)
-    module, u, dout = module.to(device), u.to(device), dout.to(device)
+def test_patched_mamba2_compiles_whole_once_for_three_lengths(patched, device, use_mem_eff_path):
+    """torch.compile(fullgraph=True, dynamic=True) of a patched Mamba2: no graph break (fullgraph raises on
+    one), one graph for three sequence lengths (one of them not a multiple of the chunk), and the eager
+    outputs and gradients. The drop-ins are torch.library operators with fake functions, so Dynamo keeps them
+    in the graph; before, each was a graph break. On a GPU Inductor compiles the rest of the module (the
+    projections), so the results agree to rounding."""
+    module, _, _ = _module_case(patched, use_mem_eff_path, ngroups=2)
+    module = module.to(device)
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return (aot_eager if device == "cpu" else torch._inductor.compile)(graph, example_inputs)
+
     torch._dynamo.reset()
-    with execution_mode("ref") if device == "cpu" else contextlib.nullcontext():
-        eager = module(u)
-        eager.backward(dout)
-        grads = {name: param.grad.clone() for name, param in module.named_parameters()}
-        module.zero_grad()
-        compiled = torch.compile(module, backend="aot_eager" if device == "cpu" else "inductor")(u)
-        compiled.backward(dout)
+    compiled_module = torch.compile(module, backend=backend, fullgraph=True, dynamic=True)
     tolerance = {} if device == "cpu" else {"atol": 1e-3, "rtol": 1e-3}
-    torch.testing.assert_close(compiled, eager, **tolerance)
-    for name, param in module.named_parameters():
-        torch.testing.assert_close(param.grad, grads[name], msg=f"d{name}", **tolerance)
+    with execution_mode("ref") if device == "cpu" else contextlib.nullcontext():
+        for seqlen in (40, 64, 23):
+            u = torch.randn(2, seqlen, 64, generator=torch.Generator().manual_seed(seqlen)).to(device)
+            dout = torch.randn(2, seqlen, 64, generator=torch.Generator().manual_seed(seqlen + 1)).to(device)
+            module.zero_grad()
+            eager = module(u)
+            eager.backward(dout)
+            grads = {name: param.grad.clone() for name, param in module.named_parameters()}
+            module.zero_grad()
+            compiled = compiled_module(u)
+            compiled.backward(dout)
+            torch.testing.assert_close(compiled, eager, **tolerance)
+            for name, param in module.named_parameters():
+                torch.testing.assert_close(param.grad, grads[name], msg=f"d{name} at seqlen {seqlen}", **tolerance)
+    # Dynamo also hands the backend an empty graph of a frame with no tensor work; the module is one graph,
+    # which holds the drop-ins' operators.
+    graphs = [g for g in graphs if len(g.graph.nodes)]
+    assert len(graphs) == 1
+    ops = {str(node.target).removesuffix(".default") for node in graphs[0].graph.nodes if node.op == "call_function"}
+    expected = {"mamba2_kernels.ssd_combined_fwd", "mamba2_kernels.causal_conv1d_fwd",
+                "mamba2_kernels.gated_rmsnorm_fwd"}
+    assert expected <= ops, sorted(ops)
 
 
 def test_patch_routes_both_paths_through_our_kernels(patched, monkeypatch):
