@@ -121,12 +121,12 @@ def _bcqh(t: torch.Tensor) -> torch.Tensor:
     return t.permute(0, 2, 3, 1)
 
 
-def _exp_nonpos(t: torch.Tensor) -> torch.Tensor:
+def exp_nonpos(t: torch.Tensor) -> torch.Tensor:
     # The kernels compute exp(min(t, 0)): it never overflows, and equals exp(t) whenever A <= 0.
     return torch.exp(t.clamp(max=0.0))
 
 
-def _dt_transform(dt, dt_bias, dt_softplus, dt_limit):
+def dt_transform(dt, dt_bias, dt_softplus, dt_limit):
     """dt + bias, softplus (identity above 20, as mamba-ssm), clamp to dt_limit."""
     if dt_bias is not None:
         dt = dt + dt_bias
@@ -160,7 +160,7 @@ def chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=None, dt_softplus=False, dt_limi
     batch, seqlen, nheads = dt.shape
     assert A.shape == (nheads,)
     cd = _cdtype(dt, A, dt_bias)
-    d = _dt_transform(dt.to(cd), None if dt_bias is None else dt_bias.to(cd), dt_softplus, dt_limit)
+    d = dt_transform(dt.to(cd), None if dt_bias is None else dt_bias.to(cd), dt_softplus, dt_limit)
     d = _bhcq(_chunk(d, chunk_size))  # padding added after the transform: it must be 0, not f(0)
     dA_cumsum = torch.cumsum(d * A.to(cd)[:, None, None], dim=-1)
     od = _odtype(torch.float32, cd)
@@ -182,7 +182,7 @@ def chunk_state_fwd(B, x, dt, dA_cumsum, seq_idx=None, states_in_fp32=True):
     Bc = _chunk(_heads(B.to(cd), nheads), chunk_size)
     xc = _chunk(x.to(cd), chunk_size)
     dA_cumsum = dA_cumsum.to(cd)
-    scale = _exp_nonpos(dA_cumsum[..., -1:] - dA_cumsum) * dt.to(cd)
+    scale = exp_nonpos(dA_cumsum[..., -1:] - dA_cumsum) * dt.to(cd)
     if seq_idx is not None:
         seq, last, _ = _seq_info(seq_idx, chunk_size)
         keep = (seq == last[..., None]) & (last[..., None] >= 0)
@@ -246,7 +246,7 @@ def chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states):
         c, l0 = last // chunk_size, last // chunk_size * chunk_size
         first = max(start, l0)
         dA = dA_cumsum[:, c].to(cd)  # (h, Q)
-        scale = _exp_nonpos(dA[:, last - l0, None] - dA[:, first - l0:end - l0]) * dt[:, c, first - l0:end - l0].to(cd)
+        scale = exp_nonpos(dA[:, last - l0, None] - dA[:, first - l0:end - l0]) * dt[:, c, first - l0:end - l0].to(cd)
         state = torch.einsum("hl,lhp,lhn->hpn", scale, x[first:end].to(cd), Bh[first:end])
         if start < l0:
             state = state + chunk_states[c].to(cd) * torch.exp(dA[:, last - l0])[:, None, None]
@@ -305,7 +305,7 @@ def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None
     # Intra-chunk causal part.
     seg = dA_cumsum[..., :, None] - dA_cumsum[..., None, :]  # (b,h,c,l,s)
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=x.device).tril()
-    w = torch.where(causal, _exp_nonpos(seg), 0.0) * dt.to(cd)[..., None, :]
+    w = torch.where(causal, exp_nonpos(seg), 0.0) * dt.to(cd)[..., None, :]
     w = w * cb.to(cd).repeat_interleave(nheads // ngroups, dim=2).transpose(1, 2)
     y = y + torch.einsum("bhcls,bcshp->bclhp", w, xc)
     y = _unchunk(y, seqlen)
@@ -430,7 +430,7 @@ def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None
     assert dstates.shape == (batch, nchunks, nheads, headdim, B.shape[3])
     cd = _cdtype(x, dt, dA_cumsum, B, CB, dout, dstates, D)
     dA_cumsum = dA_cumsum.to(cd)
-    scale = _exp_nonpos(dA_cumsum[..., -1:] - dA_cumsum)
+    scale = exp_nonpos(dA_cumsum[..., -1:] - dA_cumsum)
     if seq_idx is not None:
         seq, last, _ = _seq_info(seq_idx, chunk_size)
         scale = scale * (seq == last[..., None])[:, None].to(cd)
@@ -438,7 +438,7 @@ def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None
     acc = torch.einsum("bclhn,bchpn,bhcl->bclhp", Bc, dstates.to(cd), scale)
     seg = dA_cumsum[..., :, None] - dA_cumsum[..., None, :]  # (b,h,c,s,l) = dA_cs[s] - dA_cs[l]
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=x.device).tril()
-    w = torch.where(causal, _exp_nonpos(seg), 0.0)
+    w = torch.where(causal, exp_nonpos(seg), 0.0)
     w = w * CB.to(cd).repeat_interleave(nheads // ngroups, dim=2).transpose(1, 2)
     doutc = _chunk(dout.to(cd), chunk_size)
     acc = acc + torch.einsum("bhcsl,bcshp->bclhp", w, doutc)
@@ -464,7 +464,7 @@ def chunk_state_bwd_db(x, dt, dA_cumsum, dstates, seq_idx=None, B=None, ngroups=
     _, _, nchunks, chunk_size = dt.shape
     cd = _cdtype(x, dt, dA_cumsum, dstates, B)
     dA_cumsum = dA_cumsum.to(cd)
-    scale = _exp_nonpos(dA_cumsum[..., -1:] - dA_cumsum) * dt.to(cd)
+    scale = exp_nonpos(dA_cumsum[..., -1:] - dA_cumsum) * dt.to(cd)
     if seq_idx is not None:
         seq, last, _ = _seq_info(seq_idx, chunk_size)
         scale = scale * (seq == last[..., None])[:, None].to(cd)
@@ -526,7 +526,7 @@ def chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1)
     doutc = _chunk(dout.to(cd), chunk_size)
     seg = dA_cumsum[..., :, None] - dA_cumsum[..., None, :]
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=x.device).tril()
-    w = torch.where(causal, _exp_nonpos(seg), 0.0) * dt.to(cd)[..., None, :]
+    w = torch.where(causal, exp_nonpos(seg), 0.0) * dt.to(cd)[..., None, :]
     dcb_h = torch.einsum("bclhp,bcshp->bhcls", doutc, xc) * w
     if seq_idx is not None:
         seq, _, _ = _seq_info(seq_idx, chunk_size)
@@ -571,7 +571,7 @@ def chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb):
     doutc = _chunk(dout.to(cd), chunk_size)
     seg = dA_cumsum[..., :, None] - dA_cumsum[..., None, :]
     strict = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=x.device).tril(-1)
-    w = torch.where(strict, _exp_nonpos(seg), 0.0) * dt.to(cd)[..., None, :]
+    w = torch.where(strict, exp_nonpos(seg), 0.0) * dt.to(cd)[..., None, :]
     w = w * cb.to(cd).repeat_interleave(nheads // ngroups, dim=2).transpose(1, 2)
     m = torch.einsum("bclhp,bcshp->bhcls", doutc, xc) * w
     return _intra_ddA(m, chunk_size).to(_odtype(torch.float32, cd))
@@ -677,7 +677,7 @@ def ssd_recurrent_ref(x, dt, A, B, C, chunk_size=None, D=None, z=None, dt_bias=N
     """
     batch, seqlen, nheads, headdim = x.shape
     cd = _cdtype(x, dt, A, B, C, D, z, dt_bias, initial_states)
-    d = _dt_transform(dt.to(cd), None if dt_bias is None else dt_bias.to(cd), dt_softplus, dt_limit)
+    d = dt_transform(dt.to(cd), None if dt_bias is None else dt_bias.to(cd), dt_softplus, dt_limit)
     xf = x.to(cd)
     Bh = _heads(B.to(cd), nheads)
     Ch = _heads(C.to(cd), nheads)

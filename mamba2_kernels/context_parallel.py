@@ -1,0 +1,106 @@
+"""Context parallelism for the SSD call: a sequence split across the ranks of a process group, each rank
+holding one contiguous slice in rank order, gives the outputs and gradients of the whole sequence.
+
+Each rank runs ``mamba_chunk_scan_combined`` on its slice from a zero state (rank 0 from the call's
+``initial_states``). The SSD is linear in the state entering a slice, so the state the slice would have
+started from is added afterwards: every rank all-gathers the slices' end states and their decays (one
+``torch.distributed`` all-gather of (batch, nheads, headdim, dstate) per rank, differentiable), composes the
+state entering its own slice, and adds its contribution to the outputs of the slice's first document,
+``C_t . exp(sum of A dt up to t) * state``, and to its end state. The state's gradient flows back through the
+same all-gather (its backward sends each rank the gradient of its end state), so the gradients equal the
+whole sequence's.
+
+With ``seq_idx`` (packed documents, the same document numbers as the whole sequence's), a state passes from a
+slice to the next only where the next slice starts inside the document the previous one ended in, and
+through a slice only where the slice holds one document. ``z`` is applied after the correction, as the
+gate ``y * silu(z)``. Not supported: ``cu_seqlens`` / ``return_varlen_states``.
+
+    out = mamba_chunk_scan_combined_cp(x, dt, A, B, C, chunk_size, ..., group=None)
+
+Returns this rank's slice of the output, then (``return_final_states``) the state at the end of this rank's
+slice (on the last rank: the whole sequence's final state).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from mamba2_kernels.ssd.combined import check_arguments, mamba_chunk_scan_combined
+from mamba2_kernels.ssd.naive import dt_transform, exp_nonpos
+
+INF = float("inf")
+
+
+def _all_gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's ``tensor``, differentiable (its backward returns each rank the sum of the gradients that
+    reached its tensor on all ranks)."""
+    from torch.distributed.nn.functional import all_gather
+
+    with warnings.catch_warnings():  # deprecated in favour of a private module; it is the public, gloo-capable one
+        warnings.simplefilter("ignore", FutureWarning)
+        return list(all_gather(tensor.contiguous(), group=group))
+
+
+def _gather_ends(end: torch.Tensor, decay: torch.Tensor, group) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every rank's end state (b, h, p, n) and decay (b, h), in one all-gather: one autograd node whose
+    backward every rank reaches."""
+    gathered = _all_gather(torch.cat([end.flatten(), decay.flatten()]), group)
+    return ([g[:end.numel()].view(end.shape) for g in gathered], [g[end.numel():].view(decay.shape) for g in gathered])
+
+
+def _entering_state(ends, decays, continues, whole, rank: int) -> torch.Tensor:
+    """The state entering slice ``rank``: slice r-1's end state plus, where slice r-1 is one document, the
+    state entering it decayed through it; kept only where slice r starts in the document slice r-1 ended in.
+    ``ends``, ``decays``, ``continues``, ``whole``: per rank, (b, h, p, n), (b, h), (b,), (b,). Rank 0's is
+    zero, made from the gathered states all the same: every rank's backward must reach the all-gather's,
+    which is a collective (a rank that skipped it would leave the others waiting)."""
+    state = 0 * ends[0]
+    for r in range(1, rank + 1):
+        end = ends[r - 1] + (whole[r - 1][:, None] * decays[r - 1])[..., None, None] * state
+        state = continues[r][:, None, None, None] * end
+    return state
+
+
+def mamba_chunk_scan_combined_cp(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                                 seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), return_final_states=False,
+                                 group=None):
+    """``mamba_chunk_scan_combined`` over a sequence split across ``group``'s ranks (module docstring): x, dt,
+    B, C, z, seq_idx are this rank's slice (the same length on every rank is not required); A, D, dt_bias the
+    same everywhere; initial_states is used on rank 0 only."""
+    check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("group: torch.distributed is not initialized; call init_process_group first")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    batch, _, nheads, headdim = x.shape
+    ngroups = B.shape[2]
+    y, end = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+                                       initial_states=initial_states if rank == 0 else None, seq_idx=seq_idx,
+                                       dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=True)
+    log_decay = torch.cumsum(dt_transform(dt.float(), None if dt_bias is None else dt_bias.float(), dt_softplus,
+                                          dt_limit) * A.float(), dim=1)  # (b, L, h)
+    if seq_idx is None:
+        first_doc = last_doc = torch.zeros(batch, dtype=torch.int64, device=x.device)
+        in_first_doc = None
+    else:
+        first_doc, last_doc = seq_idx[:, 0].long(), seq_idx[:, -1].long()
+        in_first_doc = seq_idx == seq_idx[:, :1]  # (b, L)
+    ends, decays = _gather_ends(end.float(), exp_nonpos(log_decay[:, -1]), group)
+    docs = _all_gather(torch.stack([first_doc, last_doc]), group)
+    continues = [torch.zeros(batch, device=x.device)] + [(docs[r][0] == docs[r - 1][1]).float()
+                                                         for r in range(1, world)]
+    whole = [(d[0] == d[1]).float() for d in docs]
+    state = _entering_state(ends, decays, continues, whole, rank)
+    # y[b, t, h, p] += exp(log_decay[b, t, h]) * sum_n C[b, t, g(h), n] * state[b, h, p, n]
+    grouped = state.view(batch, ngroups, nheads // ngroups, headdim, -1)
+    carried = torch.einsum("btgn,bgkpn->btgkp", C.float(), grouped).reshape(batch, -1, nheads, headdim)
+    weight = exp_nonpos(log_decay)
+    if in_first_doc is not None:
+        weight = weight * in_first_doc[..., None]
+    y = (y.float() + weight[..., None] * carried).to(y.dtype)
+    end = end + (whole[rank][:, None] * decays[rank])[..., None, None] * state
+    out = y if z is None else (y.float() * F.silu(z.float())).to(y.dtype)
+    return (out, end) if return_final_states else out
