@@ -41,10 +41,11 @@ SSD: tuple[KernelEntry, ...] = (
     KernelEntry(
         name="ssd_combined_fwd_bwd", family="ssd", phase="call_fwd_bwd",
         replaces="mamba_chunk_scan_combined (forward + backward)", make_inputs=inputs_call, args=CALL_ARGS,
-        outputs=("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"), reference=f"{REFERENCE}:ssd_chunked_ref",
+        outputs=("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias", "dz", "dinitial_states"),
+        reference=f"{REFERENCE}:ssd_chunked_ref",
         baseline=COMBINED, bytes_moved=total(SSD_CALL_STAGES, "bytes_moved"), flops=total(SSD_CALL_STAGES, "flops"),
         helion="mamba2_kernels.ssd.combined:mamba_chunk_scan_combined",
-        grad_of=("x", "dt_raw", "A", "B", "C", "D", "dt_bias")),
+        grad_of=("x", "dt_raw", "A", "B", "C", "D", "dt_bias", "z_call", "initial_states")),
 )
 # The layer's own kernels (conv + SSD + gated norm), as Mamba2's memory-efficient path calls them.
 LAYER_ARGS = ("zxbcdt", "conv_weight", "conv_bias", "dt_bias", "A", "D", "chunk_size",

@@ -55,7 +55,8 @@ class KernelEntry:
     baseline_name: str = "mamba_ssm"
     # A package the baseline needs at run time (causal-conv1d's CUDA kernels), absent on many installs.
     baseline_requires: str | None = None
-    # A whole call through autograd: the outputs are the gradients of these inputs for upstream "dout".
+    # A whole call through autograd: the outputs are the gradients of these inputs for upstream "dout" (those
+    # of inputs that are None at a shape are left out).
     grad_of: tuple[str, ...] = ()
     # Outputs that concatenate quantities of different scales, judged part by part: inputs -> {output:
     # ((part, width along the last dim), ...)}; the parts replace the output as "output.part".
@@ -80,7 +81,9 @@ class KernelEntry:
         keywords = {k: inputs[v] for k, v in (a.split("=", 1) for a in self.args if "=" in a)}
         if not self.grad_of:
             return lambda: fn(*positional, **keywords)
-        leaves = {name: inputs[name].detach().requires_grad_(True) for name in self.grad_of}
+        # An optional input the shape's call leaves out (z, initial_states) has no gradient: None in its place.
+        leaves = {name: inputs[name].detach().requires_grad_(True) for name in self.grad_of
+                  if inputs[name] is not None}
         by_position = [name for name in self.args if "=" not in name]
         positional = tuple(leaves.get(name, value) for name, value in zip(by_position, positional, strict=True))
         keywords = {k: leaves.get(self._input_for(k), v) for k, v in keywords.items()}
@@ -89,9 +92,17 @@ class KernelEntry:
         def forward_backward():
             with torch.enable_grad():
                 out = fn(*positional, **keywords)
-                return torch.autograd.grad(out, wanted, dout)
+                grads = iter(torch.autograd.grad(out, wanted, dout))
+                return tuple(next(grads) if name in leaves else None for name in self.grad_of)
 
         return forward_backward
+
+    def outputs_at(self, inputs: Inputs) -> tuple[str, ...]:
+        """The outputs a call with ``inputs`` gives: of a whole call through autograd, the gradients of the
+        inputs given at the shape (``grad_of`` and ``outputs`` pair up in order)."""
+        if not self.grad_of:
+            return self.outputs
+        return tuple(out for out, name in zip(self.outputs, self.grad_of, strict=True) if inputs[name] is not None)
 
     def _input_for(self, keyword: str) -> str:
         return next(a.split("=", 1)[1] for a in self.args if a.startswith(f"{keyword}="))

@@ -122,3 +122,32 @@ def test_a_chunk_size_not_a_power_of_two_is_refused_before_any_kernel_runs():
             NotImplementedError, match="chunk_size: only powers of two are supported, got 48"):
         mamba2_kernels.mamba_chunk_scan_combined(**_problem(), chunk_size=48)
     assert launches == []
+
+
+def test_the_whole_calls_precision_judges_dz_and_dinitial_states(monkeypatch):
+    """The bench's precision of the whole call (forward + backward) covers the gradients of z and of the
+    initial states where the shape's call gives them, like the other gradients: a wrong dz fails it."""
+    from mamba2_guard.bench.run import precision_of
+    from mamba2_kernels import registry, suites
+    from mamba2_kernels.ssd import combined
+
+    entry = registry.get("ssd_combined_fwd_bwd")
+    shape = suites.load().shape("smoke").replace(z=True, initial_states=True)
+    with execution_mode("ref"):
+        inputs = entry.inputs(shape, seed=0)
+        checked = precision_of(entry, inputs, entry.run_helion(inputs))
+        assert checked.ok
+        assert {"dz", "dinitial_states"} <= {o["output"] for o in checked.outputs}
+        plain = entry.run_helion(entry.inputs(suites.load().shape("smoke"), seed=0))
+        assert "dz" not in plain and "dinitial_states" not in plain
+        backward = combined.ssd_backward
+
+        def wrong_dz(*args, **kwargs):
+            grads = list(backward(*args, **kwargs))
+            grads[6] = grads[6] * 1.01
+            return tuple(grads)
+
+        monkeypatch.setattr(combined, "ssd_backward", wrong_dz)
+        broken = precision_of(entry, inputs, entry.run_helion(inputs))
+    assert not broken.ok
+    assert [o["output"] for o in broken.outputs if not o["ok"]] == ["dz"]
