@@ -139,3 +139,21 @@ def test_pr_target_from_the_command_line(tmp_path, capsys, current_fp):
     code, _, err = run_cli(capsys, "pr", "--dry-run", "--root", str(root), "--state-dir", str(tmp_path / "s2"),
                            "--repo", "no-slash")
     assert code == 2 and "--repo: expected OWNER/NAME" in err
+
+
+def test_pr_refuses_an_unknown_slug_and_another_machines_gpu(tmp_path, capsys, current_fp):
+    """A misspelt --gpu-slug exits 2 with "did you mean" (it used to exit 0 with "nothing to propose"), and a
+    PR for a GPU this machine is not (here: a CPU machine, for an H200 file) exits 2 before drafting: the
+    body would carry this machine's fingerprint as the H200's environment."""
+    root = make_root(tmp_path, current_fp)
+    config_store.save(root / "mamba2_kernels" / "configs" / "nvidia-h200.yaml",
+                      config_store.ConfigFile(fingerprint=current_fp, tuned={}, kernels={}))
+    state = str(tmp_path / "state")
+    code, out, err = run_cli(capsys, "pr", "--dry-run", "--root", str(root), "--state-dir", state,
+                             "--gpu-slug", "nvidia-h2000")
+    assert code == 2 and not out
+    assert err.startswith("mamba2-guard: pr: --gpu-slug: unknown GPU slug 'nvidia-h2000'; did you mean 'nvidia-h200'?")
+    code, out, err = run_cli(capsys, "pr", "--dry-run", "--root", str(root), "--state-dir", state,
+                             "--gpu-slug", "nvidia-h200")
+    assert code == 2 and not out
+    assert "--gpu-slug: this machine's GPU is cpu, not nvidia-h200" in err and len(err.splitlines()) == 1
