@@ -127,6 +127,7 @@ class _Context:
         self.idle = threading.Condition(self.lock)
         self.latest_mtime: float | None = None
         self.last_tick = time.time()
+        self.metrics_url: str | None = None  # where /metrics is served (the port bound, also for --metrics-port 0)
 
     def save(self) -> None:
         if self.state is not None:
@@ -378,7 +379,8 @@ def build_scheduler(config: DaemonConfig, catch_up: bool = False):
             _record(job, "error", now, now, repr(event.exception))
 
     def on_started(_event) -> None:
-        print(f"mamba2-guard daemon: state {state.root}, pid {os.getpid()}, jobs "
+        metrics = f"metrics on {CTX.metrics_url}, " if CTX.metrics_url else "no metrics server, "
+        print(f"mamba2-guard daemon: state {state.root}, pid {os.getpid()}, {metrics}jobs "
               + ", ".join(f"{j.id} (next {j.next_run_time:%Y-%m-%d %H:%M:%S %Z})" for j in sched.get_jobs()),
               flush=True)
 
@@ -445,10 +447,12 @@ def run_daemon(config: DaemonConfig) -> int:
                 print(f"mamba2-guard: --metrics-addr {config.metrics_addr} --metrics-port {config.metrics_port}: "
                       f"{exc.strerror or exc}", file=sys.stderr)
                 return EXIT_USAGE
-            log.info("metrics on http://%s:%d/metrics", config.metrics_addr, config.metrics_port)
+            CTX.metrics_url = f"http://{config.metrics_addr}:{server[0].server_address[1]}/metrics"
         catch_up = config.catch_up and catch_up_needed(config, CTX.data)
         if catch_up:
-            log.warning("nightly: the last success is older than its period; running a catch-up now")
+            never = ((CTX.data.get("jobs") or {}).get("nightly") or {}).get("last_success") is None
+            log.warning("nightly catch-up: %s; running one now", "none has succeeded in this state directory yet"
+                        if never else "the last success is older than its period")
         sched = build_scheduler(config, catch_up=catch_up)
         CTX.scheduler = sched
         stopping = threading.Event()

@@ -69,6 +69,7 @@ def test_catch_up_restart_and_one_copy_of_each_job(tmp_path, start_daemon):
     d = start_daemon(state, *FAR_CRON, "--nightly-target", CYCLE, "-o", "suite=smoke")
     d.wait_started()
     wait_for(lambda: d.count("nightly", "success") == 1, 30, what="catch-up nightly")
+    assert "nightly catch-up: none has succeeded in this state directory yet; running one now" in d.output()
     assert jobs.marks(state, "cycle-start")[0]["options"] == {"suite": "smoke"}
     assert d.stop() == 0
     assert job_ids(state) == ["drift", "metrics", "nightly"]
@@ -279,6 +280,8 @@ def test_daemon_serves_metrics(tmp_path, start_daemon):
     port = free_port()
     d = start_daemon(state, *FAR_CRON, "--nightly-target", CYCLE, "--metrics-port", str(port))
     d.wait_started()
+    first = next(line for line in d.output().splitlines() if line.startswith("mamba2-guard daemon: state"))
+    assert f", metrics on http://127.0.0.1:{port}/metrics, jobs " in first, first  # the first line says where
     wait_for(lambda: d.count("nightly", "success") == 1, 30, what="nightly")
 
     def scraped() -> str | None:
