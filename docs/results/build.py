@@ -1,4 +1,4 @@
-"""Generate ``docs/results/<slug>.md`` from each ``baselines/<slug>.yaml``.
+"""Generate ``docs/results/<slug>.md`` and its chart ``<slug>-speedups.svg`` from each ``baselines/<slug>.yaml``.
 
     python docs/results/build.py           # (re)write every page
     python docs/results/build.py --check   # exit 1, naming the stale page, when a committed page differs (CI)
@@ -6,7 +6,8 @@
 The rendering is ``mamba2_guard.core.results_page`` (pure); this file reads the baselines, maps each case's
 ``recorded_at`` to the raw run in ``baselines/runs/`` whose ``started_at`` it is, reads the tuned shapes
 (suites ``default`` and ``zoo-fit`` of ``mamba2_kernels/suites.yaml``) and the first calls
-(``baselines/first-call/<slug>.yaml``), and writes or compares the pages.
+(``baselines/first-call/<slug>.yaml``), and writes or compares the pages. The chart (``adapters.charts``,
+matplotlib) is compared by the digest of the data it was drawn from, which it carries.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from mamba2_guard.core.results_page import render  # noqa: E402
+from mamba2_guard.adapters import charts  # noqa: E402
+from mamba2_guard.core.results_page import call_speedups, render  # noqa: E402
 from mamba2_guard.flows.baselines import read_first_calls  # noqa: E402
 
 STARTED_AT = re.compile(r'"started_at":\s*"([^"]+)"')
@@ -51,18 +53,25 @@ def suite_shapes(root: Path, suite: str) -> list[str]:
     return list((data.get("suites") or {}).get(suite) or [])
 
 
-def pages(root: Path) -> dict[Path, str]:
+def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[dict, str]]]:
+    """The pages (path -> text) and their charts (path -> (data, title))."""
     out: dict[Path, str] = {}
+    drawn: dict[Path, tuple[dict, str]] = {}
     tuned = suite_shapes(root, "default") + suite_shapes(root, "zoo-fit")
     heldout = suite_shapes(root, "zoo-heldout")
     for baseline in sorted((root / "baselines").glob("*.yaml")):
         slug = baseline.stem
         data = yaml.safe_load(baseline.read_text()) or {}
         first_calls = read_first_calls(root / "baselines" / "first-call" / baseline.name)
+        series = call_speedups(data, tuned, heldout)
+        chart = f"{slug}-speedups.svg" if series else None
+        if chart:
+            gpu = (data.get("fingerprint") or {}).get("gpu_name") or slug
+            drawn[root / "docs" / "results" / chart] = (series, f"{gpu}: speedup against mamba-ssm per shape")
         out[root / "docs" / "results" / f"{slug}.md"] = render(
             data, slug, runs=run_files(root / "baselines" / "runs", slug), tuned_shapes=tuned, heldout_shapes=heldout,
-            source=f"baselines/{baseline.name}", first_calls=first_calls)
-    return out
+            source=f"baselines/{baseline.name}", first_calls=first_calls, chart=chart)
+    return out, drawn
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     root = args.root.resolve()
-    generated = pages(root)
+    generated, drawn = pages(root)
     if args.check:
-        stale = []
+        stale = [str(path.relative_to(root)) for path, (series, _) in drawn.items()
+                 if charts.drawn_from(path) != charts.digest(series)]
         for path, text in generated.items():
             current = path.read_text() if path.exists() else ""
             if current != text:
@@ -86,11 +96,14 @@ def main(argv: list[str] | None = None) -> int:
             for name in stale:
                 print(f"{name} is stale: run `python docs/results/build.py` and commit it", file=sys.stderr)
             return 1
-        print(f"{len(generated)} results page(s) up to date")
+        print(f"{len(generated)} results page(s) and {len(drawn)} chart(s) up to date")
         return 0
     for path, text in generated.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+        print(f"wrote {path.relative_to(root)}")
+    for path, (series, title) in drawn.items():
+        charts.speedup_bars(series, title, path)
         print(f"wrote {path.relative_to(root)}")
     return 0
 

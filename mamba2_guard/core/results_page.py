@@ -195,13 +195,29 @@ def _first_call_table(first_calls: Mapping[str, Mapping[str, Any]], tuned: list[
     return lines
 
 
+def call_speedups(baseline: Mapping[str, Any], tuned_shapes: Iterable[str],
+                  heldout_shapes: Iterable[str]) -> dict[str, list[tuple[str, str, float]]]:
+    """The chart's data: per whole call and layer, (shape, "held out" or "tuned", speedup) at every held-out
+    and tuned shape that has a speedup, held-out shapes first, each group in the suites' order."""
+    results = baseline.get("results") or {}
+    heldout, tuned = list(heldout_shapes), [s for s in dict.fromkeys(tuned_shapes) if s not in heldout_shapes]
+    out = {}
+    for kernel in _composite_kernels(results):
+        points = [(shape, group, x) for group, shapes in (("held out", heldout), ("tuned", tuned)) for shape in shapes
+                  if shape in results[kernel] and (x := _speedup(results[kernel][shape])) is not None]
+        if points:
+            out[kernel] = points
+    return out
+
+
 def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | None = None,
            tuned_shapes: Iterable[str] = (), heldout_shapes: Iterable[str] = (), source: str | None = None,
-           first_calls: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+           first_calls: Mapping[str, Mapping[str, Any]] | None = None, chart: str | None = None) -> str:
     """The page. ``runs`` maps a case's ``recorded_at`` to the run file it came from; ``tuned_shapes`` are
     the shapes the stored configs may have been tuned at, ``heldout_shapes`` those never tuned or fitted on (the
     claim); ``source`` is the baseline's path as the page cites it; ``first_calls`` the GPU's first-call records
-    (``mamba2_guard.core.first_calls``), if any."""
+    (``mamba2_guard.core.first_calls``), if any; ``chart`` the file name of the speedup chart beside the page
+    (drawn from ``call_speedups``), if any."""
     runs = dict(runs or {})
     tuned = list(dict.fromkeys(tuned_shapes))
     source = source or f"baselines/{slug}.yaml"
@@ -239,7 +255,10 @@ def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | 
     out += [""]
     headline = _headline(results, tuned)
     if headline:
-        out += ["## Whole calls and the layer", "", *headline, ""]
+        out += ["## Whole calls and the layer", ""]
+        if chart:
+            out += [f"![Speedup against mamba-ssm per shape, held-out shapes apart]({chart})", ""]
+        out += [*headline, ""]
         means = _group_means(results, tuned, heldout_shapes)
         if means:
             out += [*means, ""]

@@ -171,3 +171,45 @@ def test_first_calls_are_shown_held_out_first_with_their_ratio_and_run():
     assert "[`gpu-run.log`](../../baselines/runs/gpu-run.log)" in table[0]
     assert table[1].startswith("| `tuned-a` (tuned) | ssd_combined_fwd_bwd | 30.0 | 60.0 | 0.50 |")
     assert "## First call" not in results_page.render(baseline(results), "gpu")
+
+
+def test_the_chart_data_is_each_calls_speedups_held_out_first():
+    from mamba2_guard.core import results_page
+
+    call = {shape: case(1.0, theirs, "call_fwd_bwd")
+            for shape, theirs in (("tuned-a", 2.0), ("held-b", 1.5), ("held-a", 1.2), ("other", 9.0))}
+    results = {"ssd_combined_fwd_bwd": call, "chunk_scan": {"held-a": case(1.0, 3.0, "fwd")}}
+    series = results_page.call_speedups(baseline(results), ["tuned-a"], ["held-a", "held-b"])
+    assert series == {"ssd_combined_fwd_bwd": [("held-a", "held out", 1.2), ("held-b", "held out", 1.5),
+                                               ("tuned-a", "tuned", 2.0)]}
+
+
+def test_build_draws_the_chart_embeds_it_and_check_catches_stale_data(tmp_path):
+    """The page embeds an SVG chart drawn by matplotlib; --check compares the data it was drawn from (which
+    the SVG carries), so a baseline change with an old chart is stale."""
+    root = _tree(tmp_path)
+    results = {"ssd_combined_fwd_bwd": {"s1": case(1.0, 1.3, "call_fwd_bwd"), "grid1": case(1.0, 1.1, "call_fwd_bwd")}}
+    (root / "baselines" / "test-gpu.yaml").write_text(yaml.safe_dump(baseline(results)))
+    assert _build(root).returncode == 0
+    chart = root / "docs" / "results" / "test-gpu-speedups.svg"
+    svg = chart.read_text()
+    assert svg.startswith("<?xml") and "<svg" in svg and "grid1" in svg and "1.30x" in svg
+    assert "![Speedup against mamba-ssm per shape, held-out shapes apart](test-gpu-speedups.svg)" in (
+        root / "docs" / "results" / "test-gpu.md").read_text()
+    assert _build(root, "--check").returncode == 0
+    results["ssd_combined_fwd_bwd"]["s1"] = case(1.0, 1.4, "call_fwd_bwd")
+    (root / "baselines" / "test-gpu.yaml").write_text(yaml.safe_dump(baseline(results)))
+    page = root / "docs" / "results" / "test-gpu.md"
+    page.write_text(_build_text(root, page))  # the page alone brought up to date: the chart is still stale
+    stale = _build(root, "--check")
+    assert stale.returncode == 1 and "docs/results/test-gpu-speedups.svg is stale" in stale.stderr
+
+
+def _build_text(root: Path, page: Path) -> str:
+    """The page as build.py would write it now, without touching the chart."""
+    saved = {p: p.read_bytes() for p in page.parent.glob("*.svg")}
+    assert _build(root).returncode == 0
+    text = page.read_text()
+    for p, data in saved.items():
+        p.write_bytes(data)
+    return text
