@@ -139,9 +139,11 @@ def counts(verdicts: Iterable[Verdict]) -> dict[str, int]:
 
 _FAIL_HEAD = ("| kernel | shape | phase | status | effect | p | detail |\n"
               "|---|---|---|---|--:|--:|---|")
-_KERNEL_HEAD = ("| shape | phase | status | share of layer | baseline ms | current ms | speedup vs mamba-ssm "
-                "| Δ | p | diff_mean | diff_max | roofline % |\n"
-                "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+# The per-kernel table's columns: (title, alignment); a column no row of the kernel fills is left out.
+_KERNEL_COLUMNS = (("shape", "---"), ("phase", "---"), ("status", "---"), ("share of layer", "--:"),
+                   ("baseline ms", "--:"), ("current ms", "--:"), ("speedup vs mamba-ssm", "--:"), ("Δ", "--:"),
+                   ("p", "--:"), ("diff_mean", "--:"), ("diff_max", "--:"), ("roofline %", "--:"))
+EMPTY = "—"
 
 
 def _fail_line(r: Row) -> str:
@@ -150,17 +152,26 @@ def _fail_line(r: Row) -> str:
             f"| {_pct(v.effect)} | {_f(v.p_value, '.2g')} | {_cell(v.detail)} |")
 
 
-def _kernel_line(r: Row) -> str:
+def _kernel_cells(r: Row) -> list[str]:
     v, case = r.verdict, r.case
     prec = case.precision if case else None
     sb, sc = r.speedup
     speed = f"{_f(sb, '.2f')} → {_f(sc, '.2f')}" if sb is not None else _f(sc, ".2f")
     share = _share(r.layer_share) + ("*" if r.share_estimated and r.layer_share is not None else "")
     roof = _f(case.roofline_fraction * 100 if case and case.roofline_fraction is not None else None, ".0f")
-    return (f"| {_cell(v.shape)} | {_cell(v.phase)} | {_ICON[v.status]} {_status_label(v)} | {share} "
-            f"| {_ms(r.baseline_ms)} | {_ms(r.current_ms)} | {speed} | {_pct(v.effect)} | {_f(v.p_value, '.2g')} "
-            f"| {_f(prec.mean_abs_diff_vs_mamba_ssm if prec else None, '.2e')} "
-            f"| {_f(prec.max_abs_diff_vs_mamba_ssm if prec else None, '.2e')} | {roof} |")
+    return [_cell(v.shape), _cell(v.phase), f"{_ICON[v.status]} {_status_label(v)}", share, _ms(r.baseline_ms),
+            _ms(r.current_ms), speed, _pct(v.effect), _f(v.p_value, ".2g"),
+            _f(prec.mean_abs_diff_vs_mamba_ssm if prec else None, ".2e"),
+            _f(prec.max_abs_diff_vs_mamba_ssm if prec else None, ".2e"), roof]
+
+
+def filled_columns(table: Sequence[Sequence[str]]) -> list[int]:
+    """The indexes of the columns that some row of ``table`` fills (not empty, not "—")."""
+    return [i for i in range(len(table[0])) if any(row[i] not in ("", EMPTY) for row in table)] if table else []
+
+
+def _row(cells: Sequence[str], keep: Sequence[int]) -> str:
+    return "| " + " | ".join(cells[i] for i in keep) + " |"
 
 
 def _environment(fp: Mapping[str, Any]) -> str:
@@ -189,7 +200,10 @@ def render_markdown(result: BenchResult, verdicts: Sequence[Verdict], baseline: 
     else:
         title = f"## mamba2-guard check: {_ICON['ok']} all {len(verdicts)} cases pass"
     summary = " · ".join(f"{s} {n}" for s, n in c.items()) or "no cases"
-    head = [title, "", f"{summary} (exit code {code})", "",
+    head = [title, "", f"{summary} (exit code {code})", ""]
+    if result.cases and not all(case.timings_meaningful for case in result.cases):
+        head += ["**No GPU: CPU interpret mode.** Precision was checked; the timings mean nothing.", ""]
+    head += [
             "Δ: change of Helion's time since the baseline (+ = slower), relative to mamba-ssm unless the "
             "status says absolute/environment (own latency) or history (recent runs vs the window); "
             "p: two-sided Mann-Whitney U on the per-round samples."]
@@ -214,19 +228,20 @@ def render_markdown(result: BenchResult, verdicts: Sequence[Verdict], baseline: 
     for r in failing:
         items.append((0, order, "fail", _fail_line(r)))
         order += 1
+    group_head: dict[Any, list[str]] = {"fail": ["", "### Failures", "", _FAIL_HEAD], "footer": []}
     for k in kernel_order:
-        for r in by_kernel[k]:
+        table = [_kernel_cells(r) for r in by_kernel[k]]
+        keep = filled_columns(table)
+        group_head[("kernel", k)] = ["", f"### {_cell(k)}", "", _row([t for t, _ in _KERNEL_COLUMNS], keep),
+                                     _row([a for _, a in _KERNEL_COLUMNS], keep)]
+        for r, cells in zip(by_kernel[k], table, strict=True):
             st = r.verdict.status
             prio = 1 if st in FAILING else 2 if st in ("faster", "no-baseline") else 3
-            items.append((prio, order, ("kernel", k), _kernel_line(r)))
+            items.append((prio, order, ("kernel", k), _row(cells, keep)))
             order += 1
     footer = _footer(result, all_rows)
     if footer:  # one item: the <details> block is kept or cut whole
         items.append((4, order, "footer", "\n".join(footer)))
-
-    group_head = {"fail": ["", "### Failures", "", _FAIL_HEAD], "footer": []}
-    for k in kernel_order:
-        group_head[("kernel", k)] = ["", f"### {_cell(k)}", "", _KERNEL_HEAD]
 
     note_reserve = 400
     used = sum(_nbytes(x) for x in head) + note_reserve
@@ -280,9 +295,21 @@ def _footer(result: BenchResult, all_rows: Sequence[Row]) -> list[str]:
                     "measure the layer)."]
     if result.fingerprint:
         out += ["", "<details><summary>Fingerprint</summary>", "", "| key | value |", "|---|---|"]
-        for k in sorted(result.fingerprint):
-            out.append(f"| {_cell(k)} | {_cell(result.fingerprint[k])} |")
+        out += [f"| {_cell(k)} | {_cell(v)} |" for k, v in flat_items(result.fingerprint)]
         out += ["", "</details>"]
+    return out
+
+
+def flat_items(mapping: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of a nested mapping, sorted: a fingerprint's nested parts (versions, device peaks)
+    as rows of their own rather than one cut-off dict."""
+    out: list[tuple[str, Any]] = []
+    for key in sorted(mapping):
+        value = mapping[key]
+        if isinstance(value, Mapping) and value:
+            out += flat_items(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
     return out
 
 

@@ -169,3 +169,22 @@ def test_bench_table_says_which_cases_ran_throttled():
     console.print(bench_table(result))
     rows = {line.split()[1]: line for line in console.export_text().splitlines() if " s " in line}
     assert "throttled" in rows["hot"] and "throttled" not in rows["cool"]
+
+
+def test_a_cpu_report_says_so_first_and_leaves_out_the_columns_no_row_fills():
+    """A CPU run (timings not meaningful, no baseline, no shares or roofline) is said at the top, and its
+    per-kernel tables keep only the columns some row fills (they were 12 columns of mostly "—"); the nested
+    parts of the fingerprint are rows of their own, not one cut-off dict."""
+    rng = np.random.default_rng(0)
+    case = make_case(rng, kernel="chunk_cumsum", shape="smoke", timings_meaningful=False)
+    fingerprint = {**FINGERPRINT, "device_peaks": {"copy_bytes_per_s": 4.3e12, "method": "copy"}}
+    result = BenchResult(fingerprint, (case,), suite="smoke")
+    md = render_markdown(result, check(result, None), None)
+    lines = md.splitlines()
+    assert lines[4] == "**No GPU: CPU interpret mode.** Precision was checked; the timings mean nothing."
+    header = lines[lines.index("### chunk_cumsum") + 2]
+    assert "baseline ms" not in header and "roofline %" not in header and "share of layer" not in header
+    assert header.startswith("| shape | phase | status |") and "current ms" in header
+    assert "| device_peaks.copy_bytes_per_s | 4300000000000.0 |" in md and "| device_peaks.method | copy |" in md
+    gpu = BenchResult(FINGERPRINT, (make_case(rng, kernel="chunk_cumsum", shape="smoke"),), suite="smoke")
+    assert "CPU interpret mode" not in render_markdown(gpu, check(gpu, None), None)
