@@ -386,9 +386,12 @@ def rich_table(result: BenchResult, verdicts: Sequence[Verdict], baseline: Basel
     n_fail = sum(1 for r in all_rows if r.verdict.status in FAILING)
     table = Table(title=title or f"mamba2-guard check: {n_fail} failing of {len(all_rows)}", show_lines=False,
                   caption="ms: baseline→current; Δ (p): change and p-value; share and roofline: report.md")
-    # Seven columns, the case's three names in one, so that it fits 80 columns (report.md has every column).
-    for name, justify in (("case", "left"), ("status", "left"), ("ms", "right"), ("speedup", "right"),
-                          ("Δ (p)", "right"), ("diff max", "right"), ("detail", "left")):
+    # Seven columns, the case's three names in one, so that it fits 80 columns (report.md has every column);
+    # the case column is as wide as its longest name, so that it wraps between names, never inside one.
+    longest = max((len(name) for r in all_rows for name in (r.verdict.kernel, r.verdict.shape)), default=4)
+    table.add_column("case", min_width=longest)
+    for name, justify in (("status", "left"), ("ms", "right"), ("speedup", "right"), ("Δ (p)", "right"),
+                          ("diff max", "right"), ("detail", "left")):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in all_rows:
         v, case = r.verdict, r.case
@@ -410,8 +413,10 @@ def bench_table(result: BenchResult) -> Table:
     meaningful = all(c.timings_meaningful for c in result.cases)
     title = "mamba2-guard bench" + ("" if meaningful else " (CPU interpret mode: timings mean nothing)")
     table = Table(title=title)
-    for name, justify in (("kernel", "left"), ("shape", "left"), ("ours ms", "right"), ("mamba-ssm ms", "right"),
-                          ("speedup", "right"), ("precision", "left")):
+    for name in ("kernel", "shape"):  # never broken inside a name: the other columns wrap for them
+        table.add_column(name, no_wrap=True, min_width=max((len(getattr(c, name)) for c in result.cases), default=5))
+    for name, justify in (("ours ms", "right"), ("mamba-ssm ms", "right"), ("speedup", "right"),
+                          ("precision", "left")):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for case in result.cases:
         prec = case.precision

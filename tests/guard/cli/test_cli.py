@@ -147,3 +147,18 @@ def test_list_shows_each_shape_and_the_kernels_range_over_them(capsys, monkeypat
     (kernel,) = [row for row in rows if row.startswith("chunk_cumsum ")]
     assert kernel.endswith(f"implemented {entry.bytes_moved(small) / 1e9:.3g}-{entry.bytes_moved(large) / 1e9:.3g} "
                            f"{entry.flops(small) / 1e9:.3g}-{entry.flops(large) / 1e9:.3g}")
+
+
+def test_at_80_columns_every_name_is_shown_whole(capsys, monkeypatch):
+    """`list` at COLUMNS=80 cut names to "chunk_cu…"; now the name columns never wrap and the others give way
+    (what a kernel replaces is left out below 120 columns)."""
+    from mamba2_kernels import registry, suites
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    words = set(out.replace("│", " ").split())
+    assert {e.name for e in registry.ENTRIES} <= words
+    assert {s.name for s in suites.load().suite("default")} <= words
+    assert "what each replaces: at 120 columns or more" in out

@@ -188,3 +188,15 @@ def test_a_cpu_report_says_so_first_and_leaves_out_the_columns_no_row_fills():
     assert "| device_peaks.copy_bytes_per_s | 4300000000000.0 |" in md and "| device_peaks.method | copy |" in md
     gpu = BenchResult(FINGERPRINT, (make_case(rng, kernel="chunk_cumsum", shape="smoke"),), suite="smoke")
     assert "CPU interpret mode" not in render_markdown(gpu, check(gpu, None), None)
+
+
+def test_bench_and_check_tables_never_break_a_name_at_80_columns():
+    rng = np.random.default_rng(0)
+    names = ("chunk_scan_chunk_state_bwd_dx", "ssd_combined_fwd_bwd")
+    result = BenchResult(FINGERPRINT, tuple(make_case(rng, kernel=k, shape="nemotron-nano-9b-v2-q256-init")
+                                            for k in names))
+    for table in (bench_table(result), rich_table(result, check(result, None))):
+        console = Console(record=True, width=80, file=open("/dev/null", "w"))  # noqa: SIM115
+        console.print(table)
+        words = set(console.export_text().replace("│", " ").split())
+        assert {*names, "nemotron-nano-9b-v2-q256-init"} <= words
