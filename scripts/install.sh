@@ -21,11 +21,13 @@ cpu_triton="triton==3.8.0"   # runs Triton's CPU interpreter for the tests
 mamba_ssm="mamba-ssm==2.3.2.post1"
 
 pip_args=(-q --disable-pip-version-check)
+step() { echo "install: $*"; }
 extras=guard,dev
 if [ -n "${WHEELS:-}" ]; then pip_args+=(--no-index --find-links "$WHEELS"); extras=guard; fi
 extras=${EXTRAS:-$extras}
 
 if [ ! -x "$venv/bin/python" ]; then
+  step "creating the virtual environment $venv"
   if "$base_python" -c "import torch" >/dev/null 2>&1; then
     # --system-site-packages reaches only the base installation's folders, not a venv's or what its own .pth
     # files add: list every site-packages folder on the interpreter's path instead (pip and setuptools
@@ -48,8 +50,9 @@ if [ -n "${WHEELS:-}" ]; then
 else
   pip install "${pip_args[@]}" --upgrade pip setuptools wheel
 fi
-has torch || pip install "${pip_args[@]}" "$cpu_torch"
-has triton || pip install "${pip_args[@]}" "$cpu_triton"
+has torch && step "reusing $("$py" -c 'import torch; print("torch", torch.__version__)')" \
+  || { step "$cpu_torch, the CPU wheel (about 200 MB)"; pip install "${pip_args[@]}" "$cpu_torch"; }
+has triton || { step "$cpu_triton (its CPU interpreter runs the tests)"; pip install "${pip_args[@]}" "$cpu_triton"; }
 
 # mamba-ssm: its setup.py downloads a CUDA wheel unless forced to build, fails on CPU torch without
 # MAMBA_SKIP_CUDA_BUILD, and pulls GBs of unneeded deps; the SSD and norm kernels need only einops + triton.
@@ -58,6 +61,8 @@ from importlib.metadata import version
 assert version("mamba-ssm").startswith("2.3.")
 PY
 then
+  step "$mamba_ssm without its CUDA build or its dependencies: only its Triton kernels are used, so its" \
+    "GPU-only requirements (causal-conv1d, transformers, ...) are left out on purpose"
   pip install "${pip_args[@]}" packaging ninja einops setuptools wheel
   MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE \
     pip install "${pip_args[@]}" --no-build-isolation --no-deps "$mamba_ssm"
@@ -80,6 +85,9 @@ for spec in project["dependencies"] + sum(extras, []):
         print(spec)
 PY
 )
-pip install "${pip_args[@]}" "${deps[@]}"
-pip install "${pip_args[@]}" --no-deps --no-build-isolation -e "$root"
+# --no-warn-conflicts: pip would print a red resolver ERROR about those requirements of mamba-ssm.
+step "the dependencies of mamba2-guard and its extras ($extras)"
+pip install "${pip_args[@]}" --no-warn-conflicts "${deps[@]}"
+step "mamba2-guard itself (editable), then its doctor"
+pip install "${pip_args[@]}" --no-warn-conflicts --no-deps --no-build-isolation -e "$root"
 "$py" -m mamba2_guard doctor --quiet
