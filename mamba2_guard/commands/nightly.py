@@ -18,7 +18,7 @@ def register(commands) -> None:
     p.add_argument("--no-confirm", action="store_true", help="do not re-run flagged cases")
     p.add_argument("--strict", action="store_true", help="kernels not implemented yet fail the cycle")
     p.add_argument("--update-baseline", action="store_true", help="also write baselines/<gpu-slug>.yaml")
-    p.add_argument("--out", metavar="DIR", type=files.creatable_directory,
+    p.add_argument("--out", metavar="DIR", type=files.writable_directory,
                    help="also copy report.md, report.json and result.json here")
     p.add_argument("--force-retune", action="store_true", help="re-tune even without drift")
     p.add_argument("--config", metavar="PATH", help="guard config (default: <state-dir>/guard.yaml if present)")

@@ -102,6 +102,9 @@ USAGE = [
                                     _file(t, "f", b"x")], {}, "--state-dir"),
     ("nightly-out-a-file", lambda t: [*NIGHTLY, "--state-dir", str(t / "s"), "--out", _file(t, "f", b"x")], {},
      "--out"),
+    # a folder that cannot be made (even by root), refused before the bench rather than after it
+    ("nightly-out-not-writable", lambda t: [*NIGHTLY, "--state-dir", str(t / "s"), "--out", "/proc/mamba2-out"], {},
+     "--out: cannot write into /proc/mamba2-out"),
     ("drift-root-missing", lambda t: ["drift", "--root", str(t / "nope"), "--state-dir", str(t / "s")], {}, "--root"),
     ("bench-json-a-directory", lambda t: ["bench", "--shapes", "smoke", "--kernels", "chunk_cumsum", "--json",
                                           str(t), "--state-dir", str(t / "s")], {},
