@@ -110,7 +110,7 @@ def layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, in
     rest = width_in - 2 * dim - 2 * ngroups * dstate - nheads
     if not (rest >= 0 and rest % 2 == 0):
         raise ValueError(f"zxbcdt: last dim {width_in} is not 2*d_nonssm + 2*dim ({2 * dim}) + 2*ngroups*dstate "
-               f"({2 * ngroups * dstate}) + nheads ({nheads})")
+                         f"({2 * ngroups * dstate}) + nheads ({nheads})")
     d_nonssm = rest // 2
     if conv1d_bias is not None and tuple(conv1d_bias.shape) != (conv_dim,):
         raise ValueError(f"conv1d_bias: expected ({conv_dim},), got {_shape(conv1d_bias)}")

@@ -108,7 +108,7 @@ def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
     """The shape contract of mamba_chunk_scan_combined, with errors naming the argument."""
     if not (isinstance(x, torch.Tensor) and x.dim() == 4):
         raise ValueError(f"x: expected (batch, seqlen, nheads, headdim), got "
-                f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     check_tensors(("x", x), dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
     batch, seqlen, nheads, headdim = x.shape
     check_chunk_size(chunk_size)
