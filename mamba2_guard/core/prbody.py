@@ -188,6 +188,8 @@ class _PerfRow:
         return "| " + " | ".join(cells) + " |"
 
 
+# A case whose Helion median moved less than this (log ratio, about 0.5 %) is shown as unchanged.
+UNCHANGED = math.log(1.005)
 _PERF_HEADER = (
     "| Kernel | Shape | Helion before (ms) | Helion after (ms) | Change | mamba-ssm (ms) "
     "| Speedup before | Speedup after | Max rel err vs fp64 | Max abs diff vs mamba-ssm | allclose |\n"
@@ -233,8 +235,8 @@ def perf_rows(old_baseline: Mapping[str, Any] | None, new_baseline: Mapping[str,
             interest = abs(math.log(a / b)) if (a and b and a > 0 and b > 0) else 0.0
             if allclose is False or finite is False:
                 interest += 1e6  # precision failures are always shown
-            if n is None:
-                interest += 1e3  # a shape that disappeared
+            if n is None or o is None:
+                interest += 1e3  # a shape that disappeared or is new
             rows.append(
                 _PerfRow(
                     kernel=kernel,
@@ -394,9 +396,20 @@ def _render_body(
     out.append("### Performance and precision (median latency, lower is better)")
     out.append("")
     if rows:
+        # The changed cases first, most changed first; the unchanged ones folded away, so that what a reviewer
+        # must look at fits one screen (a re-tune that moved nothing showed 150 rows of +0.0 %).
+        rows = sorted(rows, key=lambda r: -r.interest)
         shown_rows = rows if limit is None else _keep(rows, limit, key=lambda r: r.interest)
-        out.append(_PERF_HEADER)
-        out.extend(r.render() for r in shown_rows)
+        changed = [r for r in shown_rows if r.interest >= UNCHANGED]
+        same = [r for r in shown_rows if r.interest < UNCHANGED]
+        out.append(f"{len(changed)} of {len(rows)} cases changed by more than {UNCHANGED:.1%} or in precision.")
+        out.append("")
+        if changed:
+            out.append(_PERF_HEADER)
+            out.extend(r.render() for r in changed)
+        if same:
+            out += ["", f"<details><summary>{len(same)} unchanged cases</summary>", "", _PERF_HEADER,
+                    *(r.render() for r in same), "", "</details>"]
         if len(shown_rows) < len(rows):
             omitted["perf_rows"] = len(rows) - len(shown_rows)
             out.append("")

@@ -183,3 +183,24 @@ def test_huge_input_stays_under_64kb_and_says_so():
 def test_giant_reproduce_command_is_hard_cut():
     pr = render_pr(_input(reproduce_command="x" * 200_000), max_bytes=20_000)
     assert len(pr.body.encode()) <= 20_000 and pr.body.startswith(pr.marker) and pr.truncated
+
+
+def test_changed_cases_come_first_and_unchanged_ones_fold_away():
+    """The performance table shows the changed cases, most changed first (a precision failure above all);
+    cases within 0.5 % fold into a <details> block: a re-tune that moved little fits one screen."""
+    import copy
+
+    old = baseline_doc(FP_OLD, helion_ms=0.5)
+    new = copy.deepcopy(old)
+    cases = [(k, s) for k, shapes in new["results"].items() for s in shapes]
+    assert len(cases) >= 3
+    (k1, s1), (k2, s2) = cases[0], cases[1]
+    new["results"][k1][s1]["helion"]["median_ms"] = 0.55  # +10 %
+    new["results"][k2][s2]["precision"]["allclose"] = False
+    body = render_pr(_input(new_baseline=new, old_baseline=old)).body
+    perf = body[body.index("### Performance"):body.index("### Config diff")]
+    assert f"2 of {len(cases)} cases changed by more than 0.5% or in precision." in perf
+    shown, folded = perf.split("<details>")
+    assert shown.index(f"`{s2}`") < shown.index(f"`{s1}`")  # the precision failure first
+    assert f"<summary>{len(cases) - 2} unchanged cases</summary>" in folded
+    assert f"`{s1}`" not in folded and f"`{s2}`" not in folded
