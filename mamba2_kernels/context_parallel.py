@@ -3,9 +3,10 @@ holding one contiguous slice in rank order, gives the outputs and gradients of t
 
 Each rank runs ``mamba_chunk_scan_combined`` on its slice from a zero state (rank 0 from the call's
 ``initial_states``). The SSD is linear in the state entering a slice, so the state the slice would have
-started from is added afterwards: every rank all-gathers the slices' end states and their decays (one
-``torch.distributed`` all-gather of (batch, nheads, headdim, dstate) per rank, differentiable), composes the
-state entering its own slice, and adds its contribution to the outputs of the slice's first document,
+started from is added afterwards: every rank all-gathers the slices' end states with their decays (one
+differentiable ``torch.distributed`` all-gather of (batch, nheads, headdim, dstate) and (batch, nheads) per
+rank; a second, of each row's first and last document numbers), composes the state
+entering its own slice, and adds its contribution to the outputs of the slice's first document,
 ``C_t . exp(sum of A dt up to t) * state``, and to its end state. The state's gradient flows back through the
 same all-gather (its backward sends each rank the gradient of its end state), so the gradients equal the
 whole sequence's.
