@@ -25,7 +25,7 @@ slug=$(python3 -c 'from mamba2_guard.adapters import fingerprint as f; print(f.g
 export MAMBA2_GUARD_GPU_SLUG=$slug-withheld MAMBA2_GUARD_BORROW=0
 echo "night $night on $slug, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader
-python3 -c 'import torch, triton, helion; print("torch", torch.__version__, "triton", triton.__version__, "helion", helion.__version__)'
+python3 -c 'from importlib.metadata import version as v; print(*(f"{p} {v(p)}" for p in ("torch", "triton", "helion", "mamba-ssm")))'
 
 bench() {  # one point of the curve: the whole call at $shapes, after $(bring-up seconds so far)
   # shellcheck disable=SC2086  # $shapes is a list of names
