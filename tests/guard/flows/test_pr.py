@@ -38,34 +38,23 @@ def test_nightly_pr_flow_and_no_token_leak(
     keep: list = []  # every returned object and exception, checked for the token at the end
     repo = ConfigRepo(tmp_path / "state", origin_url, "main")
 
+    def night(num_warps: int):
+        """One night's tuning result: its PR text, then the push and the PR call."""
+        drift, text = _pr_text(new_configs(num_warps))
+        res = repo.update(make_source(new_configs(num_warps), baseline_doc(FP_NEW, 0.4)), "h200",
+                          text.fingerprint_hash, trigger=drift.summary(), branch=text.branch)
+        out = client.open_or_update_pr(FULL, res.branch, "main", text.title, text.body, ["mamba2-guard"], "h200",
+                                       text.fingerprint_hash)
+        return drift, text, res, out
+
     # Night 1: drift -> commit -> push -> PR created.
-    drift, text = _pr_text(new_configs(8))
-    res = repo.update(
-        make_source(new_configs(8), baseline_doc(FP_NEW, 0.4)),
-        "h200",
-        text.fingerprint_hash,
-        trigger=drift.summary(),
-        branch=text.branch,
-    )
-    out = client.open_or_update_pr(
-        FULL, res.branch, "main", text.title, text.body, ["mamba2-guard"], "h200", text.fingerprint_hash
-    )
+    drift, text, res, out = night(8)
     keep += [res, out, text, drift.to_dict()]
     assert res.status == "pushed" and out.action == "created"
     assert fake_gh.state.pulls[out.number]["head"] == git(origin, "branch", "--list", res.branch).strip()
 
     # Night 2: same environment, new tuning result -> same branch, same PR, updated in place.
-    drift, text2 = _pr_text(new_configs(16))
-    res2 = repo.update(
-        make_source(new_configs(16), baseline_doc(FP_NEW, 0.4)),
-        "h200",
-        text2.fingerprint_hash,
-        trigger=drift.summary(),
-        branch=text2.branch,
-    )
-    out2 = client.open_or_update_pr(
-        FULL, res2.branch, "main", text2.title, text2.body, ["mamba2-guard"], "h200", text2.fingerprint_hash
-    )
+    _, text2, res2, out2 = night(16)
     keep += [res2, out2]
     assert res2.branch == res.branch and res2.status == "pushed"
     assert out2.action == "updated" and out2.number == out.number and len(fake_gh.state.pulls) == 1
