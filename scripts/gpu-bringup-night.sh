@@ -9,13 +9,16 @@
 #
 # SECONDS: this call's wall-clock limit (default 570); the bring-up gets what the benches and the set-up leave.
 # STATE_TGZ: an earlier night's OUTDIR/state.tgz (default: none, a bring-up from zero).
-# SHAPES: the shapes benched before and after (default: the suite's). Needs PYTHONPATH with the guard's wheels.
+# SHAPES: the shapes benched before and after (default: the suite's). BENCH_AT: which of the two benches run
+# (default "before after"; a call that only resumes the bring-up can skip one or both and leave the time to it).
+# BENCH_SECONDS: each bench's limit (default 150). Needs PYTHONPATH with the guard's wheels.
 set -uo pipefail
 out=${1:?usage: gpu-bringup-night.sh OUTDIR [SECONDS] [STATE_TGZ]}
 limit=${2:-570}
 restore=${3:-}
 shapes=${SHAPES:-nemotron3-nano long-context mamba2-default}
 bench_limit=${BENCH_SECONDS:-150}
+bench_at=${BENCH_AT-before after}
 mkdir -p "$out" .gpu/state
 exec > >(tee -a "$out/night.log") 2>&1
 if [[ -n "$restore" ]]; then tar xzf "$restore" || exit 2; fi
@@ -27,13 +30,15 @@ echo "night $night on $slug, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader
 python3 -c 'from importlib.metadata import version as v; print(*(f"{p} {v(p)}" for p in ("torch", "triton", "helion", "mamba-ssm")))'
 
-bench() {  # one point of the curve: the whole call at $shapes, after $(bring-up seconds so far)
+bench() {  # one point of the curve: the whole call at $shapes, $1 (before|after) this call's bring-up
+  [[ " $bench_at " == *" $1 "* ]] || return 0
   # shellcheck disable=SC2086  # $shapes is a list of names
   timeout "$bench_limit" python3 -m mamba2_guard bench --shapes $shapes --kernels ssd_combined_fwd_bwd \
     --rounds 10 --state-dir .gpu/state --json "$out/curve-$night-$1.json"
 }
 bench before
-left=$(( limit - SECONDS - bench_limit - 20 ))
+left=$(( limit - SECONDS - 20 ))
+[[ " $bench_at " == *" after "* ]] && left=$(( left - bench_limit ))
 echo "bring-up: $left s of this call left for it"
 if (( left > 60 )); then
   timeout "$left" python3 -m mamba2_guard bring-up --withhold-configs --budget-minutes "$(( left / 60 ))" \
