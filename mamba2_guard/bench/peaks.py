@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mamba2_guard.bench import timing
-from mamba2_kernels.files import atomic_write
+from mamba2_kernels.files import atomic_write, load_json
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def cached(state_dir: Path, fingerprint_digest: str, device: str = "cuda") -> di
     trouble, a hand edit) is measured again, not an error in every bench after it."""
     path = state_dir / "peaks" / f"{fingerprint_digest[:16]}.json"
     try:
-        peaks = json.loads(path.read_text())
+        peaks = load_json(path)
         if isinstance(peaks, dict):
             return peaks
         log.warning("%s: expected a JSON object of device peaks; measuring them again", path)

@@ -38,7 +38,7 @@ from mamba2_guard.adapters.processes import kill_group, signal_name, spawn
 from mamba2_guard.bench.worker import BENCH_ENV, DEFAULT_BENCH
 from mamba2_guard.core.results import BenchResult, CaseResult, SchemaError
 from mamba2_guard.core.tuneplan import Job, assign, plan_jobs
-from mamba2_kernels.files import atomic_write
+from mamba2_kernels.files import atomic_write, load_json
 
 Progress = Callable[[str], None]
 DEFAULT_CASE_TIMEOUT_S = 1800.0  # no finished case for this long: the worker is hung (compile + 30 rounds ~ 1 min)
@@ -117,9 +117,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
+    """A worker's result, or None where it left none that the bounded reader can parse."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        return load_json(path)
+    except (OSError, ValueError):  # JSON, decoding and UnreadableFile errors
         return None
 
 

@@ -118,7 +118,8 @@ def run_id(plan: Mapping[str, Any]) -> str:
 
 
 def parse_journal(text: str) -> list[dict[str, Any]]:
-    """Entries of a journal; a torn last line (a kill during the append) and blank lines are skipped."""
+    """Entries of a journal; a torn last line (a kill during the append), blank lines and lines that are no
+    entry (nested too deeply to parse, for one) are skipped."""
     out = []
     for line in text.splitlines():
         line = line.strip()
@@ -126,7 +127,7 @@ def parse_journal(text: str) -> list[dict[str, Any]]:
             continue
         try:
             entry = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         if isinstance(entry, dict) and isinstance(entry.get("job"), str) and entry.get("status") in STATUSES:
             out.append(entry)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from mamba2_kernels import registry, suites  # noqa: E402
-from mamba2_kernels.files import atomic_write
+from mamba2_kernels.files import UnreadableFile, atomic_write, load_json
 from mamba2_kernels.tuning import capture_launches, complete_config, pinned_config, validate_config  # noqa: E402
 
 STORED = "stored"
@@ -163,9 +163,11 @@ def report(result: dict[str, Any]) -> str:
 
 def run(opts: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        jobs = parse_spec(json.loads(opts.spec.read_text()))
+        jobs = parse_spec(load_json(opts.spec))
     except OSError as exc:
         parser.error(f"{opts.spec}: {exc.strerror}")
+    except UnreadableFile as exc:  # names the file itself
+        parser.error(str(exc))
     except ValueError as exc:  # JSON, UTF-8 and the spec's own errors
         parser.error(f"{opts.spec}: {exc}")
     timer = None

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
 import os
 import re
 import select
@@ -51,7 +52,9 @@ from mamba2_guard.adapters.state import exclusive
 from mamba2_guard.core import tuneplan
 from mamba2_guard.core.tuneplan import Criteria, Job
 from mamba2_kernels import config_store
-from mamba2_kernels.files import atomic_write
+from mamba2_kernels.files import UnreadableFile, atomic_write, load_json, read_regular
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TUNER = "mamba2_guard.flows.autotune_worker:helion_tuner"
 TUNER_ENV = "MAMBA2_GUARD_TUNER"
@@ -203,7 +206,9 @@ class Run:
         self.base = config_store.load(base_path)
 
     def entries(self) -> list[dict[str, Any]]:
-        return tuneplan.parse_journal(self.journal.read_text()) if self.journal.exists() else []
+        """The journal's entries; one that is not a regular file of a journal's size is an UnreadableFile
+        naming it (a FIFO would block the run forever)."""
+        return tuneplan.parse_journal(read_journal(self.journal)) if self.journal.exists() else []
 
     def append(self, entry: dict[str, Any]) -> None:
         line = json.dumps(entry, sort_keys=True, default=str, allow_nan=False)
@@ -256,13 +261,24 @@ class Run:
             return changed
 
 
+def read_journal(path: Path) -> str:
+    """A journal's text, through the bounded reader; undecodable bytes become lines ``parse_journal`` skips."""
+    return read_regular(path).decode(errors="replace")
+
+
 def earlier_job_seconds(state_dir: Path, gpu_slug: str) -> tuple[dict[str, float], int]:
     """Job times of the earlier autotune runs for this GPU in ``state_dir`` (newest wins), and how many
-    runs gave them: round-robin gave one of two H200s 319 s of jobs and the other 188 s."""
+    runs gave them: round-robin gave one of two H200s 319 s of jobs and the other 188 s. Only an estimate:
+    a journal that cannot be read is left out with a warning."""
     journals = sorted((state_dir / "autotune").glob(f"{_safe(gpu_slug)}-*/journal.jsonl"),
                       key=lambda path: path.stat().st_mtime)
-    seconds = tuneplan.job_seconds(tuneplan.parse_journal(path.read_text()) for path in journals)
-    return seconds, len(journals)
+    texts = []
+    for path in journals:
+        try:
+            texts.append(read_journal(path))
+        except (OSError, UnreadableFile) as exc:
+            log.warning("%s: left out of the job-time estimate: %s", path, getattr(exc, "strerror", None) or exc)
+    return tuneplan.job_seconds(map(tuneplan.parse_journal, texts)), len(texts)
 
 
 DONE = "done"
@@ -361,8 +377,8 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
         return {**entry, "status": tuneplan.FAILED, "reason": "crash", "launches": decided(partial_path, opts),
                 "detail": f"worker {why}" + (f": {tail}" if tail else "") + f" (log {log_path})"}
     try:
-        result = json.loads(result_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        result = load_json(result_path)
+    except (OSError, ValueError) as exc:  # a torn or foreign file: JSON, decoding and UnreadableFile errors
         return {**entry, "status": tuneplan.FAILED, "reason": "crash", "detail": f"unreadable result: {exc}"}
     launches = with_decisions(result.get("launches") or (), opts)
     return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
@@ -374,7 +390,7 @@ def decided(partial_path: Path, opts: AutotuneOptions) -> list[dict[str, Any]]:
     """The launches a killed or crashed job finished (the worker's ``save_partial``), each with its decision;
     none when it finished none or the file is unreadable."""
     try:
-        launches = json.loads(partial_path.read_text())["launches"]
+        launches = load_json(partial_path)["launches"]
     except (OSError, ValueError, KeyError, TypeError):
         return []
     return with_decisions(launches, opts)

@@ -288,7 +288,7 @@ def _launches_to_measure(shape_name: str, seed: int, device: str, known: list | 
 def _append(out: Path, records: list[dict]) -> None:
     """Add the records to ``out``, rewritten atomically: a run killed while writing leaves the records before
     whole, not a torn last line that stops the rerun (``read_records``)."""
-    earlier = out.read_text() if out.exists() else ""
+    earlier = files.read_regular(out).decode() if out.exists() else ""
     files.atomic_write(out, earlier + "".join(json.dumps(record, sort_keys=True) + "\n" for record in records))
 
 
@@ -351,8 +351,10 @@ RECORD_FIELDS = {"kernel": ("shape", "kernel", "key", "ms", "configs", "aliases"
 
 
 def read_records(path: Path) -> list[dict]:
+    """The records of a measurements file, each checked for its fields; a file that is not a regular file of a
+    measurement file's size (a FIFO, a link to /dev/zero) or a line that is no record is a ValueError naming it."""
     try:
-        lines = path.read_text().splitlines()
+        lines = files.read_regular(path).decode().splitlines()
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the measurements: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -363,8 +365,8 @@ def read_records(path: Path) -> list[dict]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: line {number}: not a JSON measurement record") from exc
+        except (json.JSONDecodeError, RecursionError):
+            raise ValueError(f"{path}: line {number}: not a JSON measurement record") from None
         kind = next((kind for kind in ("kernel", "launches") if isinstance(record, dict) and kind in record), "stage")
         missing = [name for name in RECORD_FIELDS[kind] if not isinstance(record, dict) or name not in record]
         if missing:

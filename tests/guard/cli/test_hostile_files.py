@@ -1,12 +1,17 @@
 """State and input files that are not what the guard writes: a FIFO, a link to /dev/zero, nesting 200,000
-deep, an entry without its fields. None may hang, crash or exhaust memory; each is one line naming the file, or
-a warning where a cycle can go on. The real console script, as a user or the daemon runs it."""
+deep, an entry without its fields, as the seen file, settings, baselines, results, autotune journals,
+measurement files and the peaks cache. None may hang, crash or exhaust memory; each is one line naming the
+file, or a warning where a cycle can go on. The real console script where a user or the daemon meets it."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+from pathlib import Path
 
+from mamba2_guard.core import tuneplan
+from mamba2_guard.flows import selection_measure
 from mamba2_kernels import files, seen
 from tests.guard.infra import sample
 
@@ -80,3 +85,67 @@ def test_a_fifo_as_the_result_to_check_is_named_not_waited_on(tmp_path):
     os.mkfifo(fifo)
     one_line_error(guard("check", "--result", str(fifo), "--state-dir", str(tmp_path / "s"), timeout=120),
                    "result.json", "not a regular file")
+
+
+FAKE_TUNER = str(Path(__file__).parents[1] / "flows" / "fake_tuner.py") + ":tune"
+
+
+def test_an_earlier_journal_that_is_a_fifo_is_left_out_of_the_estimate_not_waited_on(tmp_path):
+    state = tmp_path / "state"
+    (state / "autotune" / "fake-0123456789ab").mkdir(parents=True)
+    os.mkfifo(state / "autotune" / "fake-0123456789ab" / "journal.jsonl")
+    done = guard("autotune", "--tuner", FAKE_TUNER, "--kernels", "chunk_cumsum", "--shapes", "smoke",
+                 "--state-dir", str(state), "--out", str(tmp_path / "fake.yaml"), "--gpu-slug", "fake",
+                 "--budget-seconds", "5", "--workers", "1", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "fake-0123456789ab/journal.jsonl: left out of the job-time estimate: " in done.stderr
+    assert "not a regular file" in done.stderr
+
+
+def test_a_journal_line_nested_too_deeply_is_skipped_as_a_torn_one():
+    good = json.dumps({"job": "chunk_cumsum@smoke", "status": "ok"})
+    assert tuneplan.parse_journal("\n".join([good, DEEP, good])) == [json.loads(good)] * 2
+
+
+def test_a_measurements_file_that_is_a_fifo_or_too_deep_is_named(tmp_path):
+    fifo = tmp_path / "selection.jsonl"
+    os.mkfifo(fifo)
+    assert f"{fifo}: not a regular file" in raised(selection_measure.read_records, fifo)
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(DEEP + "\n")
+    assert raised(selection_measure.read_records, deep) == f"{deep}: line 1: not a JSON measurement record"
+
+
+def test_device_peaks_cached_in_a_fifo_are_measured_again(tmp_path, monkeypatch):
+    from mamba2_guard.bench import peaks
+
+    path = tmp_path / "peaks" / f"{'d' * 16}.json"
+    path.parent.mkdir()
+    os.mkfifo(path)
+    monkeypatch.setattr(peaks, "measure", lambda device: {"bandwidth_bytes_per_s": 1.0})
+    assert within(peaks.cached, tmp_path, "d" * 64) == {"bandwidth_bytes_per_s": 1.0}
+    assert json.loads(path.read_text()) == {"bandwidth_bytes_per_s": 1.0}  # replaced by a regular file
+
+
+def within(call, *args, seconds: float = 30):
+    """``call(*args)`` in a thread: its result, or its exception; a call still waiting after ``seconds`` (on a
+    FIFO nobody writes) fails the test instead of hanging it."""
+    outcome: list = []
+
+    def target() -> None:
+        try:
+            outcome.append(call(*args))
+        except Exception as exc:  # the caller judges it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{call.__name__}{args} still waiting after {seconds} s"
+    return outcome[0]
+
+
+def raised(call, *args) -> str:
+    outcome = within(call, *args)
+    assert isinstance(outcome, ValueError), f"{call.__name__} gave {outcome!r} for {args}"
+    return str(outcome)
