@@ -391,64 +391,57 @@ def classify(
     ``recorded_configs_fp`` is the ``fingerprint`` of ``mamba2_kernels/configs/<slug>.yaml`` (None when that
     file does not exist), ``recorded_baseline_fp`` the one of ``baselines/<slug>.yaml`` (None when
     absent). ``config_validation_errors`` maps (kernel, shape_key) to the reason a stored config no
-    longer validates.
+    longer validates. Each class has its own step below; the report lists them per class, each in its
+    step's order (stable output for diffs and tests).
     """
     policy = policy or DriftPolicy()
     current_fp = current_fp or {}
-    items: list[DriftItem] = []
     notes: list[str] = []
-    gpu_name = current_fp.get("gpu_name")
+    items = [
+        *_gpu_drift(current_fp, recorded_configs_fp, policy, notes),
+        *_software_drift(current_fp, recorded_configs_fp, recorded_baseline_fp, policy, notes),
+        *_kernel_source_drift(current_fp, recorded_configs_fp, recorded_baseline_fp, policy),
+        *_invalid_config_drift(config_validation_errors or {}, policy),
+    ]
+    items.sort(key=lambda i: CLASSES.index(i.cls))
+    return DriftReport(items=tuple(items), gpu_name=current_fp.get("gpu_name"), notes=tuple(dict.fromkeys(notes)))
 
-    # --- new-gpu -----------------------------------------------------------------------------
+
+def _gpu_drift(current_fp: Mapping[str, Any], configs_fp: Mapping[str, Any] | None, policy: DriftPolicy,
+               notes: list[str]) -> list[DriftItem]:
+    """new-gpu: no config file for this GPU, or one tuned on another GPU model."""
+    gpu_name = current_fp.get("gpu_name")
     if gpu_name is None:
         # CPU interpret mode: nothing runs compiled, so there are no configs to tune or to miss.
         notes.append("no GPU: tuned configs do not apply (CPU interpret mode)")
-    elif recorded_configs_fp is None:
-        items.append(
-            DriftItem(
-                cls=NEW_GPU,
-                component="gpu",
-                before=None,
-                after=gpu_name,
-                action=policy.action_for(NEW_GPU),
-                reference=("configs",),
-                detail="no configs recorded for this GPU",
-            )
-        )
-    else:
-        model_changes = [
-            (k, recorded_configs_fp.get(k), current_fp.get(k))
-            for k in GPU_MODEL_KEYS
-            if _differs(recorded_configs_fp.get(k), current_fp.get(k))
-        ]
-        if model_changes:
-            items.append(
-                DriftItem(
-                    cls=NEW_GPU,
-                    component="gpu",
-                    before=recorded_configs_fp.get("gpu_name"),
-                    after=gpu_name,
-                    action=policy.action_for(NEW_GPU),
-                    reference=("configs",),
-                    detail="configs were tuned on another GPU model: "
-                    + ", ".join(f"{k} {short_value(b)} -> {short_value(a)}" for k, b, a in model_changes),
-                )
-            )
+        return []
+    if configs_fp is None:
+        return [DriftItem(cls=NEW_GPU, component="gpu", before=None, after=gpu_name,
+                          action=policy.action_for(NEW_GPU), reference=("configs",),
+                          detail="no configs recorded for this GPU")]
+    model_changes = [(k, configs_fp.get(k), current_fp.get(k)) for k in GPU_MODEL_KEYS
+                     if _differs(configs_fp.get(k), current_fp.get(k))]
+    if not model_changes:
+        return []
+    return [DriftItem(cls=NEW_GPU, component="gpu", before=configs_fp.get("gpu_name"), after=gpu_name,
+                      action=policy.action_for(NEW_GPU), reference=("configs",),
+                      detail="configs were tuned on another GPU model: "
+                      + ", ".join(f"{k} {short_value(b)} -> {short_value(a)}" for k, b, a in model_changes))]
 
-    # --- software ----------------------------------------------------------------------------
+
+def _software_drift(current_fp: Mapping[str, Any], configs_fp: Mapping[str, Any] | None,
+                    baseline_fp: Mapping[str, Any] | None, policy: DriftPolicy, notes: list[str]) -> list[DriftItem]:
+    """software: a component's version or (where recorded) source hash differs from either reference; a change
+    only the baseline saw is at most a re-baseline."""
+    items = []
     for comp in SOFTWARE_COMPONENTS:
-        v_before, v_now, v_refs = _compare(
-            current_fp, recorded_configs_fp, recorded_baseline_fp, lambda fp, c=comp: _get_path(fp, VERSION_PATHS[c])
-        )
+        v_before, v_now, v_refs = _compare(current_fp, configs_fp, baseline_fp,
+                                           lambda fp, c=comp: _get_path(fp, VERSION_PATHS[c]))
         s_before, s_now, s_refs = (None, None, ())
         if comp in SOURCE_HASH_PATHS:
-            s_before, s_now, s_refs = _compare(
-                current_fp,
-                recorded_configs_fp,
-                recorded_baseline_fp,
-                lambda fp, c=comp: _get_path(fp, SOURCE_HASH_PATHS[c]),
-            )
-        for name, fp in (("configs", recorded_configs_fp), ("baseline", recorded_baseline_fp)):
+            s_before, s_now, s_refs = _compare(current_fp, configs_fp, baseline_fp,
+                                               lambda fp, c=comp: _get_path(fp, SOURCE_HASH_PATHS[c]))
+        for name, fp in (("configs", configs_fp), ("baseline", baseline_fp)):
             if fp is not None and _get_path(fp, VERSION_PATHS[comp]) is None and v_now is not None:
                 notes.append(f"{comp}: version not recorded in the {name} fingerprint")
         refs = tuple(r for r in ("configs", "baseline") if r in v_refs or r in s_refs)
@@ -463,53 +456,28 @@ def classify(
         action = policy.action_for(SOFTWARE, comp)
         if "configs" not in refs:
             action = _cap(action, "rebaseline")
-        items.append(
-            DriftItem(
-                cls=SOFTWARE, component=comp, before=before, after=after, action=action, reference=refs, detail=detail
-            )
-        )
+        items.append(DriftItem(cls=SOFTWARE, component=comp, before=before, after=after, action=action,
+                               reference=refs, detail=detail))
+    return items
 
-    # --- kernel-source -----------------------------------------------------------------------
-    k_before, k_now, k_refs = _compare(
-        current_fp, recorded_configs_fp, recorded_baseline_fp, lambda fp: (fp or {}).get(KERNELS_HASH_KEY)
-    )
-    if k_refs:
-        ref_fp = recorded_configs_fp if "configs" in k_refs else recorded_baseline_fp
-        files = tuple(changed_kernel_files(ref_fp, current_fp))
-        action = policy.action_for(KERNEL_SOURCE)
-        if "configs" not in k_refs:
-            action = _cap(action, "rebaseline")
-        items.append(
-            DriftItem(
-                cls=KERNEL_SOURCE,
-                component="kernels",
-                before=k_before,
-                after=k_now,
-                action=action,
-                reference=k_refs,
-                detail="" if files else "per-file hashes not recorded",
-                files=files,
-            )
-        )
 
-    # --- invalid-config ----------------------------------------------------------------------
-    for (kernel, key), msg in sorted(
-        (config_validation_errors or {}).items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))
-    ):
-        items.append(
-            DriftItem(
-                cls=INVALID_CONFIG,
-                component=f"{kernel}/{key}",
-                before=None,
-                after=None,
-                action=policy.action_for(INVALID_CONFIG),
-                reference=("configs",),
-                detail=str(msg),
-                kernel=str(kernel),
-                shape_key=str(key),
-            )
-        )
+def _kernel_source_drift(current_fp: Mapping[str, Any], configs_fp: Mapping[str, Any] | None,
+                         baseline_fp: Mapping[str, Any] | None, policy: DriftPolicy) -> list[DriftItem]:
+    """kernel-source: the kernels' source hash differs, with the files that changed where recorded."""
+    k_before, k_now, k_refs = _compare(current_fp, configs_fp, baseline_fp, lambda fp: (fp or {}).get(KERNELS_HASH_KEY))
+    if not k_refs:
+        return []
+    files = tuple(changed_kernel_files(configs_fp if "configs" in k_refs else baseline_fp, current_fp))
+    action = policy.action_for(KERNEL_SOURCE)
+    if "configs" not in k_refs:
+        action = _cap(action, "rebaseline")
+    return [DriftItem(cls=KERNEL_SOURCE, component="kernels", before=k_before, after=k_now, action=action,
+                      reference=k_refs, detail="" if files else "per-file hashes not recorded", files=files)]
 
-    # Per-class, then in insertion order: stable output for diffs and tests.
-    items.sort(key=lambda i: CLASSES.index(i.cls))
-    return DriftReport(items=tuple(items), gpu_name=gpu_name, notes=tuple(dict.fromkeys(notes)))
+
+def _invalid_config_drift(errors: Mapping[tuple[str, str], str], policy: DriftPolicy) -> list[DriftItem]:
+    """invalid-config: each stored config that no longer validates, by kernel and key."""
+    return [DriftItem(cls=INVALID_CONFIG, component=f"{kernel}/{key}", before=None, after=None,
+                      action=policy.action_for(INVALID_CONFIG), reference=("configs",), detail=str(msg),
+                      kernel=str(kernel), shape_key=str(key))
+            for (kernel, key), msg in sorted(errors.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))]

@@ -337,26 +337,10 @@ def judge(
     def verdict(status: str, detail: str, **kw: Any) -> Verdict:
         return Verdict(case.kernel, case.shape, status, detail=detail, phase=case.phase, **kw)
 
-    if case.missing:
-        return verdict(MISSING_KERNEL, "no Helion implementation for this kernel")
-    if case.error:
-        return verdict(ERROR, case.error)
-    if case.precision is None:
-        return verdict(ERROR, "precision was not measured")
-    problem = precision_problem(case, baseline_case, policy)
-    if problem:
-        return verdict(PRECISION_FAIL, problem)
-    if not case.timings_meaningful:
-        return verdict(OK, "precision only: timings are not meaningful (CPU interpret mode)")
-    if baseline_case is not None and baseline_case.timing_method != case.timing_method:
-        before = baseline_case.timing_method or "an older, unrecorded one"
-        return verdict(NO_BASELINE, f"the baseline was timed by another method ({before}, now "
-                                    f"{case.timing_method}): re-baseline with `mamba2-guard bench --update-baseline`")
-    if baseline_case is None:
-        return verdict(NO_BASELINE, "no baseline for this kernel and shape")
-    if case.throttled:
-        return verdict(OK, "throttled during the run: speed not judged")
-
+    unjudged = _speed_not_judged(case, baseline_case, policy)
+    if unjudged:
+        return verdict(*unjudged)
+    assert baseline_case is not None  # _speed_not_judged answers for a case without one
     comps = _comparisons(case, baseline_case, policy)
     if not comps:
         return verdict(ERROR, "no timing samples")
@@ -366,12 +350,10 @@ def judge(
                 if "absolute" in comps else None)
     hist_ratio, hist_abs, hist_mamba = _history(case, window, policy)
     evidence: dict[str, Any] = {k: c.to_dict() for k, c in comps.items()}
-    if hist_ratio is not None:
-        evidence["history_ratio"] = hist_ratio.to_dict()
-    if hist_abs is not None:
-        evidence["history_absolute"] = hist_abs.to_dict()
-    if hist_mamba is not None:
-        evidence["history_mamba_ssm"] = hist_mamba.to_dict()
+    for name, drift in (("history_ratio", hist_ratio), ("history_absolute", hist_abs),
+                        ("history_mamba_ssm", hist_mamba)):
+        if drift is not None:
+            evidence[name] = drift.to_dict()
     evidence["history_points"] = len(window)
     mamba = comps.get("mamba_ssm")
     mamba_effect = mamba.effect if mamba else None
@@ -385,32 +367,14 @@ def judge(
     if absolute is not None and absolute.direction == "slower":
         c = absolute.comparison
         shared = _shared_slowdown(c, mamba, policy.alpha)
-        if ratio is None:
-            detail = (f"Helion latency {_pct(c.effect)} (p={_p(c.p_value)}); no paired mamba-ssm timing "
-                      f"to tell Helion from the environment")
-        elif shared:
-            detail = (f"environment: Helion {_pct(c.effect)} and mamba-ssm {_pct(mamba_effect)} slower, "
-                      f"speedup vs mamba-ssm {_pct(comps['ratio'].effect)} (held)")
-        else:
-            detail = (f"Helion latency {_pct(c.effect)} (p={_p(c.p_value)}) while mamba-ssm moved "
-                      f"{_pct(mamba_effect)}: Helion-specific; the speedup test fell short "
-                      f"({_pct(comps['ratio'].effect)}: {ratio.reason})")
-        return verdict(REGRESSION, detail, signal="absolute", effect=c.effect, p_value=c.p_value,
-                       environment=shared, evidence=evidence)
+        return verdict(REGRESSION, _absolute_slowdown_detail(c, ratio, comps, mamba_effect, shared),
+                       signal="absolute", effect=c.effect, p_value=c.p_value, environment=shared, evidence=evidence)
     if hist_ratio is not None and hist_ratio.drifted:
         return verdict(REGRESSION, f"speedup vs mamba-ssm drifted over {len(window)} runs: Helion "
                        f"{_pct(hist_ratio.effect)} relative to mamba-ssm ({hist_ratio.rule}: {hist_ratio.detail})",
                        signal="history", effect=hist_ratio.effect, confirmed=True, evidence=evidence)
     if hist_abs is not None and hist_abs.drifted:
-        m_eff = hist_mamba.effect if hist_mamba is not None else None
-        shared = (m_eff is not None and m_eff > -1 and hist_abs.effect is not None and hist_abs.effect > 0
-                  and math.log1p(m_eff) >= 0.5 * math.log1p(hist_abs.effect))
-        if shared:
-            detail = (f"environment drift over {len(window)} runs: Helion latency {_pct(hist_abs.effect)} and "
-                      f"mamba-ssm {_pct(m_eff)} ({hist_abs.rule}: {hist_abs.detail})")
-        else:
-            detail = (f"Helion latency drifted {_pct(hist_abs.effect)} over {len(window)} runs while mamba-ssm "
-                      f"moved {_pct(m_eff)} ({hist_abs.rule}: {hist_abs.detail})")
+        shared, detail = _latency_drift(hist_abs, hist_mamba, len(window))
         return verdict(REGRESSION, detail, signal="history", effect=hist_abs.effect, confirmed=True,
                        environment=shared, evidence=evidence)
     if ratio is not None and ratio.direction == "faster":
@@ -425,6 +389,59 @@ def judge(
     if ratio is not None and absolute is not None and absolute.direction == "faster":
         detail = f"environment faster: Helion {_pct(comps['absolute'].effect)}, speedup held"
     return verdict(OK, detail, signal=None, effect=c.effect, p_value=c.p_value, evidence=evidence)
+
+
+def _speed_not_judged(case: CaseResult, baseline_case: BaselineCase | None, policy: Policy) -> tuple[str, str] | None:
+    """(status, detail) for a case whose speed is not judged (nothing ran, precision failed, no meaningful
+    timing or no comparable baseline); None when it is."""
+    if case.missing:
+        return MISSING_KERNEL, "no Helion implementation for this kernel"
+    if case.error:
+        return ERROR, case.error
+    if case.precision is None:
+        return ERROR, "precision was not measured"
+    problem = precision_problem(case, baseline_case, policy)
+    if problem:
+        return PRECISION_FAIL, problem
+    if not case.timings_meaningful:
+        return OK, "precision only: timings are not meaningful (CPU interpret mode)"
+    if baseline_case is not None and baseline_case.timing_method != case.timing_method:
+        before = baseline_case.timing_method or "an older, unrecorded one"
+        return NO_BASELINE, (f"the baseline was timed by another method ({before}, now {case.timing_method}): "
+                             "re-baseline with `mamba2-guard bench --update-baseline`")
+    if baseline_case is None:
+        return NO_BASELINE, "no baseline for this kernel and shape"
+    if case.throttled:
+        return OK, "throttled during the run: speed not judged"
+    return None
+
+
+def _absolute_slowdown_detail(c: Any, ratio: Any, comps: dict[str, Any], mamba_effect: float | None,
+                              shared: bool) -> str:
+    """What a slower absolute latency means: no paired mamba-ssm timing, the environment (mamba-ssm slowed
+    as much), or Helion alone."""
+    if ratio is None:
+        return (f"Helion latency {_pct(c.effect)} (p={_p(c.p_value)}); no paired mamba-ssm timing "
+                f"to tell Helion from the environment")
+    if shared:
+        return (f"environment: Helion {_pct(c.effect)} and mamba-ssm {_pct(mamba_effect)} slower, "
+                f"speedup vs mamba-ssm {_pct(comps['ratio'].effect)} (held)")
+    return (f"Helion latency {_pct(c.effect)} (p={_p(c.p_value)}) while mamba-ssm moved "
+            f"{_pct(mamba_effect)}: Helion-specific; the speedup test fell short "
+            f"({_pct(comps['ratio'].effect)}: {ratio.reason})")
+
+
+def _latency_drift(hist_abs: Any, hist_mamba: Any, runs: int) -> tuple[bool, str]:
+    """(shared with the environment, detail) of a latency drift over the history: shared when mamba-ssm
+    drifted at least half as much (in log terms)."""
+    m_eff = hist_mamba.effect if hist_mamba is not None else None
+    shared = (m_eff is not None and m_eff > -1 and hist_abs.effect is not None and hist_abs.effect > 0
+              and math.log1p(m_eff) >= 0.5 * math.log1p(hist_abs.effect))
+    if shared:
+        return shared, (f"environment drift over {runs} runs: Helion latency {_pct(hist_abs.effect)} and "
+                        f"mamba-ssm {_pct(m_eff)} ({hist_abs.rule}: {hist_abs.detail})")
+    return shared, (f"Helion latency drifted {_pct(hist_abs.effect)} over {runs} runs while mamba-ssm "
+                    f"moved {_pct(m_eff)} ({hist_abs.rule}: {hist_abs.detail})")
 
 
 def needs_confirmation(verdict: Verdict) -> bool:
