@@ -1,5 +1,5 @@
 """The ``mamba2-guard`` command line: a dispatcher. Each command is a module of ``mamba2_guard.commands`` that
-declares its flags (``register``) and runs (``run``); ``dev`` tools are ``mamba2_guard.dev``'s.
+declares its flags (``register``) and runs (``run``); so does each ``dev`` tool (``mamba2_guard.commands.dev``).
 
 Exit codes (``EPILOG``): 0 all good, 1 a regression or precision failure, 2 a usage or environment error.
 """
@@ -22,6 +22,7 @@ from mamba2_guard.commands import (
     common,
     config_check,
     daemon,
+    dev,
     doctor,
     drift,
     fingerprint,
@@ -54,8 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(commands)
-    from mamba2_guard import dev
-
     dev.register(commands)
     return parser
 

@@ -67,6 +67,26 @@ def state_dir_argument(parser: argparse.ArgumentParser) -> None:
                         help="default: %(default)s")
 
 
+def output_file(text: str) -> Path:
+    """A file a command writes: one there, or one that can be created (exit 2 naming the flag otherwise)."""
+    return Path(files.creatable_file(text))
+
+
+def output_directory(text: str) -> Path:
+    """A folder a command writes into: one there, or one that can be created."""
+    return Path(files.creatable_directory(text))
+
+
+def shape_arguments(parser: argparse.ArgumentParser, suite: str, processes: bool = True) -> None:
+    """A dev tool's shapes: a suite (default ``suite``) or shape names; with ``processes``, its compile workers."""
+    which = parser.add_mutually_exclusive_group()  # both given: one would be dropped without a word
+    which.add_argument("--suite", default=suite, help=f"shape suite from mamba2_kernels/suites.yaml (default {suite})")
+    which.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of the suite")
+    if processes:
+        parser.add_argument("--processes", type=flags.integer(1), default=8,
+                            help="parallel compile processes (default 8)")
+
+
 def selection_arguments(parser: argparse.ArgumentParser, suite: str) -> None:
     which = parser.add_mutually_exclusive_group()  # both given: one would be dropped without a word
     which.add_argument("--suite", default=suite, metavar="NAME",
