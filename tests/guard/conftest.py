@@ -1,9 +1,14 @@
-"""Fixtures of the PR path's tests (adapters/test_gitops, adapters/test_github, flows/test_pr...): a real bare
-origin (file://), source dirs, a fake GitHub on 127.0.0.1, the token."""
+"""Fixtures of the guard's tests. The PR path's (adapters/test_gitops, adapters/test_github, flows/test_pr...): a real
+bare origin (file://), source dirs, a fake GitHub on 127.0.0.1, the token. The processes' (daemon/, adapters/
+test_metrics...): real Prometheus, Pushgateway and daemon processes on 127.0.0.1 (``tests.guard.live``)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +19,7 @@ if str(REPO) not in sys.path:  # `from tests.guard import ...` under any pytest 
     sys.path.insert(0, str(REPO))
 
 from tests.guard.fake_github import FakeGitHub  # noqa: E402
+from tests.guard.live import Daemon, Prometheus, binary, free_port, http_get, wait_for  # noqa: E402
 from tests.guard.pr_data import CONFIGS_OLD, FP_OLD, TOKEN, baseline_doc, dump, git  # noqa: E402
 
 
@@ -85,3 +91,85 @@ def client(fake_gh):
 def debug_logs(caplog):
     caplog.set_level(logging.DEBUG)
     return caplog
+
+
+@pytest.fixture
+def start_prometheus(tmp_path):
+    """start_prometheus(targets, honor_labels=False) -> Prometheus scraping them every second."""
+    exe = binary("prometheus")
+    procs = []
+
+    def start(targets: list[str], honor_labels: bool = False) -> Prometheus:
+        port = free_port()
+        config = tmp_path / f"prometheus-{port}.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            f"  - job_name: guard\n    honor_labels: {str(honor_labels).lower()}\n"
+            f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
+        )
+        log = open(tmp_path / f"prometheus-{port}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [exe, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / f'tsdb-{port}'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append((proc, log))
+        prom = Prometheus(f"http://127.0.0.1:{port}")
+        wait_for(lambda: http_get(f"{prom.url}/-/ready"), 20, what="prometheus ready")
+        return prom
+
+    yield start
+    for proc, log in procs:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def pushgateway(tmp_path):
+    exe = binary("prometheus-pushgateway")
+    port = free_port()
+    log = open(tmp_path / "pushgateway.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([exe, f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: http_get(f"{url}/-/ready"), 20, what="pushgateway ready")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def start_daemon(tmp_path):
+    daemons: list[Daemon] = []
+
+    def start(state: Path, *args: str, quiet: bool = True) -> Daemon:
+        base = ["--metrics-port", "0", "--drift-interval", "3600",
+                "--drift-target", "tests.guard.daemon.jobs:probe_no_drift"]
+        d = Daemon(state, base + list(args), tmp_path / f"daemon-{len(daemons)}.log")
+        daemons.append(d)
+        return d
+
+    yield start
+    for d in daemons:
+        if d.proc.poll() is None:
+            os.killpg(d.proc.pid, signal.SIGKILL)
+            d.proc.wait(10)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_child_dirs_left_behind():
+    """Daemons these tests kill with SIGKILL leave their children's temp dirs: remove them at the end."""
+    yield
+    from mamba2_guard.adapters.processes import remove_orphaned_child_dirs
+
+    remove_orphaned_child_dirs()

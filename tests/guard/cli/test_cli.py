@@ -110,7 +110,7 @@ def test_check_judges_by_the_guard_configs_policy(tmp_path, capsys):
     sets 30 %, as the nightly would judge it; a bad policy key exits 2 before anything is read."""
     from mamba2_guard.core.results import BenchResult
     from mamba2_guard.flows import baselines
-    from tests.guard.infra import sample
+    from tests.guard import sample
 
     baselines.update(tmp_path / "baseline.yaml", BenchResult.from_dict(sample.result()))
     doc = sample.result("2026-09-02T03:17:00+00:00")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.guard.infra import sample
-from tests.guard.infra.conftest import REPO, free_port
+from tests.guard import sample
+from tests.guard.live import REPO, free_port
 
 SCRIPT = shutil.which("mamba2-guard", path=str(Path(sys.executable).parent)) or "mamba2-guard"
 NIGHTLY = ["nightly", "--shapes", "smoke", "--kernels", "chunk_cumsum", "--no-confirm"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from mamba2_guard.core import tuneplan
 from mamba2_guard.flows import selection_measure
 from mamba2_kernels import files, seen
-from tests.guard.infra import sample
+from tests.guard import sample
 
 from .test_console_script import guard, one_line_error
 

@@ -32,7 +32,7 @@ def fake_cycle(state_dir: Path, sleep_s: float = 0.0, exit_code: int = 0, snapsh
         time.sleep(sleep_s)
     if snapshot:
         from mamba2_guard.adapters.metrics import write_snapshot
-        from tests.guard.infra import sample
+        from tests.guard import sample
 
         s = sample.snapshot()
         write_snapshot(Path(state_dir), s["result"], s["verdicts"], drift=s["drift"], events=s["events"])
@@ -49,13 +49,13 @@ def returns(value):
 
 
 def probe_no_drift(state_dir: Path) -> dict:
-    from tests.guard.infra import sample
+    from tests.guard import sample
 
     return {"fingerprint": sample.FINGERPRINT, "drift": {"found": False, "action": "ignore", "items": []}}
 
 
 def probe_drift(state_dir: Path) -> dict:
-    from tests.guard.infra import sample
+    from tests.guard import sample
 
     return {"fingerprint": sample.FINGERPRINT, "drift": sample.drift()}
 

@@ -1,4 +1,5 @@
-"""Real parts for the infra tests: free ports, Prometheus/Pushgateway processes, daemon processes."""
+"""Real parts for the tests that run processes: free ports, Prometheus and Pushgateway processes, daemon processes
+(the fixtures are conftest.py's)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 APT_LINE = "apt-get install -y prometheus prometheus-pushgateway"
 
 
@@ -66,63 +67,8 @@ class Prometheus:
         return data["data"]
 
 
-@pytest.fixture
-def start_prometheus(tmp_path):
-    """start_prometheus(targets, honor_labels=False) -> Prometheus scraping them every second."""
-    exe = binary("prometheus")
-    procs = []
-
-    def start(targets: list[str], honor_labels: bool = False) -> Prometheus:
-        port = free_port()
-        config = tmp_path / f"prometheus-{port}.yml"
-        config.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            "scrape_configs:\n"
-            f"  - job_name: guard\n    honor_labels: {str(honor_labels).lower()}\n"
-            f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
-        )
-        log = open(tmp_path / f"prometheus-{port}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [exe, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / f'tsdb-{port}'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        procs.append((proc, log))
-        prom = Prometheus(f"http://127.0.0.1:{port}")
-        wait_for(lambda: http_get(f"{prom.url}/-/ready"), 20, what="prometheus ready")
-        return prom
-
-    yield start
-    for proc, log in procs:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
-@pytest.fixture
-def pushgateway(tmp_path):
-    exe = binary("prometheus-pushgateway")
-    port = free_port()
-    log = open(tmp_path / "pushgateway.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([exe, f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: http_get(f"{url}/-/ready"), 20, what="pushgateway ready")
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-
 class Daemon:
-    """A ``mamba2-guard daemon`` in a subprocess, with stand-in jobs from tests.guard.infra.jobs."""
+    """A ``mamba2-guard daemon`` in a subprocess, with stand-in jobs from tests.guard.daemon.jobs."""
 
     def __init__(self, state: Path, args: list[str], log: Path):
         self.state, self.log_path = state, log
@@ -166,34 +112,3 @@ class Daemon:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
-
-
-@pytest.fixture
-def start_daemon(tmp_path):
-    daemons: list[Daemon] = []
-
-    def start(state: Path, *args: str, quiet: bool = True) -> Daemon:
-        base = ["--metrics-port", "0", "--drift-interval", "3600",
-                "--drift-target", "tests.guard.infra.jobs:probe_no_drift"]
-        d = Daemon(state, base + list(args), tmp_path / f"daemon-{len(daemons)}.log")
-        daemons.append(d)
-        return d
-
-    yield start
-    for d in daemons:
-        if d.proc.poll() is None:
-            os.killpg(d.proc.pid, signal.SIGKILL)
-            d.proc.wait(10)
-
-
-if str(REPO) not in sys.path:  # `from tests.guard.infra import ...` under any pytest import mode
-    sys.path.insert(0, str(REPO))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _no_child_dirs_left_behind():
-    """Daemons these tests kill with SIGKILL leave their children's temp dirs: remove them at the end."""
-    yield
-    from mamba2_guard.adapters.processes import remove_orphaned_child_dirs
-
-    remove_orphaned_child_dirs()

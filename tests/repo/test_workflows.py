@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.guard.infra.conftest import REPO
+from tests.guard.live import REPO
 
 WORKFLOWS = REPO / ".github" / "workflows"
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from mamba2_guard.adapters.metrics import GuardMetrics
 from mamba2_guard.daemon import DaemonConfig, stalled
-from tests.guard.infra.conftest import wait_for
+from tests.guard.live import wait_for
 
 FAR_CRON = ["--nightly-cron", "17 3 1 1 *"]  # once a year: the nightly never runs on its own here
-CYCLE = "tests.guard.infra.jobs:fake_cycle"
+CYCLE = "tests.guard.daemon.jobs:fake_cycle"
 
 
 def planted_store_job(path: Path, command: str) -> None:

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from tests.guard.infra.conftest import APT_LINE, REPO
+from tests.guard.live import APT_LINE, REPO
 
 DASH = REPO / "dashboards"
 

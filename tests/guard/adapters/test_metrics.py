@@ -10,8 +10,8 @@ import urllib.parse
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.guard.infra import sample
-from tests.guard.infra.conftest import REPO, free_port, http_get, wait_for
+from tests.guard import sample
+from tests.guard.live import REPO, free_port, http_get, wait_for
 
 FAMILIES = {
     "mamba2_guard_kernel_latency_seconds", "mamba2_guard_speedup_ratio", "mamba2_guard_precision_abs_diff",

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from mamba2_guard.adapters.processes import run_in_child
-from tests.guard.infra import jobs
-from tests.guard.infra.conftest import REPO, free_port, http_get, wait_for
+from tests.guard.daemon import jobs
+from tests.guard.live import REPO, free_port, http_get, wait_for
 
 FAR_CRON = ["--nightly-cron", "17 3 1 1 *"]  # once a year: only the catch-up runs the nightly
-CYCLE = "tests.guard.infra.jobs:fake_cycle"
+CYCLE = "tests.guard.daemon.jobs:fake_cycle"
 
 
 def alive(pid: int) -> bool:
@@ -42,7 +42,7 @@ def job_ids(state: Path) -> list[str]:
 
 
 def test_child_returns_value_and_reports_errors(tmp_path):
-    ok = run_in_child("tests.guard.infra.jobs:returns", 30, (41,))
+    ok = run_in_child("tests.guard.daemon.jobs:returns", 30, (41,))
     assert ok.status == "ok" and ok.value["value"] == 41 and ok.value["pid"] != os.getpid()
     bad = run_in_child(jobs.raises, 30, (tmp_path,), log_path=tmp_path / "child.log")
     assert bad.status == "error" and "illegal memory access" in bad.error
@@ -147,7 +147,7 @@ def test_misfire_is_logged_and_counted(tmp_path, start_daemon):
 def test_drift_schedules_one_retune(tmp_path, start_daemon):
     state = tmp_path / "state"
     d = start_daemon(state, *FAR_CRON, "--no-catch-up", "--nightly-target", CYCLE, "--drift-interval", "1",
-                     "--drift-target", "tests.guard.infra.jobs:probe_drift")
+                     "--drift-target", "tests.guard.daemon.jobs:probe_drift")
     d.wait_started()
     wait_for(lambda: d.count("retune", "success") == 1, 30, what="a re-tune")
     wait_for(lambda: d.count("drift", "success") >= 3, 30, what="more drift checks")
@@ -268,7 +268,7 @@ def test_a_hand_edited_daemon_state_is_moved_aside_not_a_crash_at_start(tmp_path
 
 
 def test_a_nightly_overlapping_a_cli_nightly_is_skipped_not_an_error(tmp_path, start_daemon):
-    d = start_daemon(tmp_path / "state", *FAR_CRON, "--nightly-target", "tests.guard.infra.jobs:busy_cycle")
+    d = start_daemon(tmp_path / "state", *FAR_CRON, "--nightly-target", "tests.guard.daemon.jobs:busy_cycle")
     d.wait_started()
     wait_for(lambda: d.count("nightly", "skipped") == 1, 30, what="the catch-up nightly, skipped")
     assert d.count("nightly", "error") == 0
@@ -314,7 +314,7 @@ def test_a_signal_delivered_to_another_thread_stops_the_daemon(tmp_path):
     """CPython runs signal handlers in the main thread only; a main thread blocked until the next job
     (60 s away here) did not see this SIGTERM, and the daemon outlived a 30 s wait in CI."""
     args = ["--state-dir", str(tmp_path / "state"), "--metrics-port", "0", "--drift-interval", "3600",
-            "--drift-target", "tests.guard.infra.jobs:probe_no_drift", *FAR_CRON, "--nightly-target", CYCLE,
+            "--drift-target", "tests.guard.daemon.jobs:probe_no_drift", *FAR_CRON, "--nightly-target", CYCLE,
             "--no-catch-up"]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     t0 = time.monotonic()
