@@ -349,148 +349,125 @@ def _render_body(
     diff: ConfigDiff,
     limit: int | None,
 ) -> tuple[str, dict[str, int]]:
-    slug = sanitize_slug(inp.gpu_slug)
+    """The body, section by section, each cut to ``limit`` rows (None: whole); and what each cut left out."""
     omitted: dict[str, int] = {}
-    out: list[str] = [marker(slug, fp_hash), ""]
-    out.append(f"## mamba2-guard: `{slug}`")
-    out.append("")
+    out = [*_header(inp, fp_hash, drift), *_changes_section(changes, limit, omitted), *_bringup_section(inp),
+           *_performance_section(rows, limit, omitted), *_config_diff_section(diff, limit, omitted),
+           *_autotune_section(inp), *_reproduce_section(inp, omitted),
+           "<sub>Opened by mamba2-guard. The bot updates this PR in place; a human commit on the branch stops "
+           "it from pushing here, and closing the PR unmerged makes it skip this fingerprint.</sub>"]
+    return "\n".join(out) + "\n", omitted
+
+
+def _header(inp: PrInput, fp_hash: str, drift: dict[str, Any] | None) -> list[str]:
+    slug = sanitize_slug(inp.gpu_slug)
+    out = [marker(slug, fp_hash), "", f"## mamba2-guard: `{slug}`", ""]
     env = _environment_line(inp.fingerprint)
     if env:
         out.append(f"**Environment:** {env}  ")
     out.append(f"**Fingerprint:** `{fp_hash[:SHORT_HASH_LEN]}`  ")
     if drift:
         out.append(f"**Action:** {drift.get('action')}")
-    out.append("")
+    return [*out, ""]
 
-    # What changed
-    out.append("### What changed")
-    out.append("")
-    if changes:
-        shown = changes if limit is None else changes[:limit]
-        classified = any(c[0] for c in changes)
-        if classified:
-            out.append("| Class | Component | Before | After | Action |")
-            out.append("|---|---|---|---|---|")
-        else:
-            out.append("| Component | Before | After |")
-            out.append("|---|---|---|")
-        for cls, comp, before, after, act in shown:
-            row = f"`{_cell(comp)}` | {_cell(before)} | {_cell(after)}"
-            out.append(f"| {_cell(cls)} | {row} | {_cell(act)} |" if classified else f"| {row} |")
-        if len(shown) < len(changes):
-            omitted["changes"] = len(changes) - len(shown)
-            out.append(f"| ... {omitted['changes']} more |" + (" |" * (4 if classified else 2)))
-    else:
-        out.append("No environment change recorded (a re-tune or re-baseline was requested).")
-    out.append("")
 
-    if inp.bring_up:
-        out.append("### Bring-up of a new GPU")
-        out.append("")
-        out.append(bringup.render(inp.bring_up))
-        out.append("")
-        out.append("_The guard updates this PR as each later stage lands; nothing needs to be run by hand._")
-        out.append("")
+def _changes_section(changes: list[tuple[str, str, str, str, str]], limit: int | None,
+                     omitted: dict[str, int]) -> list[str]:
+    out = ["### What changed", ""]
+    if not changes:
+        return [*out, "No environment change recorded (a re-tune or re-baseline was requested).", ""]
+    shown = changes if limit is None else changes[:limit]
+    classified = any(c[0] for c in changes)
+    out += (["| Class | Component | Before | After | Action |", "|---|---|---|---|---|"] if classified
+            else ["| Component | Before | After |", "|---|---|---|"])
+    for cls, comp, before, after, act in shown:
+        row = f"`{_cell(comp)}` | {_cell(before)} | {_cell(after)}"
+        out.append(f"| {_cell(cls)} | {row} | {_cell(act)} |" if classified else f"| {row} |")
+    if len(shown) < len(changes):
+        omitted["changes"] = len(changes) - len(shown)
+        out.append(f"| ... {omitted['changes']} more |" + (" |" * (4 if classified else 2)))
+    return [*out, ""]
 
-    # Performance
-    out.append("### Performance and precision (median latency, lower is better)")
-    out.append("")
-    if rows:
-        # The changed cases first, most changed first; the unchanged ones folded away, so that what a reviewer
-        # must look at fits one screen (a re-tune that moved nothing showed 150 rows of +0.0 %).
-        rows = sorted(rows, key=lambda r: -r.interest)
-        shown_rows = rows if limit is None else _keep(rows, limit, key=lambda r: r.interest)
-        changed = [r for r in shown_rows if r.interest >= UNCHANGED]
-        same = [r for r in shown_rows if r.interest < UNCHANGED]
-        out.append(f"{len(changed)} of {len(rows)} cases changed by more than {UNCHANGED:.1%} or in precision.")
-        out.append("")
-        if changed:
-            out.append(_PERF_HEADER)
-            out.extend(r.render() for r in changed)
-        if same:
-            out += ["", f"<details><summary>{len(same)} unchanged cases</summary>", "", _PERF_HEADER,
-                    *(r.render() for r in same), "", "</details>"]
-        if len(shown_rows) < len(rows):
-            omitted["perf_rows"] = len(rows) - len(shown_rows)
-            out.append("")
-            out.append(
-                f"_{omitted['perf_rows']} of {len(rows)} rows not shown (the largest changes and all "
-                "precision failures are kept)._"
-            )
-    else:
-        out.append("No baseline results in this update.")
-    out.append("")
 
-    # Config diff
-    out.append("### Config diff")
-    out.append("")
+def _bringup_section(inp: PrInput) -> list[str]:
+    if not inp.bring_up:
+        return []
+    return ["### Bring-up of a new GPU", "", bringup.render(inp.bring_up), "",
+            "_The guard updates this PR as each later stage lands; nothing needs to be run by hand._", ""]
+
+
+def _performance_section(rows: list[_PerfRow], limit: int | None, omitted: dict[str, int]) -> list[str]:
+    out = ["### Performance and precision (median latency, lower is better)", ""]
+    if not rows:
+        return [*out, "No baseline results in this update.", ""]
+    # The changed cases first, most changed first; the unchanged ones folded away, so that what a reviewer
+    # must look at fits one screen (a re-tune that moved nothing showed 150 rows of +0.0 %).
+    rows = sorted(rows, key=lambda r: -r.interest)
+    shown_rows = rows if limit is None else _keep(rows, limit, key=lambda r: r.interest)
+    changed = [r for r in shown_rows if r.interest >= UNCHANGED]
+    same = [r for r in shown_rows if r.interest < UNCHANGED]
+    out += [f"{len(changed)} of {len(rows)} cases changed by more than {UNCHANGED:.1%} or in precision.", ""]
+    if changed:
+        out += [_PERF_HEADER, *(r.render() for r in changed)]
+    if same:
+        out += ["", f"<details><summary>{len(same)} unchanged cases</summary>", "", _PERF_HEADER,
+                *(r.render() for r in same), "", "</details>"]
+    if len(shown_rows) < len(rows):
+        omitted["perf_rows"] = len(rows) - len(shown_rows)
+        out += ["", f"_{omitted['perf_rows']} of {len(rows)} rows not shown (the largest changes and all "
+                    "precision failures are kept)._"]
+    return [*out, ""]
+
+
+def _config_diff_section(diff: ConfigDiff, limit: int | None, omitted: dict[str, int]) -> list[str]:
+    out = ["### Config diff", ""]
     if diff.empty:
-        out.append("No config changes.")
-    else:
-        lines = diff.render_lines(limit)
-        if limit is not None and limit < len(diff.entries):
-            omitted["config_entries"] = len(diff.entries) - limit
-        out.append(f"<details><summary>{diff.summary()}</summary>")
-        out.append("")
-        out.append("```diff")
-        out.extend(line.replace("```", "'''") for line in lines)
-        out.append("```")
-        out.append("")
-        out.append("</details>")
-    out.append("")
+        return [*out, "No config changes.", ""]
+    lines = diff.render_lines(limit)
+    if limit is not None and limit < len(diff.entries):
+        omitted["config_entries"] = len(diff.entries) - limit
+    return [*out, f"<details><summary>{diff.summary()}</summary>", "", "```diff",
+            *(line.replace("```", "'''") for line in lines), "```", "", "</details>", ""]
 
-    # Autotune + reproduce
+
+def _autotune_section(inp: PrInput) -> list[str]:
     tuned = (inp.new_configs or {}).get("tuned") or {}
-    if tuned:
-        out.append("### Autotune")
-        out.append("")
-        out.append("| Seed | Effort | Budget (s) | Date | Jobs done | Seconds spent |")
-        out.append("|---|---|---|---|---|---|")
-        out.append(
-            f"| {_cell(tuned.get('seed'))} | {_cell(tuned.get('effort'))} | "
-            f"{_cell(tuned.get('budget_s'))} | {_cell(tuned.get('date'))} | {_jobs_done(tuned)} | "
-            f"{_cell(tuned.get('seconds_spent', '-'))} |"
-        )
-        out.append("")
-        left = _jobs_left(tuned)
-        if left:
-            out.append(f"_{left}: their committed configs stay; the next run resumes them._")
-            out.append("")
-        failed = [str(x) for x in tuned.get("searches_failed") or ()]
-        if failed:
-            shown = ", ".join(f"`{x}`" for x in failed[:MAX_FAILED_SEARCHES])
-            more = f" and {len(failed) - MAX_FAILED_SEARCHES} more" if len(failed) > MAX_FAILED_SEARCHES else ""
-            out.append(f"_{len(failed)} search(es) failed, so their old configs stay: {shown}{more}._")
-            out.append("")
-    out.append("### Reproduce")
-    out.append("")
+    if not tuned:
+        return []
+    out = ["### Autotune", "", "| Seed | Effort | Budget (s) | Date | Jobs done | Seconds spent |",
+           "|---|---|---|---|---|---|",
+           f"| {_cell(tuned.get('seed'))} | {_cell(tuned.get('effort'))} | {_cell(tuned.get('budget_s'))} | "
+           f"{_cell(tuned.get('date'))} | {_jobs_done(tuned)} | {_cell(tuned.get('seconds_spent', '-'))} |", ""]
+    left = _jobs_left(tuned)
+    if left:
+        out += [f"_{left}: their committed configs stay; the next run resumes them._", ""]
+    failed = [str(x) for x in tuned.get("searches_failed") or ()]
+    if failed:
+        shown = ", ".join(f"`{x}`" for x in failed[:MAX_FAILED_SEARCHES])
+        more = f" and {len(failed) - MAX_FAILED_SEARCHES} more" if len(failed) > MAX_FAILED_SEARCHES else ""
+        out += [f"_{len(failed)} search(es) failed, so their old configs stay: {shown}{more}._", ""]
+    return out
+
+
+def _reproduce_section(inp: PrInput, omitted: dict[str, int]) -> list[str]:
+    """How to reproduce, the CI run, and where the data left out by the cuts (``omitted``) is."""
+    out = ["### Reproduce", ""]
     if inp.reproduce_command:
-        out.append("```bash")
-        out.append(inp.reproduce_command.replace("```", "'''"))
-        out.append("```")
+        out += ["```bash", inp.reproduce_command.replace("```", "'''"), "```"]
     else:
         out.append("_No reproduce command was given._")
     out.append("")
     if inp.run_url:
-        out.append(f"CI run: {inp.run_url}")
-        out.append("")
+        out += [f"CI run: {inp.run_url}", ""]
     if omitted:
         where = inp.full_data or "the bench result attached to the run"
         parts = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in omitted.items())
-        out.append(
-            f"> [!NOTE]\n> This description was truncated to stay under GitHub's 64 KB limit ({parts} "
-            f"not shown). The full data is in {where}; the complete configs and baselines are in this "
-            "PR's diff."
-        )
-        out.append("")
+        out += [f"> [!NOTE]\n> This description was truncated to stay under GitHub's 64 KB limit ({parts} "
+                f"not shown). The full data is in {where}; the complete configs and baselines are in this "
+                "PR's diff.", ""]
     elif inp.full_data:
-        out.append(f"Full data: {inp.full_data}")
-        out.append("")
-    out.append(
-        "<sub>Opened by mamba2-guard. The bot updates this PR in place; a human commit on the branch stops "
-        "it from pushing here, and closing the PR unmerged makes it skip this fingerprint.</sub>"
-    )
-    return "\n".join(out) + "\n", omitted
+        out += [f"Full data: {inp.full_data}", ""]
+    return out
 
 
 def _fits(body: str, max_bytes: int) -> bool:
