@@ -90,7 +90,7 @@ def device_capability(device: torch.device) -> str | None:
 def ensure_triton_allocator() -> None:
     """Give Triton its scratch allocator in this thread. A config with device-side tensor descriptors needs
     one; Triton keeps it in a context variable, which a new thread starts without (autograd runs the backward
-    on its own). On the H200 the bench's whole call failed for the lack of it (docs/decisions.md)."""
+    on its own). On the H200 the bench's whole call failed for the lack of it (baselines/runs/decisions.md)."""
     import helion.runtime
 
     helion.runtime.set_triton_allocator()
