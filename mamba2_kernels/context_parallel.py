@@ -68,10 +68,11 @@ def _entering_state(ends, decays, continues, whole, rank: int) -> torch.Tensor:
 
 def mamba_chunk_scan_combined_cp(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                                  seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), return_final_states=False,
-                                 group=None):
+                                 group=None, state_dtype=None):
     """``mamba_chunk_scan_combined`` over a sequence split across ``group``'s ranks (module docstring): x, dt,
     B, C, z, seq_idx are this rank's slice (the same length on every rank is not required); A, D, dt_bias the
-    same everywhere; initial_states is used on rank 0 only."""
+    same everywhere; initial_states is used on rank 0 only. state_dtype is the local call's (the end states
+    exchanged between ranks are fp32 either way)."""
     check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("group: torch.distributed is not initialized; call init_process_group first")
@@ -80,7 +81,8 @@ def mamba_chunk_scan_combined_cp(x, dt, A, B, C, chunk_size, D=None, z=None, dt_
     ngroups = B.shape[2]
     y, end = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
                                        initial_states=initial_states if rank == 0 else None, seq_idx=seq_idx,
-                                       dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=True)
+                                       dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=True,
+                                       state_dtype=state_dtype)
     log_decay = torch.cumsum(dt_transform(dt.float(), None if dt_bias is None else dt_bias.float(), dt_softplus,
                                           dt_limit) * A.float(), dim=1)  # (b, L, h)
     if seq_idx is None:

@@ -8,8 +8,8 @@ sees three opaque operators and plain tensor ops it can trace and Inductor can f
 
 ``parts`` has three callables:
   conv(x (b, d, L), weight, bias, seq_idx, activation) -> (b, d, L);
-  ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit) -> (y, final_states),
-      with dt_softplus on, as the layer calls it;
+  ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit, state_dtype)
+      -> (y, final_states), with dt_softplus on, as the layer calls it;
   norm(x (rows, d), weight, eps, z (rows, d), group_size, norm_before_gate) -> (rows, d).
 """
 
@@ -26,7 +26,7 @@ INF = float("inf")
 def mamba_split_conv1d_scan(parts: Any, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
                             initial_states=None, seq_idx=None, dt_limit=(0.0, INF), return_final_states=False,
                             activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,
-                            outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True):
+                            outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True, state_dtype=None):
     """The layer over ``parts`` (module docstring); arguments and results as mamba-ssm's function."""
     nheads = D.shape[0]
     headdim = D.shape[1] if D.dim() == 2 else headdim
@@ -40,7 +40,8 @@ def mamba_split_conv1d_scan(parts: Any, zxbcdt, conv1d_weight, conv1d_bias, dt_b
     z = z.unflatten(-1, (nheads, headdim))
     y, final_states = parts.ssd(x.unflatten(-1, (nheads, headdim)), dt, A, B.unflatten(-1, (ngroups, dstate)),
                                 C.unflatten(-1, (ngroups, dstate)), chunk_size, D,
-                                None if rmsnorm_weight is not None else z, dt_bias, initial_states, seq_idx, dt_limit)
+                                None if rmsnorm_weight is not None else z, dt_bias, initial_states, seq_idx, dt_limit,
+                                state_dtype)
     y = y.flatten(-2)
     if rmsnorm_weight is not None:
         y = parts.norm(y.reshape(-1, dim), rmsnorm_weight, rmsnorm_eps, z.reshape(-1, dim), dim // ngroups,

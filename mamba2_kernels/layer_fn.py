@@ -37,6 +37,7 @@ from mamba2_kernels.ssd._keys import dtype_name
 from mamba2_kernels.ssd.combined import (
     check_chunk_size,
     check_seq_idx,
+    check_state_dtype,
     check_tensors,
     mamba_chunk_scan_combined,
     ssd_backward,
@@ -48,10 +49,10 @@ __all__ = ["mamba_split_conv1d_scan_combined", "MambaSplitConv1dScanCombinedFn",
 INF = float("inf")
 
 
-def _ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit):
+def _ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit, state_dtype):
     return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                                      initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
-                                     dt_limit=dt_limit, return_final_states=True)
+                                     dt_limit=dt_limit, return_final_states=True, state_dtype=state_dtype)
 
 
 def _norm(x, weight, eps, z, group_size, norm_before_gate):
@@ -174,7 +175,7 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
     def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states=None, seq_idx=None,
                 dt_limit=(0.0, INF), return_final_states=False, activation="silu", rmsnorm_weight=None,
                 rmsnorm_eps=1e-6, outproj_weight=None, outproj_bias=None, headdim=None, ngroups=1,
-                norm_before_gate=True):
+                norm_before_gate=True, state_dtype=None):
         batch, seqlen, nheads, headdim, ngroups, dstate, d_nonssm = layer_dims(
             zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx, dt_limit,
             activation, rmsnorm_weight, outproj_weight, outproj_bias, headdim, ngroups)
@@ -188,12 +189,14 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
         if rmsnorm_weight is None:
             out, out_x, _, _, _, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                                                             initial_states=initial_states, seq_idx=seq_idx,
-                                                            dt_softplus=True, dt_limit=dt_limit)
+                                                            dt_softplus=True, dt_limit=dt_limit,
+                                                            state_dtype=state_dtype)
             y = out.flatten(-2)
         else:
             out_x, _, _, _, _, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=None, dt_bias=dt_bias,
                                                           initial_states=initial_states, seq_idx=seq_idx,
-                                                          dt_softplus=True, dt_limit=dt_limit)
+                                                          dt_softplus=True, dt_limit=dt_limit,
+                                                          state_dtype=state_dtype)
             rmsnorm_weight = rmsnorm_weight.contiguous()
             y, _, rstd = gated_rmsnorm_fwd(out_x.reshape(batch * seqlen, dim), rmsnorm_weight, None, rmsnorm_eps,
                                            z=z.reshape(batch * seqlen, dim), group_size=dim // ngroups,
@@ -218,6 +221,7 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
         ctx.activation = activation
         ctx.rmsnorm_eps = rmsnorm_eps
         ctx.norm_before_gate = norm_before_gate
+        ctx.state_dtype = state_dtype
         return (out, final_states) if return_final_states else out
 
     @staticmethod
@@ -262,7 +266,7 @@ def _backward(ctx, dout, *args):
         _, _, dA, _, _, dD, _, ddt_bias, dinitial_states = ssd_backward(
             dout, x, dt, A, B, C, out_x, ctx.chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
             dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=True, dt_limit=ctx.dt_limit,
-            dz=dz.unflatten(-1, (nheads, headdim)), **ssd_grads)
+            dz=dz.unflatten(-1, (nheads, headdim)), state_dtype=ctx.state_dtype, **ssd_grads)
         if recompute_output:
             y1 = (out_x * F.silu(z.float())).to(out_x.dtype).flatten(-2)
     else:
@@ -277,7 +281,7 @@ def _backward(ctx, dout, *args):
         _, _, dA, _, _, dD, _, ddt_bias, dinitial_states = ssd_backward(
             dy_rms.view(batch, seqlen, nheads, headdim), x, dt, A, B, C, out_x, ctx.chunk_size, D=D, z=None,
             dt_bias=dt_bias, initial_states=initial_states, dfinal_states=dfinal_states, seq_idx=seq_idx,
-            dt_softplus=True, dt_limit=ctx.dt_limit, **ssd_grads)
+            dt_softplus=True, dt_limit=ctx.dt_limit, state_dtype=ctx.state_dtype, **ssd_grads)
     doutproj_weight = doutproj_bias = None
     if outproj_weight is not None:
         y = y1 if y0 is None else torch.cat([y0, y1.to(y0.dtype)], dim=-1)
@@ -287,14 +291,16 @@ def _backward(ctx, dout, *args):
     _, dweight, dbias = causal_conv1d_bwd(xBC.transpose(1, 2), conv1d_weight, conv1d_bias, dxBC.transpose(1, 2),
                                           seq_idx, ctx.activation, dx=dxBC_given.transpose(1, 2))
     return (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, None, dinitial_states, None, None, None, None,
-            drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None)
+            drmsnorm_weight, None, doutproj_weight, doutproj_bias, None, None, None, None)
 
 
 def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
                                      initial_states=None, seq_idx=None, dt_limit=(0.0, INF), return_final_states=False,
                                      activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,
-                                     outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True):
-    """Same signature and semantics as ``mamba_ssm.ops.triton.ssd_combined.mamba_split_conv1d_scan_combined``.
+                                     outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True,
+                                     state_dtype=None):
+    """Same signature and semantics as ``mamba_ssm.ops.triton.ssd_combined.mamba_split_conv1d_scan_combined``,
+    with mamba-ssm's main-branch ``state_dtype`` (``mamba2_kernels.mamba_chunk_scan_combined`` says what it does).
 
     zxbcdt: (batch, seqlen, 2*d_nonssm + 2*dim + 2*ngroups*dstate + nheads), dim = nheads*headdim;
     conv1d_weight: (dim + 2*ngroups*dstate, width); conv1d_bias: (dim + 2*ngroups*dstate,) or None;
@@ -306,18 +312,19 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
     """
     dims = layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
                       dt_limit, activation, rmsnorm_weight, outproj_weight, outproj_bias, headdim, ngroups)
+    check_state_dtype(state_dtype)
     if torch.compiler.is_compiling():
         return layer_compose.mamba_split_conv1d_scan(
             OPERATOR_PARTS, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
             dt_limit, return_final_states, activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias,
-            headdim, ngroups, norm_before_gate)
+            headdim, ngroups, norm_before_gate, state_dtype)
     shape = layer_call_shape(dims, zxbcdt, conv1d_weight, D, chunk_size, initial_states, seq_idx, rmsnorm_weight,
                              norm_before_gate)
     with seen.calling(**shape):
         return MambaSplitConv1dScanCombinedFn.apply(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
                                                     initial_states, seq_idx, tuple(dt_limit), return_final_states,
                                                     activation, rmsnorm_weight, rmsnorm_eps, outproj_weight,
-                                                    outproj_bias, headdim, ngroups, norm_before_gate)
+                                                    outproj_bias, headdim, ngroups, norm_before_gate, state_dtype)
 
 
 def layer_call_shape(dims, zxbcdt, conv1d_weight, D, chunk_size, initial_states, seq_idx, rmsnorm_weight,

@@ -19,10 +19,10 @@ def _conv(x, weight, bias, seq_idx, activation):
     return conv_naive.causal_conv1d_fwd(x, weight, bias, seq_idx=seq_idx, activation=activation)
 
 
-def _ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit):
+def _ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit, state_dtype):
     return ssd_naive.ssd_chunked_ref(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                                      initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
-                                     dt_limit=dt_limit, return_final_states=True)
+                                     dt_limit=dt_limit, return_final_states=True, state_dtype=state_dtype)
 
 
 def _norm(x, weight, eps, z, group_size, norm_before_gate):

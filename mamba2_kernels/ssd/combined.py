@@ -11,7 +11,8 @@ backward kernels in the order of mamba-ssm's ``_mamba_chunk_scan_combined_bwd`` 
 
 Variable-length states, as in mamba-ssm: ``cu_seqlens`` is used only with ``return_varlen_states=True`` (and
 ignored otherwise, unchecked, as mamba-ssm ignores it); then batch must be 1 and the call also returns
-varlen_states (num_seqs, nheads, headdim, dstate) in C's dtype, the state at the end of each sequence, from
+varlen_states (num_seqs, nheads, headdim, dstate) in state_dtype (default C's), the state at the end of each
+sequence, from
 ``mamba2_kernels.ssd.chunk_state_varlen`` over the states entering each chunk. Pass seq_idx derived from cu_seqlens
 (as Mamba2 does) for states that do not leak across sequences. Checking cu_seqlens' values costs one
 device-to-host copy. As in mamba-ssm 2.3.2.post1, initial_states reach sequence 0's varlen state only when
@@ -138,6 +139,16 @@ def check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, s
         raise ValueError(f"dt_limit: expected (low, high) with low <= high, got {dt_limit!r}")
 
 
+STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_state_dtype(state_dtype) -> None:
+    """``state_dtype``: None (the inputs' dtype) or a dtype the kernels keep states in."""
+    if state_dtype is not None and state_dtype not in STATE_DTYPES:
+        raise ValueError(f"state_dtype: expected None or one of {', '.join(map(str, STATE_DTYPES))}, "
+                         f"got {state_dtype!r}")
+
+
 def check_cu_seqlens(x, cu_seqlens) -> None:
     """cu_seqlens for return_varlen_states: given, batch 1, a 1-D integer tensor on x's device. Its values
     (``check_cu_seqlens_values``) are checked where the forward runs, inside the operator."""
@@ -199,7 +210,8 @@ def call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx) -> dict:
 def _ssd_fwd_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
                 D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                 initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-                dt_softplus: bool, dt_limit: Sequence[float], return_final_states: bool) -> list[torch.Tensor]:
+                dt_softplus: bool, dt_limit: Sequence[float], return_final_states: bool,
+                state_dtype: torch.dtype | None) -> list[torch.Tensor]:
     """The forward as one operator that torch.compile keeps whole (``_ssd_fwd_fake`` gives its outputs):
     [out, final_states, out_x (the pre-gate output, when z is given), varlen_states (with cu_seqlens)].
     ``return_final_states`` only tells the backward whether final_states can carry a gradient."""
@@ -208,16 +220,18 @@ def _ssd_fwd_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
     with seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
         out, out_x, _, _, _, final_states, *varlen = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias,
                                                                  initial_states, seq_idx, dt_softplus,
-                                                                 tuple(dt_limit), cu_seqlens=cu_seqlens)
+                                                                 tuple(dt_limit), cu_seqlens=cu_seqlens,
+                                                                 state_dtype=state_dtype)
     return present([out, final_states, out_x if z is not None else None, *varlen])
 
 
 @_ssd_fwd_op.register_fake
 def _ssd_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-                  dt_limit, return_final_states):
+                  dt_limit, return_final_states, state_dtype):
     batch, _, nheads, headdim = x.shape
     state = (nheads, headdim, B.shape[-1])
-    varlen = C.new_empty((cu_seqlens.shape[0] - 1, *state)) if cu_seqlens is not None else None
+    varlen = (C.new_empty((cu_seqlens.shape[0] - 1, *state), dtype=state_dtype or C.dtype)
+              if cu_seqlens is not None else None)
     out_x = torch.empty_like(x, memory_format=torch.contiguous_format) if z is not None else None
     return present([torch.empty_like(x, memory_format=torch.contiguous_format),
                     x.new_empty((batch, *state), dtype=torch.float32), out_x, varlen])
@@ -225,11 +239,11 @@ def _ssd_fwd_fake(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq
 
 def _ssd_setup_context(ctx, inputs, output):
     x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit, \
-        return_final_states = inputs
+        return_final_states, state_dtype = inputs
     ctx.save_for_backward(output[0] if z is None else output[2], x, dt, A, B, C, D, z, dt_bias, initial_states,
                           seq_idx)
     ctx.chunk_size, ctx.dt_softplus, ctx.dt_limit = chunk_size, dt_softplus, tuple(dt_limit)
-    ctx.return_final_states = return_final_states
+    ctx.return_final_states, ctx.state_dtype = return_final_states, state_dtype
 
 
 def _ssd_backward(ctx, grads):
@@ -239,9 +253,10 @@ def _ssd_backward(ctx, grads):
     optional = (D, z, dt_bias, initial_states)
     dx, ddt, dA, dB, dC, *given = torch.ops.mamba2_kernels.ssd_combined_bwd(
         dout, x, dt, A, B, C, out, ctx.chunk_size, D, z, dt_bias, initial_states,
-        dfinal_states if ctx.return_final_states else None, dvarlen_states, seq_idx, ctx.dt_softplus, ctx.dt_limit)
+        dfinal_states if ctx.return_final_states else None, dvarlen_states, seq_idx, ctx.dt_softplus, ctx.dt_limit,
+        ctx.state_dtype)
     dD, dz, ddt_bias, dinitial_states = placed(given, optional)
-    return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None, None)
+    return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None, None, None)
 
 
 _ssd_fwd_op.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
@@ -252,7 +267,8 @@ def _ssd_bwd_op(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
                 C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None,
                 dt_bias: torch.Tensor | None, initial_states: torch.Tensor | None,
                 dfinal_states: torch.Tensor | None, dvarlen_states: torch.Tensor | None,
-                seq_idx: torch.Tensor | None, dt_softplus: bool, dt_limit: Sequence[float]) -> list[torch.Tensor]:
+                seq_idx: torch.Tensor | None, dt_softplus: bool, dt_limit: Sequence[float],
+                state_dtype: torch.dtype | None) -> list[torch.Tensor]:
     """The backward as one operator: [dx, ddt, dA, dB, dC, then dD, dz, ddt_bias, dinitial_states for those of
     D, z, dt_bias, initial_states given]. ``out`` is the forward's pre-gate output when z is given."""
     if dvarlen_states is not None and bool(dvarlen_states.any()):
@@ -263,7 +279,8 @@ def _ssd_bwd_op(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
     with seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
         dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
             dout, x, dt, A, B, C, out, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
-            dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit))
+            dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
+            state_dtype=state_dtype)
     if ddt_bias is not None:  # a view of dA's buffer (one reduction makes both); an operator's outputs must not alias
         ddt_bias = ddt_bias.clone()
     return [dx, ddt, dA, dB, dC, *present([dD, dz, ddt_bias, dinitial_states])]
@@ -271,31 +288,35 @@ def _ssd_bwd_op(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
 
 @_ssd_bwd_op.register_fake
 def _ssd_bwd_fake(dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, initial_states, dfinal_states,
-                  dvarlen_states, seq_idx, dt_softplus, dt_limit):
+                  dvarlen_states, seq_idx, dt_softplus, dt_limit, state_dtype):
     return [torch.empty_like(t, memory_format=torch.contiguous_format)
             for t in present([x, dt, A, B, C, D, z, dt_bias, initial_states])]
 
 
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                               seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, INF),
-                              return_final_states=False, return_varlen_states=False):
-    """Same signature and semantics as ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined``.
+                              return_final_states=False, return_varlen_states=False, state_dtype=None):
+    """Same signature and semantics as ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined``, with
+    mamba-ssm's main-branch ``state_dtype`` (its #972, not in 2.3.2.post1).
 
     x: (batch, seqlen, nheads, headdim); dt: (batch, seqlen, nheads); A: (nheads,);
     B, C: (batch, seqlen, ngroups, dstate); D: (nheads, headdim) or (nheads,); z: like x;
     dt_bias: (nheads,); initial_states: (batch, nheads, headdim, dstate); seq_idx: (batch, seqlen).
     cu_seqlens: (num_seqs + 1,), used only if ``return_varlen_states`` (then batch must be 1).
     Returns out (batch, seqlen, nheads, headdim), then final_states (fp32) if ``return_final_states``, then
-    varlen_states (num_seqs, nheads, headdim, dstate) in C's dtype if ``return_varlen_states``.
+    varlen_states (num_seqs, nheads, headdim, dstate) in state_dtype (default C's) if ``return_varlen_states``.
+    state_dtype: the dtype of the inter-chunk states the forward keeps and the backward reads (None: C's in the
+    forward, x's in the backward, as in mamba-ssm); torch.float32 keeps them exact at the cost of their traffic.
     """
     check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
+    check_state_dtype(state_dtype)
     if return_varlen_states:
         check_cu_seqlens(x, cu_seqlens)
     else:
         cu_seqlens = None  # unused, as in mamba-ssm
     out, final_states, *rest = torch.ops.mamba2_kernels.ssd_combined_fwd(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
-        [float(v) for v in dt_limit], return_final_states)
+        [float(v) for v in dt_limit], return_final_states, state_dtype)
     varlen_states = rest[-1] if return_varlen_states else None
     results = (out, *((final_states,) if return_final_states else ()),
                *((varlen_states,) if return_varlen_states else ()))

@@ -68,14 +68,16 @@ def chain_chunk_state_passing_bwd(stages: Any, C, dA_cumsum, dout, states, dfina
 
 
 def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
-            seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), cu_seqlens=None):
+            seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), cu_seqlens=None, state_dtype=None):
     """Returns (out, out_x, dt, dA_cumsum, states, final_states), as ``_mamba_chunk_scan_combined_fwd``; with
     cu_seqlens (batch 1: the caller checks it), varlen_states (num_seqs, h, p, n) in C's dtype is appended:
-    ``stages.chunk_state_varlen`` over the states entering each chunk, as mamba-ssm does."""
+    ``stages.chunk_state_varlen`` over the states entering each chunk, as mamba-ssm does. The states entering
+    each chunk are kept in ``state_dtype`` (default C's dtype), as mamba-ssm's main branch does (its #972);
+    final_states are fp32 either way."""
     dA_cumsum, dt = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                             dt_limit=dt_limit)
     states, final_states = stages.chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=initial_states,
-                                                          seq_idx=seq_idx, out_dtype=C.dtype)
+                                                          seq_idx=seq_idx, out_dtype=state_dtype or C.dtype)
     cb = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
     out, out_x = stages.chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
     if cu_seqlens is None:
@@ -86,11 +88,12 @@ def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
 
 def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None,
              initial_states=None, dfinal_states=None, seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF),
-             dx=None, ddt=None, dB=None, dC=None, dz=None):
+             dx=None, ddt=None, dB=None, dC=None, dz=None, state_dtype=None):
     """``_mamba_chunk_scan_combined_bwd``: recompute the forward stages, then the backward chain.
 
     ``out`` is the forward's pre-gate output when z is given, else its output. Returns
-    (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states).
+    (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states). The states and their gradients reach the later
+    kernels in ``state_dtype`` (default x's dtype): the precision the forward kept them in.
 
     dx, ddt, dB, dC, dz: optional output buffers, each of its input's shape and dtype and any strides (such
     as slices of one layer gradient): the stage that computes a gradient writes it there, and the buffer is
@@ -112,7 +115,8 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
         dz, dout, dD = stages.chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=False, D=D, dz=dz)
     dstates, ddA_chunk_cumsum, dinitial_states, states = stages.chunk_state_passing_bwd(
         C, dA_cumsum, dout, states, dfinal_states=dfinal_states, seq_idx=seq_idx,
-        has_initial_states=initial_states is not None, dstates_dtype=x.dtype, states_dtype=x.dtype)
+        has_initial_states=initial_states is not None, dstates_dtype=state_dtype or x.dtype,
+        states_dtype=state_dtype or x.dtype)
     dx, ddt_from_x, dD_from_x = stages.chunk_scan_chunk_state_bwd_dx(x, dt_out, dA_cumsum, B, CB, dout, dstates,
                                                                      D=D, seq_idx=seq_idx, dx=dx)
     dB_state, ddA_next = stages.chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, seq_idx=seq_idx, B=B,

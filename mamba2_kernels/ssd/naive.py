@@ -637,7 +637,7 @@ def chunk_cumsum_bwd_of_partial_terms(intra_steps, next_steps, prev_parts, chunk
 
 def ssd_chunked_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                     seq_idx=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
-                    cu_seqlens=None, return_varlen_states=False):
+                    cu_seqlens=None, return_varlen_states=False, state_dtype=None):
     """``mamba_chunk_scan_combined`` forward composed from the stage references (differentiable).
 
     x (b,L,h,p), dt (b,L,h), A (h), B/C (b,L,g,n), D (h) or (h,p), z like x, dt_bias (h),
@@ -648,14 +648,14 @@ def ssd_chunked_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, in
     out, _, _, _, _, final_states, *varlen = compose.forward(
         sys.modules[__name__], x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
         seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit,
-        cu_seqlens=cu_seqlens if return_varlen_states else None)
+        cu_seqlens=cu_seqlens if return_varlen_states else None, state_dtype=state_dtype)
     results = (out, *((final_states,) if return_final_states else ()), *varlen)
     return results if len(results) > 1 else out
 
 
 def ssd_chunked_bwd_ref(dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None,
                         initial_states=None, dfinal_states=None, seq_idx=None, dt_softplus=False,
-                        dt_limit=(0.0, float("inf"))):
+                        dt_limit=(0.0, float("inf")), state_dtype=None):
     """``_mamba_chunk_scan_combined_bwd`` composed from the backward references, in the same order.
 
     ``out`` is the forward's pre-gate output out_x when z is given, else out. Returns
@@ -663,7 +663,7 @@ def ssd_chunked_bwd_ref(dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, d
     """
     return compose.backward(sys.modules[__name__], dout, x, dt, A, B, C, out, chunk_size, D=D, z=z, dt_bias=dt_bias,
                             initial_states=initial_states, dfinal_states=dfinal_states, seq_idx=seq_idx,
-                            dt_softplus=dt_softplus, dt_limit=dt_limit)
+                            dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=state_dtype)
 
 
 def ssd_recurrent_ref(x, dt, A, B, C, chunk_size=None, D=None, z=None, dt_bias=None, initial_states=None,

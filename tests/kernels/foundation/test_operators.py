@@ -29,10 +29,10 @@ def _ssd_args(z: bool, varlen: bool):
     dt, A = torch.rand(b, L, h, generator=g), -torch.rand(h, generator=g)
     if varlen:  # no z, D per head, dt_bias, cu_seqlens: the other optional arguments
         return _leaves(x, dt, A, B, C, 32, torch.randn(h, generator=g), None, torch.rand(h, generator=g), None, None,
-                       torch.tensor([0, 30, 80]), False, [0.0, INF], False)
+                       torch.tensor([0, 30, 80]), False, [0.0, INF], False, torch.float16)
     seq_idx = torch.tensor([[0] * 30 + [1] * 50], dtype=torch.int32)
     return _leaves(x, dt, A, B, C, 32, torch.randn(h, p, generator=g), zz if z else None, None,
-                   torch.randn(b, h, p, n, generator=g), seq_idx, None, True, [0.0, 5.0], True)
+                   torch.randn(b, h, p, n, generator=g), seq_idx, None, True, [0.0, 5.0], True, None)
 
 
 @pytest.mark.parametrize(("z", "varlen"), [(True, False), (False, True)], ids=["z-init-seq_idx", "varlen"])

@@ -123,6 +123,31 @@ def test_matches_fp64_composition(options, g):
     _compare(leaves, static)
 
 
+def test_state_dtype_reaches_the_ssd_forward_and_backward(monkeypatch):
+    """mamba-ssm's main-branch ``state_dtype`` passes through the layer to both SSD passes: fp16 states of fp32
+    inputs reach the stages that read them, and the result stays within fp16's rounding of the fp64 layer."""
+    from mamba2_kernels.ssd import combined
+
+    got = {}
+    for stage, where in (("chunk_scan_fwd", 5), ("chunk_scan_bwd_dC", 0)):
+        real = getattr(combined.HELION_STAGES, stage)
+
+        def spy(*args, _real=real, _stage=stage, _where=where, **kwargs):
+            got[_stage] = args[_where].dtype
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(combined.HELION_STAGES, stage, spy)
+    leaves, static = _problem(options=("rmsnorm", "outproj", "initial_states"))
+    with execution_mode("ref"):
+        outs, grads = _run(mamba2_kernels.mamba_split_conv1d_scan_combined, leaves,
+                           {**static, "state_dtype": torch.float16}, torch.float32)
+    assert got == {"chunk_scan_fwd": torch.float16, "chunk_scan_bwd_dC": torch.float16}
+    ref_outs, ref_grads = _run(layer_ref, leaves, static, torch.float64)
+    for name, mine, ref in [*(("out", o, r) for o, r in zip(outs, ref_outs, strict=True)),
+                            *((f"d{k}", grads[k], ref_grads[k]) for k in grads)]:
+        _close(mine, ref, name, rtol=5e-3, atol_scale=2e-3)
+
+
 @pytest.mark.parametrize("width", [2, 3])
 def test_conv_widths_and_ragged_length(width):
     leaves, static = _problem(b=1, L=37, h=2, p=16, g=2, n=16, width=width, options=("rmsnorm", "outproj"))
@@ -183,6 +208,7 @@ def test_activation_none():
     ({"seq_idx": torch.zeros(2, 40)}, ValueError, "seq_idx: expected an integer tensor"),
     ({"seq_idx": torch.tensor([[1] * 20 + [0] * 20] * 2, dtype=torch.int32)}, ValueError,
      "seq_idx: expected non-decreasing"),
+    ({"state_dtype": torch.float64}, ValueError, "state_dtype: expected None or one of"),
 ])
 def test_bad_arguments_are_named(change, error, message):
     leaves, static = _problem()

@@ -151,3 +151,69 @@ def test_the_whole_calls_precision_judges_dz_and_dinitial_states(monkeypatch):
         broken = precision_of(entry, inputs, entry.run_helion(inputs))
     assert not broken.ok
     assert [o["output"] for o in broken.outputs if not o["ok"]] == ["dz"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# state_dtype (mamba-ssm's main branch, its #972): the dtype the inter-chunk states are kept in
+
+
+def _states_dtypes(monkeypatch) -> dict:
+    """Spies on the stages that read the states: the dtype each got, forward and backward."""
+    from mamba2_kernels.ssd import combined
+
+    got = {}
+    for stage, where in (("chunk_scan_fwd", 5), ("chunk_scan_bwd_dC", 0)):
+        real = getattr(combined.HELION_STAGES, stage)
+
+        def spy(*args, _real=real, _stage=stage, _where=where, **kwargs):
+            got[_stage] = args[_where].dtype
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(combined.HELION_STAGES, stage, spy)
+    return got
+
+
+def _relative_errors(dtype, state_dtype):
+    """Max error relative to the fp64 reference's largest value: the output, final_states and every gradient."""
+    base = _problem(b=1, L=96, dtype=dtype)
+    gen = torch.Generator().manual_seed(3)
+    h, p, n = 4, 16, 16
+    extra = {"D": torch.randn(h, generator=gen), "z": torch.randn(1, 96, h, p, generator=gen).to(dtype),
+             "dt_bias": torch.rand(h, generator=gen) - 2.0, "initial_states": torch.randn(1, h, p, n, generator=gen)}
+    leaves = {k: v.clone().requires_grad_() for k, v in {**base, **extra}.items()}
+    with execution_mode("ref"):
+        out, final = mamba2_kernels.mamba_chunk_scan_combined(**leaves, chunk_size=32, dt_softplus=True,
+                                                              return_final_states=True, state_dtype=state_dtype)
+        (out.float().square().sum() + final.square().sum()).backward()
+    exact = {k: v.detach().double().requires_grad_() for k, v in leaves.items()}
+    ref_out, ref_final = naive.ssd_chunked_ref(**exact, chunk_size=32, dt_softplus=True, return_final_states=True)
+    (ref_out.square().sum() + ref_final.square().sum()).backward()
+    pairs = {"out": (out, ref_out), "final_states": (final, ref_final),
+             **{f"d{k}": (leaves[k].grad, exact[k].grad) for k in leaves}}
+    return {name: ((mine.double() - ref).abs().max() / ref.abs().max()).item() for name, (mine, ref) in pairs.items()}
+
+
+@pytest.mark.parametrize(("dtype", "state_dtype", "expected", "tolerance"), [
+    (torch.float32, None, torch.float32, 1e-5),
+    (torch.float32, torch.float16, torch.float16, 2e-3),  # states narrower than the inputs
+    (torch.float16, None, torch.float16, 2e-3),
+    (torch.float16, torch.float32, torch.float32, 2e-3),  # fp16 inputs, fp32 states
+], ids=["fp32", "fp32-fp16_states", "fp16", "fp16-fp32_states"])
+def test_state_dtype_is_the_states_dtype_forward_and_backward(monkeypatch, dtype, state_dtype, expected, tolerance):
+    got = _states_dtypes(monkeypatch)
+    errors = _relative_errors(dtype, state_dtype)
+    assert got == {"chunk_scan_fwd": expected, "chunk_scan_bwd_dC": expected}
+    assert max(errors.values()) < tolerance, errors
+
+
+def test_fp16_states_cost_precision_that_fp32_ones_keep():
+    """What the argument does to the numbers: fp32 inputs with fp16 states lose what fp32 states keep."""
+    exact, narrow = _relative_errors(torch.float32, None), _relative_errors(torch.float32, torch.float16)
+    assert max(narrow.values()) > 20 * max(exact.values()), (exact, narrow)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float64, "float32", torch.int32])
+def test_a_state_dtype_the_kernels_cannot_keep_is_named(state_dtype):
+    with pytest.raises(ValueError, match=r"state_dtype: expected None or one of torch.float32, torch.float16, "
+                                         r"torch.bfloat16, got"):
+        mamba2_kernels.mamba_chunk_scan_combined(**_problem(), chunk_size=32, state_dtype=state_dtype)
