@@ -30,6 +30,7 @@ platform_args=(--only-binary=:all: --python-version "${PY_VERSION:-3.12}" --impl
   "gitpython>=3.1" gitdb smmap \
   "pygithub>=2.1" pyjwt pynacl cffi pycparser cryptography requests urllib3 idna certifi charset-normalizer \
   "nvidia-ml-py>=12" \
+  "matplotlib>=3.8" contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six tzdata \
   "$@"
 if ! ls "$out"/mamba_ssm-*.whl >/dev/null 2>&1; then
   MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE \

@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mamba2_kernels.files import atomic_write
 
@@ -33,12 +34,7 @@ def drawn_from(path: Path) -> str | None:
 def speedup_bars(series: Mapping[str, Sequence[tuple[str, str, float]]], title: str, path: Path) -> None:
     """One panel per call: a horizontal bar per shape, its speedup against mamba-ssm, coloured held out or
     tuned, with the line at 1.0x (mamba-ssm's speed). Written atomically as SVG."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+    _, Figure = _matplotlib()
     from matplotlib.patches import Patch
 
     rows = max(len(points) for points in series.values())
@@ -58,7 +54,57 @@ def speedup_bars(series: Mapping[str, Sequence[tuple[str, str, float]]], title: 
     fig.suptitle(title, fontsize=10)
     fig.legend(handles=[Patch(color=c, label=g) for g, c in COLORS.items()], loc="outside lower center", ncol=2,
                fontsize=8)
+    _save_svg(fig, series, path)
+
+
+def speedup_trends(series: Mapping[str, Sequence[Mapping[str, Any]]], band: float, title: str, path: Path) -> None:
+    """Small multiples, one panel per kernel: each shape's speedup against mamba-ssm as a ratio to its
+    baseline's, over the history window with this run last (x = 0); the grey band is ``band`` (the regression
+    threshold) around the baseline, and a red cross marks a case this run judged a regression
+    (``mamba2_guard.core.report.speedup_trends`` gives ``series``). Written atomically as SVG."""
+    _, Figure = _matplotlib()
+    kernels = sorted(series)
+    columns = min(4, len(kernels))
+    rows = -(-len(kernels) // columns)
+    fig = Figure(figsize=(3.3 * columns, 2.3 * rows + 0.9), layout="constrained")
+    axes = list(fig.subplots(rows, columns, squeeze=False).flat)
+    for ax, kernel in zip(axes, kernels, strict=False):
+        ax.axhspan(1 - band, 1 + band, color="#e4e4e4", linewidth=0)
+        ax.axhline(1.0, color="black", linewidth=0.6)
+        for case in series[kernel]:
+            points = case["points"]
+            xs = range(1 - len(points), 1)
+            ax.plot(xs, points, marker=".", linewidth=1, markersize=4, label=case["shape"])
+            if case["regression"]:
+                ax.plot(0, points[-1], "x", color="red", markersize=8, markeredgewidth=2)
+        ax.set_title(kernel, fontsize=8)
+        ax.tick_params(labelsize=6)
+        ax.legend(fontsize=5, loc="best")
+    for ax in axes[len(kernels):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=10)
+    fig.supxlabel("runs before this one (0: this run)", fontsize=8)
+    fig.supylabel("speedup vs mamba-ssm / the baseline's", fontsize=8)
+    _save_svg(fig, {"band": band, "series": series}, path)
+
+
+def _matplotlib():
+    """matplotlib without a display, and its Figure (no pyplot: no global state between charts)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return matplotlib, Figure
+
+
+def _save_svg(fig: Any, data: object, path: Path) -> None:
+    """``fig`` as SVG at ``path``, atomically, with the digest of ``data`` and no date in its metadata: the same
+    data gives the same file, and ``drawn_from`` can check it."""
+    import io
+
+    matplotlib, _ = _matplotlib()
     buffer = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": "mamba2-guard", "svg.fonttype": "none"}):
-        fig.savefig(buffer, format="svg", metadata={"Date": None, "Description": f"data sha256 {digest(series)}"})
+        fig.savefig(buffer, format="svg", metadata={"Date": None, "Description": f"data sha256 {digest(data)}"})
     atomic_write(Path(path), buffer.getvalue())

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from mamba2_guard.core import report
     from mamba2_guard.core.verdicts import exit_code
     from mamba2_guard.flows import baselines
-    from mamba2_guard.flows.check import run_check
+    from mamba2_guard.flows.check import earlier_speedups, run_check
     from mamba2_guard.flows.nightly import write_reports
 
     policy = common.guard_config(args).verdict_policy  # as the nightly judges; a bad file stops here, before reading
@@ -51,12 +51,13 @@ def run(args: argparse.Namespace) -> int:
     with History(state / "history.sqlite") as history:
         earlier = history.run_of(result)
         result, verdicts = run_check(result, baseline, history, policy, before_run=earlier)
+        speedups = earlier_speedups(result, history, policy, before_run=earlier)
         code = exit_code(verdicts, missing_fails=args.strict)
         if earlier is None:
             history.record(result, verdicts, datetime.datetime.now(datetime.timezone.utc), job="check",
                            status="pass" if code == 0 else "fail")
     paths = write_reports(state, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), result, verdicts, baseline, policy,
-                          save_result=False)  # a result checked again is not saved again
+                          save_result=False, earlier=speedups)  # a result checked again is not saved again
     common.console().print(report.rich_table(result, verdicts, baseline))
     print(f"report: {paths['report_md']}")
     print(f"judged: {result_path}" + ("" if args.result else f" (the newest result of {state})"))

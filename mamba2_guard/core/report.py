@@ -19,6 +19,7 @@ from rich.text import Text
 from mamba2_guard.core.results import Baseline, BaselineCase, BenchResult, CaseResult
 from mamba2_guard.core.verdicts import (
     FAILING,
+    REGRESSION,
     SEVERITY,
     Policy,
     Verdict,
@@ -129,6 +130,25 @@ def rows(result: BenchResult, verdicts: Sequence[Verdict], baseline: Baseline | 
     return out
 
 
+def speedup_trends(result: BenchResult, verdicts: Sequence[Verdict], baseline: Baseline | None,
+                   earlier: Mapping[tuple[str, str], Sequence[float]]) -> dict[str, list[dict[str, Any]]]:
+    """What the report's trend chart draws, per kernel: each timed case's speedup against mamba-ssm over its
+    history window (``earlier``: (kernel, shape) -> speedups, oldest first) and then this run, as a ratio to
+    the baseline's speedup (1.0: as fast as the baseline), and whether this run judged it a regression.
+    Cases without meaningful timings, a speedup or a baseline speedup are left out."""
+    statuses = {(v.kernel, v.shape): v.status for v in verdicts}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for case in result.cases:
+        base = baseline.get(case.kernel, case.shape) if baseline else None
+        reference = base.speedup_vs_mamba_ssm if base else None
+        if not (case.timings_meaningful and case.speedup and reference):
+            continue
+        points = [*(s / reference for s in earlier.get(case.key, ()) if s), case.speedup / reference]
+        out.setdefault(case.kernel, []).append({"shape": case.shape, "points": [round(p, 4) for p in points],
+                                                 "regression": statuses.get(case.key) == REGRESSION})
+    return out
+
+
 def counts(verdicts: Iterable[Verdict]) -> dict[str, int]:
     c = Counter(v.status for v in verdicts)
     return {s: c[s] for s in SEVERITY if c[s]}
@@ -184,12 +204,13 @@ def _nbytes(s: str) -> int:
 
 
 def render_markdown(result: BenchResult, verdicts: Sequence[Verdict], baseline: Baseline | None,
-                    max_bytes: int = MAX_MARKDOWN_BYTES) -> str:
+                    max_bytes: int = MAX_MARKDOWN_BYTES, chart: str | None = None) -> str:
     """The check as GitHub Markdown, at most ``max_bytes`` UTF-8 bytes.
 
     Layout: a summary line, a table of the failures, then one table per kernel (kernels with
     failures first, failing rows first), then the environment. Under the limit, rows are kept in
     priority order: failures, then faster / no-baseline, then ok; the environment details go first.
+    ``chart``: the trend chart's file name beside the report (``speedup_trends``), shown under the summary.
     """
     all_rows = rows(result, verdicts, baseline)
     c = counts(verdicts)
@@ -207,6 +228,9 @@ def render_markdown(result: BenchResult, verdicts: Sequence[Verdict], baseline: 
             "Δ: change of Helion's time since the baseline (+ = slower), relative to mamba-ssm unless the "
             "status says absolute/environment (own latency) or history (recent runs vs the window); "
             "p: two-sided Mann-Whitney U on the per-round samples."]
+    if chart:
+        head += ["", f"![Each kernel's speedup against mamba-ssm over its history window, relative to the "
+                     f"baseline's; the band is the regression threshold, a cross a regression]({chart})"]
     env = _environment(result.fingerprint)
     if env:
         head += ["", f"Environment: {_cell(env)} (fingerprint `{result.fingerprint_hash[:12]}`)"]

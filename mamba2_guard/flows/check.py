@@ -7,10 +7,29 @@ import dataclasses
 from collections.abc import Callable
 
 from mamba2_guard.adapters.history import History
-from mamba2_guard.core.results import Baseline, BenchResult, CaseResult
+from mamba2_guard.core.results import Baseline, BenchResult, CaseResult, HistoryPoint
 from mamba2_guard.core.verdicts import Policy, Verdict, check, combine, judge, needs_confirmation
 
 Rerun = Callable[[CaseResult], CaseResult]
+
+
+def history_window(history: History | None, policy: Policy, fingerprint_hash: str, before_run: int | None = None
+                   ) -> Callable[[str, str], list[HistoryPoint]]:
+    """The earlier runs a case is judged against: (kernel, shape) -> its history window, oldest first."""
+
+    def window(kernel: str, shape: str) -> list[HistoryPoint]:
+        size = policy.for_case(kernel, shape).history_size
+        return history.window(kernel, shape, fingerprint_hash, size, before_run=before_run) if history else []
+
+    return window
+
+
+def earlier_speedups(result: BenchResult, history: History | None, policy: Policy, before_run: int | None = None
+                     ) -> dict[tuple[str, str], list[float]]:
+    """Each case's speedups against mamba-ssm in its history window, oldest first: the report's trend chart."""
+    window = history_window(history, policy, result.fingerprint_hash, before_run)
+    return {case.key: [p.speedup for p in window(case.kernel, case.shape) if p.speedup]
+            for case in result.cases if case.timings_meaningful}
 
 
 def run_check(result: BenchResult, baseline: Baseline | None, history: History | None, policy: Policy,
@@ -19,11 +38,7 @@ def run_check(result: BenchResult, baseline: Baseline | None, history: History |
     ``before_run``: the result's own run in the history, when it is there already (a second check of it):
     the window then holds the runs before it, as at its first check, not the result itself."""
     fp = result.fingerprint_hash
-
-    def window(kernel: str, shape: str):
-        size = policy.for_case(kernel, shape).history_size
-        return history.window(kernel, shape, fp, size, before_run=before_run) if history is not None else []
-
+    window = history_window(history, policy, fp, before_run)
     verdicts = check(result, baseline, window, policy)
     if rerun is None:
         return result, verdicts

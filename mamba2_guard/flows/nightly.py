@@ -13,7 +13,7 @@ import functools
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from mamba2_guard.core import report
 from mamba2_guard.core.results import BenchResult, CaseResult
 from mamba2_guard.core.verdicts import Policy, Verdict, exit_code
 from mamba2_guard.flows import baselines
-from mamba2_guard.flows.check import run_check
+from mamba2_guard.flows.check import earlier_speedups, run_check
 from mamba2_kernels import config_store, registry, suites
 from mamba2_kernels.files import atomic_write
 
@@ -164,8 +164,11 @@ def rerun_on_device(options: CycleOptions, gpu_uuid: str | None = None) -> Any:
 
 
 def write_reports(state_dir: Path, stamp: str, result: BenchResult, verdicts: list[Verdict],
-                  baseline, policy: Policy, *, save_result: bool = True) -> dict[str, str]:
-    """The reports of a judged result, and the result itself unless it is saved already (``check``)."""
+                  baseline, policy: Policy, *, save_result: bool = True,
+                  earlier: Mapping[tuple[str, str], Sequence[float]] | None = None) -> dict[str, str]:
+    """The reports of a judged result, and the result itself unless it is saved already (``check``). With
+    timed cases that have a baseline, the Markdown report shows a trend chart beside it (``<stamp>-trend.svg``)
+    of their speedups over ``earlier`` (``mamba2_guard.flows.check.earlier_speedups``) and this run."""
     reports = state_dir / "reports"
     paths = {"result": reports / f"{stamp}-result.json", "report_json": reports / f"{stamp}-report.json",
              "report_md": reports / f"{stamp}-report.md"}
@@ -175,16 +178,37 @@ def write_reports(state_dir: Path, stamp: str, result: BenchResult, verdicts: li
         del paths["result"]
     atomic_write(paths["report_json"], json.dumps(report.render_json(result, verdicts, baseline, policy),
                                                        indent=1, allow_nan=False) + "\n")
-    markdown = report.render_markdown(result, verdicts, baseline)
-    atomic_write(paths["report_md"], markdown)
+    chart = _trend_chart(reports / f"{stamp}-trend.svg", result, verdicts, baseline, policy, earlier or {})
+    if chart:
+        paths["trend_chart"] = chart
+    atomic_write(paths["report_md"], report.render_markdown(result, verdicts, baseline,
+                                                            chart=chart.name if chart else None))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
+    if summary:  # without the chart: a job summary cannot show a file of the runner's
         try:
             with open(summary, "a") as handle:
-                handle.write(markdown + "\n")
+                handle.write(report.render_markdown(result, verdicts, baseline) + "\n")
         except OSError as exc:  # a full disk: name the file
             raise OSError(exc.errno, exc.strerror, summary) from exc
     return {k: str(v) for k, v in paths.items()}
+
+
+def _trend_chart(path: Path, result: BenchResult, verdicts: list[Verdict], baseline, policy: Policy,
+                 earlier: Mapping[tuple[str, str], Sequence[float]]) -> Path | None:
+    """The report's trend chart at ``path``, or None where no case has a trend to draw (a CPU run, no
+    baseline) or matplotlib is missing (said in the log: the report itself must not fail for a chart)."""
+    from mamba2_guard.adapters import charts
+
+    trends = report.speedup_trends(result, verdicts, baseline, earlier)
+    if not trends:
+        return None
+    try:
+        charts.speedup_trends(trends, policy.threshold, f"{result.suite or 'bench'}: speedup over the history "
+                              f"window, relative to the baseline (band: the {policy.threshold:.0%} threshold)", path)
+    except ImportError as exc:
+        log.warning("the report has no trend chart: %s (matplotlib is a dependency of the guard extra)", exc)
+        return None
+    return path
 
 
 def add_bring_up_section(paths: dict[str, str], progress: dict[str, Any]) -> None:
@@ -199,9 +223,13 @@ def add_bring_up_section(paths: dict[str, str], progress: dict[str, Any]) -> Non
 
 
 def copy_reports(paths: dict[str, str], out_dir: Path) -> dict[str, str]:
-    """Stable names for CI: report.md, report.json, result.json."""
+    """Stable names for CI: report.md, report.json, result.json, and the trend chart by the name the report
+    links it by."""
     copies = {}
-    for key, name in (("report_md", "report.md"), ("report_json", "report.json"), ("result", "result.json")):
+    names = [("report_md", "report.md"), ("report_json", "report.json"), ("result", "result.json")]
+    if "trend_chart" in paths:
+        names.append(("trend_chart", Path(paths["trend_chart"]).name))
+    for key, name in names:
         target = out_dir / name
         atomic_write(target, Path(paths[key]).read_text())
         copies[f"out_{key}"] = str(target)
@@ -301,6 +329,7 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
             zoo = bench(zoo_entries, zoo_shapes)
             result = dataclasses.replace(result, cases=result.cases + zoo.cases)
         verdicts: list[Verdict] = []
+        earlier: dict[tuple[str, str], list[float]] = {}
         try:
             # After the bench: it also reports configs the installed helion rejected.
             drift = detect_drift(fp, policy=cfg.drift_policy, root=options.root, slug=slug)
@@ -314,8 +343,9 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
                     bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
                 rerun = rerun or rerun_on_device(options, fp.gpu_uuid)
             result, verdicts = run_check(result, baseline, history, policy, rerun)
+            earlier = earlier_speedups(result, history, policy)
         finally:  # the measured result and a report, whatever failed after the bench
-            paths = write_reports(state_dir, stamp, result, verdicts, baseline, policy)
+            paths = write_reports(state_dir, stamp, result, verdicts, baseline, policy, earlier=earlier)
         code = exit_code(verdicts, missing_fails=options.strict)
         if options.out_dir:
             paths.update(copy_reports(paths, Path(options.out_dir)))

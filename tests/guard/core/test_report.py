@@ -19,6 +19,7 @@ from mamba2_guard.core.report import (
     render_json,
     render_markdown,
     rich_table,
+    speedup_trends,
 )
 from mamba2_guard.core.results import BenchResult, CaseResult
 from mamba2_guard.core.verdicts import FAILING, Policy, Verdict, check
@@ -200,3 +201,23 @@ def test_bench_and_check_tables_never_break_a_name_at_80_columns():
         console.print(table)
         words = set(console.export_text().replace("│", " ").split())
         assert {*names, "nemotron-nano-9b-v2-q256-init"} <= words
+
+
+def test_the_trend_chart_data_is_each_timed_cases_speedup_over_its_window_relative_to_the_baseline():
+    rng = np.random.default_rng(0)
+    before = make_case(rng, kernel="a", shape="s1", mamba_ms=1.2)
+    slower = make_case(rng, kernel="a", shape="s1", mamba_ms=1.2, helion_shift=1.2)
+    other = make_case(rng, kernel="b", shape="s2")
+    untimed = make_case(rng, kernel="b", shape="s3", timings_meaningful=False)
+    unbased = make_case(rng, kernel="c", shape="s4")
+    baseline = baseline_of(before, other, untimed)
+    result = BenchResult(FINGERPRINT, (slower, other, untimed, unbased))
+    verdicts = check(result, baseline, lambda kernel, shape: [], Policy())
+    assert [v.status for v in verdicts][:2] == ["regression", "ok"]
+    reference = baseline.get("a", "s1").speedup_vs_mamba_ssm
+    trends = speedup_trends(result, verdicts, baseline, {("a", "s1"): [reference, 1.1 * reference]})
+    assert set(trends) == {"a", "b"}  # untimed (CPU) and unbaselined cases have no trend
+    (case_a,) = trends["a"]
+    assert case_a["shape"] == "s1" and case_a["regression"] is True
+    assert case_a["points"][:2] == [1.0, 1.1] and case_a["points"][2] == round(slower.speedup / reference, 4) < 0.9
+    assert trends["b"] == [{"shape": "s2", "points": [1.0], "regression": False}]
