@@ -25,6 +25,7 @@ from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 MAX_BODY_BYTES = 60_000
 MAX_TITLE_CHARS = 200
 MAX_FAILED_SEARCHES = 10  # listed in the body; the full list is in the config file's `tuned` record
+MAX_CHART_CASES = 16  # the before-and-after chart's bars: the most changed cases, readable on one screen
 BRANCH_PREFIX = "mamba2-guard"
 SHORT_HASH_LEN = 12
 
@@ -156,7 +157,7 @@ class PrText:
 
 
 @dataclass(frozen=True)
-class _PerfRow:
+class PerfRow:
     kernel: str
     shape: str
     helion_before: Any
@@ -221,7 +222,7 @@ def _results(doc: Mapping[str, Any] | None) -> dict[str, dict[str, Mapping[str, 
     return out
 
 
-def perf_rows(old_baseline: Mapping[str, Any] | None, new_baseline: Mapping[str, Any] | None) -> list[_PerfRow]:
+def perf_rows(old_baseline: Mapping[str, Any] | None, new_baseline: Mapping[str, Any] | None) -> list[PerfRow]:
     old, new = _results(old_baseline), _results(new_baseline)
     rows = []
     for kernel in sorted(set(old) | set(new)):
@@ -238,7 +239,7 @@ def perf_rows(old_baseline: Mapping[str, Any] | None, new_baseline: Mapping[str,
             if n is None or o is None:
                 interest += 1e3  # a shape that disappeared or is new
             rows.append(
-                _PerfRow(
+                PerfRow(
                     kernel=kernel,
                     shape=shape,
                     helion_before=hb,
@@ -345,7 +346,7 @@ def _render_body(
     fp_hash: str,
     drift: dict[str, Any] | None,
     changes: list[tuple[str, str, str, str, str]],
-    rows: list[_PerfRow],
+    rows: list[PerfRow],
     diff: ConfigDiff,
     limit: int | None,
 ) -> tuple[str, dict[str, int]]:
@@ -396,7 +397,7 @@ def _bringup_section(inp: PrInput) -> list[str]:
             "_The guard updates this PR as each later stage lands; nothing needs to be run by hand._", ""]
 
 
-def _performance_section(rows: list[_PerfRow], limit: int | None, omitted: dict[str, int]) -> list[str]:
+def _performance_section(rows: list[PerfRow], limit: int | None, omitted: dict[str, int]) -> list[str]:
     out = ["### Performance and precision (median latency, lower is better)", ""]
     if not rows:
         return [*out, "No baseline results in this update.", ""]
@@ -407,6 +408,7 @@ def _performance_section(rows: list[_PerfRow], limit: int | None, omitted: dict[
     changed = [r for r in shown_rows if r.interest >= UNCHANGED]
     same = [r for r in shown_rows if r.interest < UNCHANGED]
     out += [f"{len(changed)} of {len(rows)} cases changed by more than {UNCHANGED:.1%} or in precision.", ""]
+    out += before_after_chart(changed)
     if changed:
         out += [_PERF_HEADER, *(r.render() for r in changed)]
     if same:
@@ -417,6 +419,22 @@ def _performance_section(rows: list[_PerfRow], limit: int | None, omitted: dict[
         out += ["", f"_{omitted['perf_rows']} of {len(rows)} rows not shown (the largest changes and all "
                     "precision failures are kept)._"]
     return [*out, ""]
+
+
+def before_after_chart(changed: list[PerfRow]) -> list[str]:
+    """The changed cases' speedups against mamba-ssm before and after, as a Mermaid chart that GitHub draws
+    in the PR itself (no file to upload or host, also for a private repository or an offline runner): after
+    as bars, before as a line, for the first ``MAX_CHART_CASES`` cases with both (most changed first)."""
+    cases = [r for r in changed if _num(r.speedup_before) and _num(r.speedup_after)][:MAX_CHART_CASES]
+    if not cases:
+        return []
+    labels = ", ".join('"' + re.sub(r"[^\w.@-]", "_", f"{r.kernel}@{r.shape}") + '"' for r in cases)
+    top = max(max(_num(r.speedup_before), _num(r.speedup_after)) for r in cases)
+    return ["```mermaid", "xychart-beta",
+            '    title "Speedup vs mamba-ssm of the changed cases: after (bars), before (line)"',
+            f"    x-axis [{labels}]", f'    y-axis "speedup (x)" 0 --> {math.ceil(top * 11) / 10}',
+            f"    bar [{', '.join(f'{_num(r.speedup_after):.3f}' for r in cases)}]",
+            f"    line [{', '.join(f'{_num(r.speedup_before):.3f}' for r in cases)}]", "```", ""]
 
 
 def _config_diff_section(diff: ConfigDiff, limit: int | None, omitted: dict[str, int]) -> list[str]:

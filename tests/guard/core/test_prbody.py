@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 from mamba2_guard.core.configdiff import diff_config_files, diff_configs
 from mamba2_guard.core.drift import classify
 from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.prbody import (
     MAX_BODY_BYTES,
+    PerfRow,
     PrInput,
+    before_after_chart,
     branch_name,
     marker,
     parse_marker,
@@ -204,3 +208,35 @@ def test_changed_cases_come_first_and_unchanged_ones_fold_away():
     assert shown.index(f"`{s2}`") < shown.index(f"`{s1}`")  # the precision failure first
     assert f"<summary>{len(cases) - 2} unchanged cases</summary>" in folded
     assert f"`{s1}`" not in folded and f"`{s2}`" not in folded
+
+
+def test_the_changed_cases_speedups_are_drawn_before_and_after_where_github_shows_them():
+    """A Mermaid chart in the body (GitHub draws it; nothing to upload): the changed cases in the table's
+    order, after as bars, before as a line; none when nothing changed."""
+    import copy
+
+    old = baseline_doc(FP_OLD, helion_ms=0.5)
+    new = copy.deepcopy(old)
+    (k1, s1), (k2, s2) = [(k, s) for k, shapes in new["results"].items() for s in shapes][:2]
+    before1, before2 = old["results"][k1][s1]["speedup_vs_mamba_ssm"], old["results"][k2][s2]["speedup_vs_mamba_ssm"]
+    new["results"][k1][s1]["helion"]["median_ms"] = 0.4  # 20 % faster
+    new["results"][k1][s1]["speedup_vs_mamba_ssm"] = 2.0
+    new["results"][k2][s2]["helion"]["median_ms"] = 0.52  # 4 % slower
+    new["results"][k2][s2]["speedup_vs_mamba_ssm"] = 0.9 * before2
+    body = render_pr(_input(new_baseline=new, old_baseline=old)).body
+    perf = body[body.index("### Performance"):body.index("### Config diff")]
+    chart = perf[perf.index("```mermaid"):perf.index("```", perf.index("xychart-beta"))]
+    lines = [line.strip() for line in chart.splitlines()]
+    assert lines[1] == "xychart-beta"
+    label = [re.sub(r"[^\w.@-]", "_", f"{k}@{s}") for k, s in ((k1, s1), (k2, s2))]
+    assert f'x-axis ["{label[0]}", "{label[1]}"]' in lines  # most changed first, as the table
+    assert f"bar [2.000, {0.9 * before2:.3f}]" in lines and f"line [{before1:.3f}, {before2:.3f}]" in lines
+    assert chart.index("xychart") < perf.index("| Kernel |")  # above the table
+    unchanged = render_pr(_input(new_baseline=copy.deepcopy(old), old_baseline=old)).body
+    assert "```mermaid" not in unchanged
+
+
+def test_the_chart_labels_cannot_break_the_mermaid_block():
+    row = PerfRow('k"]', "s 1\n", 1.0, 0.9, 1.2, 1.2, 1.3, None, None, True, 0.1)
+    (label,) = [line for line in before_after_chart([row]) if "x-axis" in line]
+    assert label.strip() == 'x-axis ["k__@s_1_"]'
