@@ -63,7 +63,7 @@ def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[dict, str]]]:
         slug = baseline.stem
         data = yaml.safe_load(baseline.read_text()) or {}
         first_calls = read_first_calls(root / "baselines" / "first-call" / baseline.name)
-        series = call_speedups(data, tuned, heldout)
+        series = call_speedups(data, tuned, heldout, first_calls)
         chart = f"{slug}-speedups.svg" if series else None
         if chart:
             gpu = (data.get("fingerprint") or {}).get("gpu_name") or slug

@@ -195,18 +195,28 @@ def _first_call_table(first_calls: Mapping[str, Mapping[str, Any]], tuned: list[
     return lines
 
 
-def call_speedups(baseline: Mapping[str, Any], tuned_shapes: Iterable[str],
-                  heldout_shapes: Iterable[str]) -> dict[str, list[tuple[str, str, float]]]:
+FIRST_CALL_PANEL = "first call (mamba-ssm's seconds / ours)"
+
+
+def call_speedups(baseline: Mapping[str, Any], tuned_shapes: Iterable[str], heldout_shapes: Iterable[str],
+                  first_calls: Mapping[str, Mapping[str, Any]] | None = None
+                  ) -> dict[str, list[tuple[str, str, float]]]:
     """The chart's data: per whole call and layer, (shape, "held out" or "tuned", speedup) at every held-out
-    and tuned shape that has a speedup, held-out shapes first, each group in the suites' order."""
+    and tuned shape that has a speedup, held-out shapes first, each group in the suites' order; with
+    ``first_calls``, a last panel of the first calls' speedups (mamba-ssm's seconds over ours) likewise."""
     results = baseline.get("results") or {}
     heldout, tuned = list(heldout_shapes), [s for s in dict.fromkeys(tuned_shapes) if s not in heldout_shapes]
+    groups = (("held out", heldout), ("tuned", tuned))
     out = {}
     for kernel in _composite_kernels(results):
-        points = [(shape, group, x) for group, shapes in (("held out", heldout), ("tuned", tuned)) for shape in shapes
+        points = [(shape, group, x) for group, shapes in groups for shape in shapes
                   if shape in results[kernel] and (x := _speedup(results[kernel][shape])) is not None]
         if points:
             out[kernel] = points
+    firsts = [(shape, group, round(rec["mamba_ssm_s"] / rec["helion_s"], 4)) for group, shapes in groups
+              for shape in shapes if (rec := (first_calls or {}).get(shape)) and rec.get("helion_s")]
+    if firsts:
+        out[FIRST_CALL_PANEL] = firsts
     return out
 
 
@@ -257,7 +267,8 @@ def render(baseline: Mapping[str, Any], slug: str, *, runs: Mapping[str, str] | 
     if headline:
         out += ["## Whole calls and the layer", ""]
         if chart:
-            out += [f"![Speedup against mamba-ssm per shape, held-out shapes apart]({chart})", ""]
+            out += [f"![Speedup against mamba-ssm per shape, held-out shapes apart, and of the first call]({chart})",
+                    ""]
         out += [*headline, ""]
         means = _group_means(results, tuned, heldout_shapes)
         if means:

@@ -194,7 +194,7 @@ def test_build_draws_the_chart_embeds_it_and_check_catches_stale_data(tmp_path):
     chart = root / "docs" / "results" / "test-gpu-speedups.svg"
     svg = chart.read_text()
     assert svg.startswith("<?xml") and "<svg" in svg and "grid1" in svg and "1.30x" in svg
-    assert "![Speedup against mamba-ssm per shape, held-out shapes apart](test-gpu-speedups.svg)" in (
+    assert "held-out shapes apart, and of the first call](test-gpu-speedups.svg)" in (
         root / "docs" / "results" / "test-gpu.md").read_text()
     assert _build(root, "--check").returncode == 0
     results["ssd_combined_fwd_bwd"]["s1"] = case(1.0, 1.4, "call_fwd_bwd")
@@ -213,3 +213,15 @@ def _build_text(root: Path, page: Path) -> str:
     for p, data in saved.items():
         p.write_bytes(data)
     return text
+
+
+def test_the_chart_has_a_panel_of_the_first_calls_speedups():
+    from mamba2_guard.core import results_page
+
+    call = {"tuned-a": case(1.0, 2.0, "call_fwd_bwd")}
+    first = {"held-a": {"helion_s": 50.0, "mamba_ssm_s": 100.0}, "tuned-a": {"helion_s": 40.0, "mamba_ssm_s": 60.0},
+             "elsewhere": {"helion_s": 1.0, "mamba_ssm_s": 9.0}}
+    series = results_page.call_speedups(baseline({"ssd_combined_fwd_bwd": call}), ["tuned-a"], ["held-a"], first)
+    assert series[results_page.FIRST_CALL_PANEL] == [("held-a", "held out", 2.0), ("tuned-a", "tuned", 1.5)]
+    assert results_page.FIRST_CALL_PANEL not in results_page.call_speedups(
+        baseline({"ssd_combined_fwd_bwd": call}), ["tuned-a"], ["held-a"])
