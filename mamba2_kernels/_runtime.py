@@ -235,7 +235,7 @@ class TunedKernel:
         no GPU. A stored exact config that is rejected is drift: recorded, counted and logged, never fatal.
         Only when no candidate runs does the call get Helion's default config. Returns (result, kernel,
         on_default)."""
-        slug = device_slug(device)
+        gpu_slug = device_slug(device)
         reason = None  # why the call is not served by its exact key's config, once known
         # Bound even in reference mode: a tunable there still shapes the work (heads per program).
         bound = self.helion_kernel(None, "compiled").bind(args)
@@ -252,14 +252,14 @@ class TunedKernel:
                     raise
                 if found.source == "exact":
                     reason = "invalid"
-                    config_store.INVALID[(slug, self.name, found.key)] = f"{type(exc).__name__}: {exc}"
+                    config_store.INVALID[(gpu_slug, self.name, found.key)] = f"{type(exc).__name__}: {exc}"
                     log.warning("%s: config for %s is invalid under this helion (%s); trying related configs",
                                 self.name, found.key, exc)
                 continue
             if found.source != "exact":
-                config_store.note_fallback(self.name, str(key), slug, reason or found.source, found.used)
+                config_store.note_fallback(self.name, str(key), gpu_slug, reason or found.source, found.used)
             return result, kernel, False
-        config_store.note_fallback(self.name, str(key), slug, reason or "default", None)
+        config_store.note_fallback(self.name, str(key), gpu_slug, reason or "default", None)
         kernel = self.helion_kernel(None, mode)
         with _without_implicit_config_notice():
             return kernel(*args), kernel, True

@@ -228,14 +228,14 @@ class Lookup:
 
 def slugify(gpu_name: str) -> str:
     """'NVIDIA H200' -> 'nvidia-h200'; 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
-    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
-    if not slug:
+    gpu_slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+    if not gpu_slug:
         raise ValueError(f"gpu_name: expected a GPU name with letters or digits, got {gpu_name!r}")
-    return slug
+    return gpu_slug
 
 
-def path_for(slug: str, config_dir: Path | None = None) -> Path:
-    return (config_dir or CONFIG_DIR) / f"{slug}.yaml"
+def path_for(gpu_slug: str, config_dir: Path | None = None) -> Path:
+    return (config_dir or CONFIG_DIR) / f"{gpu_slug}.yaml"
 
 
 def _check_config(path: Path, where: str, config: Any) -> dict[str, Any]:
@@ -369,9 +369,9 @@ def find(cf: ConfigFile, kernel: str, key: ShapeKey) -> Lookup:
 _cache: dict[Path, tuple[float, ConfigFile | None]] = {}
 
 
-def load_cached(slug: str, config_dir: Path | None = None) -> ConfigFile | None:
+def load_cached(gpu_slug: str, config_dir: Path | None = None) -> ConfigFile | None:
     """The file for a GPU slug, re-read when it changes on disk; None when there is none."""
-    path = path_for(slug, config_dir)
+    path = path_for(gpu_slug, config_dir)
     try:
         mtime = path.stat().st_mtime_ns
     except FileNotFoundError:
@@ -398,7 +398,7 @@ def borrowing() -> bool:
     return os.environ.get(BORROW_ENV, "").strip().lower() not in {"0", "false", "no", "off"}
 
 
-def other_gpu_files(slug: str, config_dir: Path | None = None) -> list[tuple[str, str, ConfigFile]]:
+def other_gpu_files(gpu_slug: str, config_dir: Path | None = None) -> list[tuple[str, str, ConfigFile]]:
     """Every other GPU's config file, as (slug, compute capability or "", file), by slug; none while
     borrowing is off. Another GPU's file that cannot be read is skipped with a warning: it must not stop this
     GPU's job."""
@@ -406,7 +406,7 @@ def other_gpu_files(slug: str, config_dir: Path | None = None) -> list[tuple[str
         return []
     found = []
     for path in sorted((config_dir or CONFIG_DIR).glob("*.yaml")):
-        if path.stem == slug:
+        if path.stem == gpu_slug:
             continue
         try:
             cf = load_cached(path.stem, config_dir)
@@ -418,14 +418,15 @@ def other_gpu_files(slug: str, config_dir: Path | None = None) -> list[tuple[str
     return found
 
 
-def borrowable_files(slug: str, capability: str | None, config_dir: Path | None = None) -> list[tuple[str, ConfigFile]]:
-    """The config files of the other GPUs of ``slug``'s architecture, as (slug, file): those whose fingerprint's
+def borrowable_files(gpu_slug: str, capability: str | None, config_dir: Path | None = None
+                     ) -> list[tuple[str, ConfigFile]]:
+    """The config files of the other GPUs of ``gpu_slug``'s architecture, as (slug, file): those whose fingerprint's
     ``compute_capability`` is ``capability`` ("9.0") first, then those of the same major version, each by slug;
     none without a capability."""
     if not capability:
         return []
     major = capability.split(".")[0]
-    found = [(theirs != capability, other, cf) for other, theirs, cf in other_gpu_files(slug, config_dir)
+    found = [(theirs != capability, other, cf) for other, theirs, cf in other_gpu_files(gpu_slug, config_dir)
              if theirs.split(".")[0] == major]
     return [(other, cf) for _, other, cf in sorted(found, key=lambda f: f[:2])]
 
@@ -442,33 +443,33 @@ def serving_candidates(own: ConfigFile | None, borrowed: Sequence[tuple[str, Con
     return []
 
 
-def stored_candidates(kernel: str, key: ShapeKey, slug: str, config_dir: Path | None = None,
+def stored_candidates(kernel: str, key: ShapeKey, gpu_slug: str, config_dir: Path | None = None,
                       capability: str | None = None) -> list[Lookup]:
-    """``serving_candidates`` from the files in ``config_dir`` for the GPU ``slug`` of compute ``capability``
+    """``serving_candidates`` from the files in ``config_dir`` for the GPU ``gpu_slug`` of compute ``capability``
     (other GPUs' files are read only where its own has no config of ``kernel``)."""
-    own = load_cached(slug, config_dir)
-    borrowed = [] if own is not None and own.kernels.get(kernel) else borrowable_files(slug, capability, config_dir)
+    own = load_cached(gpu_slug, config_dir)
+    borrowed = [] if own is not None and own.kernels.get(kernel) else borrowable_files(gpu_slug, capability, config_dir)
     return serving_candidates(own, borrowed, kernel, key)
 
 
-def serving_file(slug: str, capability: str | None, config_dir: Path | None = None) -> ConfigFile | None:
+def serving_file(gpu_slug: str, capability: str | None, config_dir: Path | None = None) -> ConfigFile | None:
     """The file whose selection rules (the state passes' chain rules) a GPU follows: its own, else the first
     of ``borrowable_files``, else None."""
-    own = load_cached(slug, config_dir)
+    own = load_cached(gpu_slug, config_dir)
     if own is not None:
         return own
-    borrowed = borrowable_files(slug, capability, config_dir)
+    borrowed = borrowable_files(gpu_slug, capability, config_dir)
     return borrowed[0][1] if borrowed else None
 
 
-def note_fallback(kernel: str, key: str, slug: str, source: str, used: str | None) -> None:
+def note_fallback(kernel: str, key: str, gpu_slug: str, source: str, used: str | None) -> None:
     """Count every fallback; log it once per (kernel, key, slug)."""
     with _lock:
         FALLBACKS[(kernel, source)] += 1
-        first = (kernel, key, slug) not in _warned
-        _warned.add((kernel, key, slug))
+        first = (kernel, key, gpu_slug) not in _warned
+        _warned.add((kernel, key, gpu_slug))
     if first:
-        seen.record(kernel, key, slug, source, used)
-        level = logging.DEBUG if slug == "cpu" else logging.WARNING
+        seen.record(kernel, key, gpu_slug, source, used)
+        level = logging.DEBUG if gpu_slug == "cpu" else logging.WARNING
         detail = f"the config of {source} key {used}" if used else "the kernel's default config"
-        log.log(level, "%s: no tuned config for %s on %s; using %s", kernel, key, slug, detail)
+        log.log(level, "%s: no tuned config for %s on %s; using %s", kernel, key, gpu_slug, detail)

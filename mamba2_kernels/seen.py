@@ -81,18 +81,18 @@ def stop_recording() -> None:
     os.environ[RECORD_ENV] = "0"
 
 
-def record(kernel: str, key: str, gpu: str, reason: str, used: str | None) -> None:
+def record(kernel: str, key: str, gpu_slug: str, reason: str, used: str | None) -> None:
     """Merge one fallback into the seen file (see the module docstring); never raises."""
     file = path()
-    if file is None or gpu == "cpu" or os.environ.get(RECORD_ENV) == "0":
+    if file is None or gpu_slug == "cpu" or os.environ.get(RECORD_ENV) == "0":
         return
     try:
-        _merge(file, kernel, key, gpu, reason, used)
+        _merge(file, kernel, key, gpu_slug, reason, used)
     except Exception as exc:  # noqa: BLE001 (a training job must not fail for its bookkeeping)
         log.warning("could not record the fallback of %s at %s in %s: %s", kernel, key, file, exc)
 
 
-def _merge(file: Path, kernel: str, key: str, gpu: str, reason: str, used: str | None) -> None:
+def _merge(file: Path, kernel: str, key: str, gpu_slug: str, reason: str, used: str | None) -> None:
     from filelock import FileLock
 
     now = time.time()
@@ -103,8 +103,8 @@ def _merge(file: Path, kernel: str, key: str, gpu: str, reason: str, used: str |
         except ValueError as exc:  # a broken file is replaced: it holds hints, not results
             log.warning("%s; starting it afresh", exc)
             entries = {}
-        name = f"{gpu}|{kernel}|{key}"
-        entry = entries.get(name) or {"gpu": gpu, "kernel": kernel, "key": key, "first_seen": now, "processes": 0}
+        name = f"{gpu_slug}|{kernel}|{key}"
+        entry = entries.get(name) or {"gpu": gpu_slug, "kernel": kernel, "key": key, "first_seen": now, "processes": 0}
         entry.update(reason=reason, used=used, last_seen=now, processes=int(entry.get("processes", 0)) + 1)
         call = _call.get()
         if call is not None:

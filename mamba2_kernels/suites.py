@@ -125,13 +125,13 @@ class Suites:
         return [self.shapes[s] for s in self.suites[name]]
 
 
-def seen_on(loaded: Suites, slug: str) -> list[ShapeSpec]:
-    """The seen suite's shapes recorded on the GPU ``slug`` at least one of whose keys still has no exact
+def seen_on(loaded: Suites, gpu_slug: str) -> list[ShapeSpec]:
+    """The seen suite's shapes recorded on the GPU ``gpu_slug`` at least one of whose keys still has no exact
     config in that GPU's config file: what a re-tune must still cover."""
     from mamba2_kernels import config_store
 
-    configs = config_store.load_cached(slug)
-    return [loaded.shapes[name] for name in loaded.suites.get(SEEN_SUITE, ()) if name.startswith(f"seen-{slug}-")
+    configs = config_store.load_cached(gpu_slug)
+    return [loaded.shapes[name] for name in loaded.suites.get(SEEN_SUITE, ()) if name.startswith(f"seen-{gpu_slug}-")
             and any(configs is None or configs.get(kernel, key) is None for kernel, key in loaded.seen_keys[name])]
 
 

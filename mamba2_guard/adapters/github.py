@@ -277,8 +277,8 @@ class PrClient:
             return None
 
     def _supersede(self, repo, base: str, gpu_slug: str, branch: str, keep, extra_open: Sequence = ()) -> list[int]:
-        slug = sanitize_slug(gpu_slug)
-        prefix = branch_prefix(slug)
+        gpu_slug = sanitize_slug(gpu_slug)
+        prefix = branch_prefix(gpu_slug)
         try:
             candidates = list(repo.get_pulls(state="open", base=base))
         except GithubException as e:
@@ -292,15 +292,15 @@ class PrClient:
             if number == keep.number or p.state != "open":
                 continue
             mk = parse_marker(p.body)
-            same_gpu = (mk is not None and mk["gpu"] == slug) or p.head.ref.startswith(prefix)
-            if mk is not None and mk["gpu"] != slug:
+            same_gpu = (mk is not None and mk["gpu"] == gpu_slug) or p.head.ref.startswith(prefix)
+            if mk is not None and mk["gpu"] != gpu_slug:
                 same_gpu = False
             if not same_gpu:
                 continue
             why = "the same branch" if p.head.ref == branch else "a newer environment fingerprint"
             try:
                 p.create_issue_comment(
-                    f"Superseded by #{keep.number} ({keep.html_url}) for {why} on `{slug}`. "
+                    f"Superseded by #{keep.number} ({keep.html_url}) for {why} on `{gpu_slug}`. "
                     f"The branch `{p.head.ref}` is left in place."
                 )
                 p.edit(state="closed", body=(p.body or "") + f"\n<!-- mamba2-guard:superseded-by=#{keep.number} -->")

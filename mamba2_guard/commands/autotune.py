@@ -68,12 +68,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = common.guard_config(args)
     loaded = suites.load()  # names first: a typo is answered with the valid names, on any machine
     fp = fingerprint.collect()
-    slug = args.gpu_slug or fingerprint.gpu_slug(fp)
+    gpu_slug = args.gpu_slug or fingerprint.gpu_slug(fp)
     if args.seen:
         common.readable_seen_file(loaded, "--seen")
-        args.shapes = [s.name for s in suites.seen_on(loaded, slug)]
+        args.shapes = [s.name for s in suites.seen_on(loaded, gpu_slug)]
         if not args.shapes:
-            print(f"nothing seen to tune on {slug}: no call fell back since the last tune (the seen-keys file)")
+            print(f"nothing seen to tune on {gpu_slug}: no call fell back since the last tune (the seen-keys file)")
             return 0
         args.kernels = args.kernels or registry.seen_entries(
             kernel for name in args.shapes for kernel, _ in loaded.seen_keys[name])
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     missing = [e.name for e in entries if not e.has_helion]
     if missing:
         print(f"not implemented in Helion yet (skipped): {', '.join(missing)}", file=sys.stderr)
-    out = Path(args.out) if args.out else config_store.path_for(slug)
+    out = Path(args.out) if args.out else config_store.path_for(gpu_slug)
     fields = config_options(cfg)
     if args.margin is not None:
         fields["criteria"] = type(cfg.criteria)(**{**cfg.criteria.to_dict(), "margin": args.margin})
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     fields.update({k: v for k, v in flags.items() if v is not None})
     opts = AutotuneOptions(
         kernels=[e.name for e in entries if e.has_helion], shapes=shapes, out=out, state_dir=Path(args.state_dir),
-        gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
+        gpu_slug=gpu_slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
         devices=visible_devices(args.workers), tuner=tuner, fresh=args.fresh,
         missing_only=args.missing_only or args.seen,
         whole_suite=covers_whole_suite([e.name for e in entries], shapes), **fields)
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"configs: {outcome.out}" + (" (changed)" if outcome.changed else " (no config changed)"))
     print(f"run directory (journal, logs): {outcome.run_dir}")
     if outcome.changed and real and not args.no_rebaseline:
-        if out.resolve() != config_store.path_for(slug).resolve():
+        if out.resolve() != config_store.path_for(gpu_slug).resolve():
             print("re-baseline skipped: --out is not the config store the kernels read")
         else:
             done = rebaseline(opts.kernels, shapes, Path(args.state_dir), progress)

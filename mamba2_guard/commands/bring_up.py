@@ -55,29 +55,29 @@ def run(args: argparse.Namespace) -> int:
     if args.withhold_configs:
         flow.withhold_configs()
     fp = fingerprint.collect()
-    slug = fingerprint.gpu_slug(fp)
+    gpu_slug = fingerprint.gpu_slug(fp)
     tuner = args.tuner or os.environ.get(autotune.TUNER_ENV) or autotune.DEFAULT_TUNER
     if tuner == autotune.DEFAULT_TUNER and not torch.cuda.is_available():
         raise EnvironmentProblem("bring-up needs a CUDA GPU and none is visible; run it on the new GPU's runner")
     state_dir = Path(args.state_dir)
-    out = Path(args.out) if args.out else config_store.path_for(slug)
-    if not args.force and not flow.is_due(state_dir, slug, out):
-        print(f"nothing to bring up on {slug}: its config file holds every kernel and no bring-up is in progress "
+    out = Path(args.out) if args.out else config_store.path_for(gpu_slug)
+    if not args.force and not flow.is_due(state_dir, gpu_slug, out):
+        print(f"nothing to bring up on {gpu_slug}: its config file holds every kernel and no bring-up is in progress "
               "(--force runs the stages left)")
         return common.EXIT_OK
-    stages = flow.stages_for(slug)  # planned once: for the bar's total and for the run
+    stages = flow.stages_for(gpu_slug)  # planned once: for the bar's total and for the run
     opts = flow.options_from_config(
-        cfg, job_budget_seconds=args.job_seconds, state_dir=state_dir, gpu_slug=slug,
+        cfg, job_budget_seconds=args.job_seconds, state_dir=state_dir, gpu_slug=gpu_slug,
         budget_seconds=args.budget_minutes * 60, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), out=out,
         devices=visible_devices(), tuner=tuner, until=args.until, stages=stages)
-    on_configs = _proposer(state_dir, cfg, fp, slug) if args.pr else None
-    state = flow.load_state(state_dir, slug)
+    on_configs = _proposer(state_dir, cfg, fp, gpu_slug) if args.pr else None
+    state = flow.load_state(state_dir, gpu_slug)
     total = sum(stage.jobs for stage in stages)
     with _bar(total, bringup.progress(state)["jobs_done"] if state else 0, sys.stderr.isatty()) as (on_job, log):
         outcome = flow.run_bring_up(opts, log, on_configs=on_configs, on_job=on_job)
     summary = bringup.progress(outcome.state)
     print(bringup.render(summary))
-    print(f"state: {flow.state_path(state_dir, slug)}; configs: {opts.config_path}")
+    print(f"state: {flow.state_path(state_dir, gpu_slug)}; configs: {opts.config_path}")
     if outcome.stopped:
         print(f"stopped: {outcome.stopped}")
     if args.json:
@@ -86,12 +86,12 @@ def run(args: argparse.Namespace) -> int:
     return common.EXIT_FAIL if failed else common.EXIT_OK
 
 
-def _proposer(state_dir: Path, cfg: Any, fp: Any, slug: str) -> Callable[[dict[str, Any]], None]:
+def _proposer(state_dir: Path, cfg: Any, fp: Any, gpu_slug: str) -> Callable[[dict[str, Any]], None]:
     """The PR step after each stage that stored configs: the GPU's one PR, opened or updated."""
     from mamba2_guard.flows import pr as prflow
 
     def propose(summary: dict[str, Any]) -> None:
-        outcome = prflow.run_pr(state_dir, cfg, fp.to_dict(), slug, bring_up=summary,
+        outcome = prflow.run_pr(state_dir, cfg, fp.to_dict(), gpu_slug, bring_up=summary,
                                 reproduce_command="mamba2-guard bring-up")
         for message in outcome.messages:
             print(f"PR: {message}")

@@ -30,14 +30,14 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = common.guard_config(args)
     fp = fingerprint.collect()
-    slug = args.gpu_slug or fingerprint.gpu_slug(fp)
+    gpu_slug = args.gpu_slug or fingerprint.gpu_slug(fp)
     root = Path(args.root) if args.root else None
-    report = detect_drift(fp, policy=cfg.drift_policy, root=root, slug=slug)
+    report = detect_drift(fp, policy=cfg.drift_policy, root=root, gpu_slug=gpu_slug)
     report = dataclasses.replace(report, notes=report.notes + (
         "stored configs are checked against the installed helion when kernels run (bench, nightly)",))
-    configs_path, baseline_path = recorded_paths(slug, root)
+    configs_path, baseline_path = recorded_paths(gpu_slug, root)
     if args.json:
-        doc = {"gpu_slug": slug, "fingerprint_digest": fp.digest(), "configs": str(configs_path),
+        doc = {"gpu_slug": gpu_slug, "fingerprint_digest": fp.digest(), "configs": str(configs_path),
                "baseline": str(baseline_path), "config": cfg.describe(), "policy": cfg.drift_policy.to_dict(),
                "summary": report.summary(), **report.to_dict()}
         print(json.dumps(doc, indent=2, sort_keys=True, default=str))

@@ -26,8 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from mamba2_guard.flows import selection_measure
     from mamba2_kernels import config_store
 
-    slug = args.gpu_slug or fingerprint.gpu_slug(fingerprint.collect())
-    path = Path(args.out) if args.out else config_store.path_for(slug)
+    gpu_slug = args.gpu_slug or fingerprint.gpu_slug(fingerprint.collect())
+    path = Path(args.out) if args.out else config_store.path_for(gpu_slug)
     try:
         fits = selection_measure.fit_into(path, Path(args.measurements))
     except ValueError as exc:

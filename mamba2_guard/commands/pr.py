@@ -35,14 +35,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = with_overrides(common.guard_config(args), args)
     fp = fingerprint.collect()
     here = fingerprint.gpu_slug(fp)
-    slug = args.gpu_slug or here
+    gpu_slug = args.gpu_slug or here
     root = Path(args.root) if args.root else PROJECT_ROOT
     problem = gpu_slug_problem(args.gpu_slug, here, root) if args.gpu_slug else None
     if problem:
         print(f"mamba2-guard: pr: {problem}", file=sys.stderr)
         return common.EXIT_USAGE
     try:
-        outcome = run_pr(Path(args.state_dir), cfg, fp.to_dict(), slug, root=root, dry_run=args.dry_run)
+        outcome = run_pr(Path(args.state_dir), cfg, fp.to_dict(), gpu_slug, root=root, dry_run=args.dry_run)
     except RuntimeError as exc:  # git or GitHub: a remote, never a kernel problem (exit 1 is for those)
         print(f"mamba2-guard: pr: {' '.join(str(exc).split())}", file=sys.stderr)
         return common.EXIT_USAGE
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     return common.EXIT_OK
 
 
-def gpu_slug_problem(slug: str, here: str, root: Path) -> str | None:
+def gpu_slug_problem(gpu_slug: str, here: str, root: Path) -> str | None:
     """Why a PR for ``--gpu-slug slug`` cannot be drafted on this machine (whose GPU is ``here``), or None. The
     PR carries this machine's fingerprint as the environment its configs were measured in: drafted for another
     GPU, or on a machine with none, it would claim a GPU that never ran them. A slug with no file to propose is a typo
@@ -70,11 +70,12 @@ def gpu_slug_problem(slug: str, here: str, root: Path) -> str | None:
 
     known = sorted({p.stem for folder in (root / "mamba2_kernels" / "configs", root / "baselines")
                     for p in folder.glob("*.yaml")})
-    if slug not in known:
-        return f"--gpu-slug: {unknown_name('GPU slug', slug, known).args[0]} (no config or baseline file under {root})"
-    if slug != here:
-        return (f"--gpu-slug: this machine's GPU is {here}, not {slug}: a PR for {slug} is drafted on that GPU, whose "
-                "fingerprint it carries")
+    if gpu_slug not in known:
+        return (f"--gpu-slug: {unknown_name('GPU slug', gpu_slug, known).args[0]} (no config or baseline file "
+                f"under {root})")
+    if gpu_slug != here:
+        return (f"--gpu-slug: this machine's GPU is {here}, not {gpu_slug}: a PR for {gpu_slug} is drafted on that "
+                "GPU, whose fingerprint it carries")
     return None
 
 

@@ -295,15 +295,15 @@ def _what_changed(inp: PrInput, drift: dict[str, Any] | None) -> list[tuple[str,
 
 
 def pr_title(inp: PrInput, drift: dict[str, Any] | None = None) -> str:
-    slug = sanitize_slug(inp.gpu_slug)
+    gpu_slug = sanitize_slug(inp.gpu_slug)
     drift = drift if drift is not None else _drift_dict(inp.drift)
     action = (drift or {}).get("action")
     if inp.old_configs is None and inp.new_configs is not None:
-        what = f"tuned Helion configs for new GPU {slug}"
+        what = f"tuned Helion configs for new GPU {gpu_slug}"
     elif action == "rebaseline" or inp.new_configs is None:
-        what = f"new baseline for {slug}"
+        what = f"new baseline for {gpu_slug}"
     else:
-        what = f"re-tuned Helion configs for {slug}"
+        what = f"re-tuned Helion configs for {gpu_slug}"
     parts = []
     for cls, comp, before, after, act in _what_changed(inp, drift):
         if act == "ignore" or cls == "new-gpu":
@@ -361,8 +361,8 @@ def _render_body(
 
 
 def _header(inp: PrInput, fp_hash: str, drift: dict[str, Any] | None) -> list[str]:
-    slug = sanitize_slug(inp.gpu_slug)
-    out = [marker(slug, fp_hash), "", f"## mamba2-guard: `{slug}`", ""]
+    gpu_slug = sanitize_slug(inp.gpu_slug)
+    out = [marker(gpu_slug, fp_hash), "", f"## mamba2-guard: `{gpu_slug}`", ""]
     env = _environment_line(inp.fingerprint)
     if env:
         out.append(f"**Environment:** {env}  ")

@@ -25,11 +25,11 @@ def _shape_names(args: argparse.Namespace) -> list[str]:
 def measure(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shapes = _shape_names(args)  # names first, on any machine: an unknown one is one line, exit 2
     require_gpu(parser, "it times the stored configs")
-    slug = args.gpu_slug or fingerprint.gpu_slug(fingerprint.collect())
-    selection_measure.measure(shapes, config=config_store.path_for(slug), seed=args.seed,
+    gpu_slug = args.gpu_slug or fingerprint.gpu_slug(fingerprint.collect())
+    selection_measure.measure(shapes, config=config_store.path_for(gpu_slug), seed=args.seed,
                       rounds=args.rounds, processes=args.processes, out=args.out, paths_only=args.paths_only)
-    print(f"measurements in {args.out}; fit them into {slug}'s file with: mamba2-guard fit-selection "
-          f"{args.out} --gpu-slug {slug}")
+    print(f"measurements in {args.out}; fit them into {gpu_slug}'s file with: mamba2-guard fit-selection "
+          f"{args.out} --gpu-slug {gpu_slug}")
     return 0
 
 

@@ -28,8 +28,8 @@ class BaselineFileError(ValueError):
     """An unreadable baseline file; the message names the file and the key."""
 
 
-def path_for(slug: str, directory: Path | None = None) -> Path:
-    return (directory or BASELINE_DIR) / f"{slug}.yaml"
+def path_for(gpu_slug: str, directory: Path | None = None) -> Path:
+    return (directory or BASELINE_DIR) / f"{gpu_slug}.yaml"
 
 
 def path_for_result(result: BenchResult, directory: Path | None = None) -> Path:
@@ -104,10 +104,10 @@ def update(path: Path, result: BenchResult) -> list[str]:
             if c.kernel not in new["results"] or c.shape not in new["results"][c.kernel]]
 
 
-def first_call_path(slug: str, directory: Path | None = None) -> Path:
+def first_call_path(gpu_slug: str, directory: Path | None = None) -> Path:
     """``baselines/first-call/<slug>.yaml``: the first calls measured on a GPU model
     (``mamba2_guard.core.first_calls``)."""
-    return (directory or BASELINE_DIR) / "first-call" / f"{slug}.yaml"
+    return (directory or BASELINE_DIR) / "first-call" / f"{gpu_slug}.yaml"
 
 
 def read_first_calls(path: Path) -> dict[str, dict[str, Any]]:

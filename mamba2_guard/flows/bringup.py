@@ -68,10 +68,10 @@ def withhold_configs() -> str:
     from mamba2_guard.adapters import fingerprint
 
     os.environ.pop(config_store.SLUG_ENV, None)
-    slug = f"{fingerprint.gpu_slug(fingerprint.collect())}-withheld"
-    os.environ[config_store.SLUG_ENV] = slug
+    gpu_slug = f"{fingerprint.gpu_slug(fingerprint.collect())}-withheld"
+    os.environ[config_store.SLUG_ENV] = gpu_slug
     os.environ[config_store.BORROW_ENV] = "0"
-    return slug
+    return gpu_slug
 
 
 def missing(config_path: Path) -> list[str]:

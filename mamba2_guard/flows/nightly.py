@@ -104,24 +104,24 @@ def selection(options: CycleOptions, progress: Progress) -> tuple[str, list[regi
     return suite, registry.select(list(options.kernels) or None), shapes
 
 
-def recorded_paths(slug: str, root: Path | str | None = None) -> tuple[Path, Path]:
+def recorded_paths(gpu_slug: str, root: Path | str | None = None) -> tuple[Path, Path]:
     """``mamba2_kernels/configs/<slug>.yaml`` and ``baselines/<slug>.yaml`` of a checkout (default: this one)."""
     if root is None:
-        return config_store.path_for(slug), baselines.path_for(slug)
+        return config_store.path_for(gpu_slug), baselines.path_for(gpu_slug)
     root = Path(root)
-    configs = config_store.path_for(slug, root / "mamba2_kernels" / "configs")
-    return configs, baselines.path_for(slug, root / "baselines")
+    configs = config_store.path_for(gpu_slug, root / "mamba2_kernels" / "configs")
+    return configs, baselines.path_for(gpu_slug, root / "baselines")
 
 
-def invalid_configs(slug: str) -> dict[tuple[str, str], str]:
+def invalid_configs(gpu_slug: str) -> dict[tuple[str, str], str]:
     """Stored configs of this GPU that the installed helion rejected while kernels ran in this process."""
-    return {(kernel, key): why for (where, kernel, key), why in config_store.INVALID.items() if where == slug}
+    return {(kernel, key): why for (where, kernel, key), why in config_store.INVALID.items() if where == gpu_slug}
 
 
 def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | None = None,
-                 root: Path | str | None = None, slug: str | None = None) -> drift_mod.DriftReport:
-    slug = slug or fingerprint.gpu_slug(fp)
-    configs_path, baseline_path = recorded_paths(slug, root)
+                 root: Path | str | None = None, gpu_slug: str | None = None) -> drift_mod.DriftReport:
+    gpu_slug = gpu_slug or fingerprint.gpu_slug(fp)
+    configs_path, baseline_path = recorded_paths(gpu_slug, root)
     configs = config_store.load(configs_path) if configs_path.exists() else None
     configs_fp = configs.fingerprint if configs is not None else None
     unknown = sorted(set(configs.kernels) - registry.tuned_kernel_names()) if configs is not None else []
@@ -130,8 +130,8 @@ def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | No
                     "`mamba2-guard list`'s Helion kernels)", configs_path, ", ".join(unknown))
     baseline_doc = baselines.read_document(baseline_path)
     baseline_fp = (baseline_doc or {}).get("fingerprint")
-    report = drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(slug), policy)
-    borrowed = [] if configs is not None else config_store.borrowable_files(slug, fp.compute_capability,
+    report = drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(gpu_slug), policy)
+    borrowed = [] if configs is not None else config_store.borrowable_files(gpu_slug, fp.compute_capability,
                                                                             configs_path.parent)
     # Per kernel the runtime takes the first borrowable file holding it (config_store.serving_candidates).
     owners = list(dict.fromkeys(next(owner for owner, cf in borrowed if cf.kernels.get(kernel))
@@ -305,8 +305,8 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
 
         enable_cpu_interpret()
     fp = fingerprint.collect()
-    slug = fingerprint.gpu_slug(fp)
-    progress(f"fingerprint {fp.digest()[:12]} on {fp.gpu_name or 'CPU'} ({slug}): torch {fp.torch}, "
+    gpu_slug = fingerprint.gpu_slug(fp)
+    progress(f"fingerprint {fp.digest()[:12]} on {fp.gpu_name or 'CPU'} ({gpu_slug}): torch {fp.torch}, "
              f"triton {fp.triton}, helion {fp.helion}, mamba-ssm {fp.mamba_ssm}, driver {fp.driver_version}")
     suite, entries, shapes = selection(options, progress)
     progress(f"suite {suite}: {len(entries)} kernels x {len(shapes)} shapes "
@@ -315,7 +315,7 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
 
     # Before any GPU work: the baseline and the history (run_cycle checked the state dir and the config).
     policy = cfg.verdict_policy if options.policy == Policy() else options.policy
-    baseline_path = recorded_paths(slug, options.root)[1]
+    baseline_path = recorded_paths(gpu_slug, options.root)[1]
     baseline = baselines.load(baseline_path)
     with History(state_dir / "history.sqlite") as history:
         bench = functools.partial(
@@ -332,7 +332,7 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
         earlier: dict[tuple[str, str], list[float]] = {}
         try:
             # After the bench: it also reports configs the installed helion rejected.
-            drift = detect_drift(fp, policy=cfg.drift_policy, root=options.root, slug=slug)
+            drift = detect_drift(fp, policy=cfg.drift_policy, root=options.root, gpu_slug=gpu_slug)
             progress(drift.render_text())
             # A sharded result re-runs a flagged case on the GPU that measured it (mamba2_guard.bench.shard).
             rerun = None
@@ -355,8 +355,8 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
             if left_out:
                 progress(f"not written to the baseline: {', '.join(left_out)}")
         speedups = [c.speedup for c in result.cases if c.kernel in ZOO_ENTRIES and c.speedup]
-        steps = retune_or_bring_up(state_dir, stamp, options, cfg, fp, slug, drift, entries, shapes, paths, progress,
-                                   speedups)
+        steps = retune_or_bring_up(state_dir, stamp, options, cfg, fp, gpu_slug, drift, entries, shapes, paths,
+                                   progress, speedups)
         if (steps.get("bringup") or {}).get("progress"):
             add_bring_up_section(paths, steps["bringup"]["progress"])
         paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))
@@ -365,7 +365,7 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
         history.record(result, verdicts, _now(), job=job, status="pass" if code == 0 else "fail")
     due = steps.pop("pr_due", None)
     if due is not None:
-        steps["pr"] = propose_configs(state_dir, stamp, options, cfg, fp, slug, drift, paths, progress, **due)
+        steps["pr"] = propose_configs(state_dir, stamp, options, cfg, fp, gpu_slug, drift, paths, progress, **due)
         paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))  # with the PR's event
     return CycleOutcome(code, result, verdicts, drift, paths, steps)
 
@@ -383,7 +383,7 @@ def retune_plan(entries: Sequence[registry.KernelEntry], shapes: Sequence, seen:
 
 
 def retune_or_bring_up(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint,
-                       slug: str, drift: drift_mod.DriftReport, entries: Sequence[registry.KernelEntry],
+                       gpu_slug: str, drift: drift_mod.DriftReport, entries: Sequence[registry.KernelEntry],
                        shapes: Sequence, paths: dict[str, str], progress: Progress,
                        speedups: Sequence[float] = ()) -> dict[str, Any]:
     """A new GPU's bring-up where one is due, else a re-tune where the drift policy says so (GPU only); then
@@ -391,17 +391,17 @@ def retune_or_bring_up(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
     bring-up opens and updates its PR itself as stages land). None of these steps can fail the cycle: their
     problems are reported and recorded in the outcome's ``steps``."""
     steps: dict[str, Any] = {}
-    configs_path, baseline_path = recorded_paths(slug, options.root)
+    configs_path, baseline_path = recorded_paths(gpu_slug, options.root)
     produced = bool(options.update_baseline)
     loaded = suites.load()
     if loaded.seen_problem:
         progress(f"warning: {loaded.seen_problem}; the calls it records are not re-tuned this cycle")
-    seen = suites.seen_on(loaded, slug)
-    propose = functools.partial(propose_configs, state_dir, stamp, options, cfg, fp, slug, drift, paths, progress)
+    seen = suites.seen_on(loaded, gpu_slug)
+    propose = functools.partial(propose_configs, state_dir, stamp, options, cfg, fp, gpu_slug, drift, paths, progress)
     from mamba2_guard.flows import bringup as bring_up
 
-    if torch.cuda.is_available() and bring_up.is_due(state_dir, slug, configs_path):
-        produced = bring_up_step(state_dir, options, cfg, fp, slug, steps, propose, progress, speedups,
+    if torch.cuda.is_available() and bring_up.is_due(state_dir, gpu_slug, configs_path):
+        produced = bring_up_step(state_dir, options, cfg, fp, gpu_slug, steps, propose, progress, speedups,
                                  configs_path, baseline_path, paths) or produced
     elif drift.action == "retune" or options.force_retune or seen:
         why = drift.summary() if drift.action == "retune" else "forced" if options.force_retune else (
@@ -410,7 +410,7 @@ def retune_or_bring_up(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
                                     [kernel for shape in seen for kernel, _ in loaded.seen_keys[shape.name]])
         if not torch.cuda.is_available():
             message = (f"re-tune needed ({why}) but there is no GPU here: re-tune skipped; run "
-                       f"`mamba2-guard autotune` then `mamba2-guard pr` on a {slug} GPU runner")
+                       f"`mamba2-guard autotune` then `mamba2-guard pr` on a {gpu_slug} GPU runner")
             progress(message)
             steps["retune"] = {"status": "skipped", "detail": message}
         else:
@@ -420,7 +420,7 @@ def retune_or_bring_up(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
             try:
                 opts = autotune.AutotuneOptions(
                     kernels=tuned, shapes=[s.name for s in shapes], out=configs_path, state_dir=state_dir,
-                    gpu_slug=slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
+                    gpu_slug=gpu_slug, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(),
                     devices=shard.visible_devices(), **autotune.config_options(cfg),
                     whole_suite=autotune.covers_whole_suite(tuned, [s.name for s in shapes]))
                 progress(f"re-tune ({why}): {len(tuned)} kernels x {len(shapes)} shapes")
@@ -451,7 +451,7 @@ def retune_or_bring_up(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
     return steps
 
 
-def bring_up_step(state_dir: Path, options: CycleOptions, cfg, fp: fingerprint.Fingerprint, slug: str,
+def bring_up_step(state_dir: Path, options: CycleOptions, cfg, fp: fingerprint.Fingerprint, gpu_slug: str,
                   steps: dict[str, Any], propose: Callable[..., dict[str, Any]], progress: Progress,
                   speedups: Sequence[float], configs_path: Path, baseline_path: Path, paths: dict[str, str]) -> bool:
     """The night's share of a new GPU's bring-up (``mamba2_guard.flows.bringup``) in the re-tune's budget: the
@@ -464,7 +464,7 @@ def bring_up_step(state_dir: Path, options: CycleOptions, cfg, fp: fingerprint.F
 
     budget = cfg.autotune_value("total_budget_seconds", None) or autotune.DEFAULT_TOTAL_BUDGET_SECONDS
     opts = bring_up.options_from_config(
-        cfg, state_dir=state_dir, gpu_slug=slug, budget_seconds=float(budget), fingerprint=fp.to_dict(),
+        cfg, state_dir=state_dir, gpu_slug=gpu_slug, budget_seconds=float(budget), fingerprint=fp.to_dict(),
         fingerprint_digest=fp.digest(), out=configs_path, devices=shard.visible_devices(),
         tuner=os.environ.get(autotune.TUNER_ENV) or autotune.DEFAULT_TUNER)
 
@@ -489,14 +489,14 @@ def bring_up_step(state_dir: Path, options: CycleOptions, cfg, fp: fingerprint.F
     return outcome.changed
 
 
-def propose_configs(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint, slug: str,
+def propose_configs(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint, gpu_slug: str,
                     drift: drift_mod.DriftReport, paths: dict[str, str], progress: Progress, *, dry: bool,
                     bring_up: dict[str, Any] | None = None) -> dict[str, Any]:
     """The PR step: open or update this GPU's config PR (``dry``: render it only); its ``steps`` record."""
     from mamba2_guard.flows import pr as prflow
 
     try:
-        pr = prflow.run_pr(state_dir, cfg, fp.to_dict(), slug, root=Path(options.root) if options.root else
+        pr = prflow.run_pr(state_dir, cfg, fp.to_dict(), gpu_slug, root=Path(options.root) if options.root else
                            prflow.PROJECT_ROOT, dry_run=dry, drift=drift, progress=progress, bring_up=bring_up)
     except Exception as exc:  # noqa: BLE001
         progress(f"PR step failed: {type(exc).__name__}: {exc}")

@@ -113,7 +113,7 @@ def test_an_unknown_kernel_name_in_a_config_file_is_named(tmp_path, caplog):
     config_store.save(tmp_path / "mamba2_kernels" / "configs" / "gpu-a.yaml", ConfigFile(kernels={
         "chunk_scan": {"t=1": {"num_warps": 4}}, "chunk_scna": {"t=1": {"num_warps": 4}}}))
     with caplog.at_level("WARNING"):
-        detect_drift(fingerprint.collect(), root=tmp_path, slug="gpu-a")
+        detect_drift(fingerprint.collect(), root=tmp_path, gpu_slug="gpu-a")
     (warning,) = [r.message for r in caplog.records if "unknown kernel name" in r.message]
     assert "gpu-a.yaml: kernels: unknown kernel name(s) chunk_scna," in warning and "chunk_scan," not in warning
 
@@ -146,7 +146,7 @@ def test_drift_names_the_configs_an_untuned_gpu_borrows(tmp_path):
         "the first of these with a config of it) (same architecture, compute capability 9.0)"]
     a100 = dataclasses.replace(h100, gpu_name="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
     assert not [n for n in detect_drift(a100, root=tmp_path).notes if "jobs run on" in n]
-    assert not [n for n in detect_drift(h100, root=tmp_path, slug="nvidia-h200").notes if "jobs run on" in n]
+    assert not [n for n in detect_drift(h100, root=tmp_path, gpu_slug="nvidia-h200").notes if "jobs run on" in n]
 
 
 def test_the_pr_step_comes_after_the_history_and_the_metrics(tmp_path, monkeypatch):
