@@ -19,7 +19,7 @@ if str(REPO) not in sys.path:  # `from tests.guard import ...` under any pytest 
     sys.path.insert(0, str(REPO))
 
 from tests.guard.fake_github import FakeGitHub  # noqa: E402
-from tests.guard.live import Daemon, Prometheus, binary, free_port, http_get, wait_for  # noqa: E402
+from tests.guard.live import Daemon, Prometheus, binary, free_port, http_get, stop, wait_for  # noqa: E402
 from tests.guard.pr_data import CONFIGS_OLD, FP_OLD, TOKEN, baseline_doc, dump, git  # noqa: E402
 
 
@@ -120,12 +120,7 @@ def start_prometheus(tmp_path):
 
     yield start
     for proc, log in procs:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop(proc, log)
 
 
 @pytest.fixture
@@ -140,12 +135,7 @@ def pushgateway(tmp_path):
         wait_for(lambda: http_get(f"{url}/-/ready"), 20, what="pushgateway ready")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop(proc, log)
 
 
 @pytest.fixture

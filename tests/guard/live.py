@@ -53,6 +53,16 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "cond
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last_exc!r})")
 
 
+def stop(proc: subprocess.Popen, log) -> None:
+    """End a server process started by a fixture (SIGTERM, then SIGKILL after 10 s) and close its log."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
 class Prometheus:
     def __init__(self, url: str):
         self.url = url

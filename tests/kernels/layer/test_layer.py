@@ -126,17 +126,9 @@ def test_matches_fp64_composition(options, g):
 def test_state_dtype_reaches_the_ssd_forward_and_backward(monkeypatch):
     """mamba-ssm's main-branch ``state_dtype`` passes through the layer to both SSD passes: fp16 states of fp32
     inputs reach the stages that read them, and the result stays within fp16's rounding of the fp64 layer."""
-    from mamba2_kernels.ssd import combined
+    from tests.kernels.ssd.checks import spy_states_dtypes
 
-    got = {}
-    for stage, where in (("chunk_scan_fwd", 5), ("chunk_scan_bwd_dC", 0)):
-        real = getattr(combined.HELION_STAGES, stage)
-
-        def spy(*args, _real=real, _stage=stage, _where=where, **kwargs):
-            got[_stage] = args[_where].dtype
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(combined.HELION_STAGES, stage, spy)
+    got = spy_states_dtypes(monkeypatch)
     leaves, static = _problem(options=("rmsnorm", "outproj", "initial_states"))
     with execution_mode("ref"):
         outs, grads = _run(mamba2_kernels.mamba_split_conv1d_scan_combined, leaves,

@@ -10,6 +10,8 @@ import mamba2_kernels
 from mamba2_kernels.ssd import naive
 from mamba2_kernels.testing import execution_mode
 
+from .checks import spy_states_dtypes
+
 
 def _problem(b=2, L=80, h=4, p=16, g=2, n=16, seed=0, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
@@ -157,22 +159,6 @@ def test_the_whole_calls_precision_judges_dz_and_dinitial_states(monkeypatch):
 # state_dtype (mamba-ssm's main branch, its #972): the dtype the inter-chunk states are kept in
 
 
-def _states_dtypes(monkeypatch) -> dict:
-    """Spies on the stages that read the states: the dtype each got, forward and backward."""
-    from mamba2_kernels.ssd import combined
-
-    got = {}
-    for stage, where in (("chunk_scan_fwd", 5), ("chunk_scan_bwd_dC", 0)):
-        real = getattr(combined.HELION_STAGES, stage)
-
-        def spy(*args, _real=real, _stage=stage, _where=where, **kwargs):
-            got[_stage] = args[_where].dtype
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(combined.HELION_STAGES, stage, spy)
-    return got
-
-
 def _relative_errors(dtype, state_dtype):
     """Max error relative to the fp64 reference's largest value: the output, final_states and every gradient."""
     base = _problem(b=1, L=96, dtype=dtype)
@@ -200,7 +186,7 @@ def _relative_errors(dtype, state_dtype):
     (torch.float16, torch.float32, torch.float32, 2e-3),  # fp16 inputs, fp32 states
 ], ids=["fp32", "fp32-fp16_states", "fp16", "fp16-fp32_states"])
 def test_state_dtype_is_the_states_dtype_forward_and_backward(monkeypatch, dtype, state_dtype, expected, tolerance):
-    got = _states_dtypes(monkeypatch)
+    got = spy_states_dtypes(monkeypatch)
     errors = _relative_errors(dtype, state_dtype)
     assert got == {"chunk_scan_fwd": expected, "chunk_scan_bwd_dC": expected}
     assert max(errors.values()) < tolerance, errors
