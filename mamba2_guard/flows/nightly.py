@@ -205,7 +205,7 @@ def _trend_chart(path: Path, result: BenchResult, verdicts: list[Verdict], basel
     try:
         charts.speedup_trends(trends, policy.threshold, f"{result.suite or 'bench'}: speedup over the history "
                               f"window, relative to the baseline (band: the {policy.threshold:.0%} threshold)", path)
-    except ImportError as exc:
+    except (ImportError, ValueError, RuntimeError) as exc:  # matplotlib missing, or data it cannot draw
         log.warning("the report has no trend chart: %s (matplotlib is a dependency of the guard extra)", exc)
         return None
     return path

@@ -12,9 +12,8 @@ backward kernels in the order of mamba-ssm's ``_mamba_chunk_scan_combined_bwd`` 
 Variable-length states, as in mamba-ssm: ``cu_seqlens`` is used only with ``return_varlen_states=True`` (and
 ignored otherwise, unchecked, as mamba-ssm ignores it); then batch must be 1 and the call also returns
 varlen_states (num_seqs, nheads, headdim, dstate) in state_dtype (default C's), the state at the end of each
-sequence, from
-``mamba2_kernels.ssd.chunk_state_varlen`` over the states entering each chunk. Pass seq_idx derived from cu_seqlens
-(as Mamba2 does) for states that do not leak across sequences. Checking cu_seqlens' values costs one
+sequence, from ``mamba2_kernels.ssd.chunk_state_varlen`` over the states entering each chunk. Pass seq_idx derived
+from cu_seqlens (as Mamba2 does) for states that do not leak across sequences. Checking cu_seqlens' values costs one
 device-to-host copy. As in mamba-ssm 2.3.2.post1, initial_states reach sequence 0's varlen state only when
 that sequence does not end in chunk 0. Return order: out[, final_states], varlen_states.
 Gradients: mamba-ssm refuses any backward after ``return_varlen_states=True`` (an assert in its backward).
