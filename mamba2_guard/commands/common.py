@@ -77,21 +77,21 @@ def output_directory(text: str) -> Path:
     return Path(files.creatable_directory(text))
 
 
-def shape_arguments(parser: argparse.ArgumentParser, suite: str, processes: bool = True) -> None:
-    """A dev tool's shapes: a suite (default ``suite``) or shape names; with ``processes``, its compile workers."""
+def shape_arguments(parser: argparse.ArgumentParser, suite: str, processes: bool = False) -> None:
+    """The shapes a command runs at: a suite (default ``suite``) or shape names, never both; with ``processes``,
+    its parallel compile processes (the dev tools that compile every shape first)."""
     which = parser.add_mutually_exclusive_group()  # both given: one would be dropped without a word
-    which.add_argument("--suite", default=suite, help=f"shape suite from mamba2_kernels/suites.yaml (default {suite})")
-    which.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of the suite")
+    which.add_argument("--suite", default=suite, metavar="NAME",
+                       help=f"shape suite from mamba2_kernels/suites.yaml (default: the suite '{suite}')")
+    which.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of a suite")
     if processes:
         parser.add_argument("--processes", type=flags.integer(1), default=8,
                             help="parallel compile processes (default 8)")
 
 
 def selection_arguments(parser: argparse.ArgumentParser, suite: str) -> None:
-    which = parser.add_mutually_exclusive_group()  # both given: one would be dropped without a word
-    which.add_argument("--suite", default=suite, metavar="NAME",
-                       help=f"shape suite from mamba2_kernels/suites.yaml (default: the suite '{suite}')")
-    which.add_argument("--shapes", nargs="+", metavar="SHAPE", help="shape names instead of a suite")
+    """``shape_arguments`` and the kernels (bench, nightly, list, autotune)."""
+    shape_arguments(parser, suite)
     parser.add_argument("--kernels", nargs="+", metavar="KERNEL", help="kernel names (default: all)")
 
 

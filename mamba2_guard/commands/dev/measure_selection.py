@@ -15,7 +15,7 @@ HELP = ("time every stored config at each grid shape's keys, and each state pass
 
 def register(tools: Any) -> None:
     p = common.add_command(tools, "measure-selection", HELP)
-    common.shape_arguments(p, "selection-grid")
+    common.shape_arguments(p, "selection-grid", processes=True)
     p.add_argument("--out", type=common.output_file, required=True, help="measurements, JSON lines appended per kernel")
     p.add_argument("--rounds", type=flags.integer(1), default=10, help="timed samples per config (default 10)")
     p.add_argument("--seed", type=flags.integer(0), default=0)

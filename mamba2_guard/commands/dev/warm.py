@@ -13,7 +13,7 @@ HELP = "precompile the configs the runtime selects at a suite's shapes (a job's 
 
 def register(tools: Any) -> None:
     p = common.add_command(tools, "warm", HELP)
-    common.shape_arguments(p, "default")
+    common.shape_arguments(p, "default", processes=True)
     p.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd", "ssd_combined_fwd"],
                    help="registry entries to run once (default: the whole SSD call)")
     p.add_argument("--baseline", action="store_true", help="also compile mamba-ssm's candidates")
