@@ -180,17 +180,33 @@ def pending(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]], max_attem
 
 
 def isolate_candidates(job_id: str, entries: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether ``job_id``'s next attempt benchmarks Helion's candidates in Helion's own subprocess: after
-    an attempt that crashed or hung. In the job's child a candidate that faults the GPU (an illegal
-    address: chunk_scan at long-context on the H200) ends the search, and the same seed would meet it
-    again; isolated, the search outlives it at the cost of the subprocess's start (15 s on the H200)."""
-    return any(entry["job"] == job_id and entry.get("status") == FAILED and entry.get("reason") in {"crash", "timeout"}
-               for entry in entries)
+    """Whether ``job_id``'s next attempt benchmarks every launch's candidates in Helion's own subprocess:
+    after an attempt that crashed or hung in a launch it did not name (``isolated_launches`` has the rest).
+    In the job's child a candidate that faults the GPU (an illegal address: chunk_scan at long-context on
+    the H200 and the H100) ends the search, and the same seed would meet it again; isolated, the search
+    outlives it at the cost of the subprocess's start."""
+    return any(failed_in_flight(entry) and not entry.get("in_flight")
+               for entry in entries if entry["job"] == job_id)
+
+
+def isolated_launches(job_id: str, entries: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    """The [kernel, key] launches whose search ``job_id``'s next attempt isolates: those in flight when an
+    attempt crashed or hung (the worker's ``save_partial`` names it). Only they pay the subprocess's start,
+    which took 15-20 s of every launch's search on the H200: an isolated retry of a whole call at
+    long-context used to search one config per launch."""
+    slots = {tuple(entry["in_flight"]) for entry in entries
+             if entry["job"] == job_id and failed_in_flight(entry) and entry.get("in_flight")}
+    return [list(slot) for slot in sorted(slots)]
+
+
+def failed_in_flight(entry: Mapping[str, Any]) -> bool:
+    """An attempt that crashed or hung (not one whose tuner raised and answered)."""
+    return entry.get("status") == FAILED and entry.get("reason") in {"crash", "timeout"}
 
 
 def retry_now(job_id: str, entries: Sequence[Mapping[str, Any]], max_attempts: int = 2) -> bool:
     """Whether the worker reruns ``job_id`` at once: its last attempt failed (crashed or hung) and it has
-    attempts left. The rerun is isolated (``isolate_candidates``), so a faulting candidate no longer ends
+    attempts left. The rerun is isolated (``isolated_launches``), so a faulting candidate no longer ends
     the search; waiting for the next run would leave the job, and the config file's stamp, for another
     night."""
     mine = [e for e in entries if e.get("job") == job_id]
@@ -224,10 +240,12 @@ def search_order(device_ms: Sequence[float]) -> list[int]:
     return sorted(known, key=lambda i: -device_ms[i]) + unknown  # sorted() is stable: ties keep launch order
 
 
-def launch_budget(seconds_left: float, device_ms: Sequence[float], floor: int = 10) -> int:
+def launch_budget(seconds_left: float, device_ms: Sequence[float], floor: int = 20) -> int:
     """Seconds of search for the first of the launches still to search (``device_ms``, their device times per
-    call, in search order), out of ``seconds_left``: its share of their time, at least ``floor`` (a shorter
-    search compiles next to nothing). Without the times (any NaN or none above 0) an even split."""
+    call, in search order), out of ``seconds_left``: its share of their time, at least ``floor``. Helion
+    compiles the whole seed population before it benchmarks any: on the H200 a 10 s search of the dx kernel
+    at long-context spent it compiling 21 seeds and ended with no config. Without the times (any NaN or
+    none above 0) an even split."""
     times = [float(ms) for ms in device_ms]
     if not times:
         raise ValueError("launch_budget: expected the device times of at least one launch")

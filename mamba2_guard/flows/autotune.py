@@ -357,6 +357,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
             "budget_seconds": opts.budget_seconds, "rounds": opts.rounds, "base_configs": str(run.base_path),
             "helion_benchmark_subprocess": (opts.helion_benchmark_subprocess
                                             or tuneplan.isolate_candidates(job.id, run.entries())),
+            "isolate_launches": tuneplan.isolated_launches(job.id, run.entries()),
             "result": str(result_path), "partial": str(partial_path), "log": str(log_path),
             "gpu_slug": opts.gpu_slug, "device": process.device,
             "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
@@ -369,12 +370,12 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     answer = process.run(spec_path, timeout)
     entry["seconds"] = round(time.monotonic() - t0, 3)
     if answer is None:
-        return {**entry, "status": tuneplan.FAILED, "reason": "timeout", "launches": decided(partial_path, opts),
+        return {**entry, "status": tuneplan.FAILED, "reason": "timeout", **decided(partial_path, opts),
                 "detail": f"hard timeout after {timeout:.0f}s; killed (log {log_path})"}
     if answer != DONE or not result_path.exists():
         tail = tail_of(log_path)
         why = signal_name(answer) if isinstance(answer, int) else "no result"
-        return {**entry, "status": tuneplan.FAILED, "reason": "crash", "launches": decided(partial_path, opts),
+        return {**entry, "status": tuneplan.FAILED, "reason": "crash", **decided(partial_path, opts),
                 "detail": f"worker {why}" + (f": {tail}" if tail else "") + f" (log {log_path})"}
     try:
         result = load_json(result_path)
@@ -386,14 +387,19 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
             "tuned_elsewhere": result.get("tuned_elsewhere") or [], "had_config": result.get("had_config") or []}
 
 
-def decided(partial_path: Path, opts: AutotuneOptions) -> list[dict[str, Any]]:
-    """The launches a killed or crashed job finished (the worker's ``save_partial``), each with its decision;
-    none when it finished none or the file is unreadable."""
+def decided(partial_path: Path, opts: AutotuneOptions) -> dict[str, Any]:
+    """The journal fields of a killed or crashed job from the worker's ``save_partial``: ``launches``, those
+    it finished, each with its decision (none when it finished none or the file is unreadable), and
+    ``in_flight``, the [kernel, key] it was searching, where the file names one."""
     try:
-        launches = load_json(partial_path)["launches"]
+        partial = load_json(partial_path)
+        launches = partial["launches"]
     except (OSError, ValueError, KeyError, TypeError):
-        return []
-    return with_decisions(launches, opts)
+        return {"launches": []}
+    in_flight = partial.get("in_flight")
+    return {"launches": with_decisions(launches, opts),
+            **({"in_flight": [str(part) for part in in_flight]}
+               if isinstance(in_flight, list) and len(in_flight) == 2 else {})}
 
 
 def with_decisions(launches: Any, opts: AutotuneOptions) -> list[dict[str, Any]]:

@@ -5,8 +5,9 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["search"][spec["search"]]``
   ``sleep``     seconds to sleep before answering;
   ``until``     a path: wait (at most 120 s) until it exists before answering;
   ``crash``     die by SIGSEGV (a candidate that takes the process down);
-  ``crash_in_process``  the same, but only when Helion's benchmarks run in the job's process (a candidate
-                that faults the GPU, which Helion's own subprocess survives);
+  ``crash_in_process``  the same, in the search of this launch index (default 0), unless its benchmarks are
+                isolated in Helion's own subprocess (a candidate that faults the GPU, which that survives);
+                the launches before it are saved as finished and it as in flight (``save_partial``);
   ``hang``      sleep forever (a hung compile or kernel);
   ``hang_after``  save this many of the launches as finished (``save_partial``), then hang;
   ``raise``     raise RuntimeError with this message (a tuner error, e.g. a CUDA fault);
@@ -55,13 +56,21 @@ def tune(spec: dict) -> dict:
     deadline = time.monotonic() + 120
     while behaviour.get("until") and not os.path.exists(behaviour["until"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if behaviour.get("crash") or (behaviour.get("crash_in_process") and not spec.get("helion_benchmark_subprocess")):
+    if behaviour.get("crash"):
         os.kill(os.getpid(), signal.SIGSEGV)
     if behaviour.get("raise"):
         raise RuntimeError(behaviour["raise"])
     launches = behaviour.get("launches")
     launches = launches if launches is not None else [default_launch(job)]
     elsewhere = spec.get("tuned_elsewhere") or []  # as the real tuner: launches earlier jobs tuned are skipped
+    if "crash_in_process" in behaviour:
+        todo = [x for x in launches if [x["kernel"], x["key"]] not in elsewhere]
+        for i, launch in enumerate(todo):
+            slot = [launch["kernel"], launch["key"]]
+            save_partial(spec, todo[:i], in_flight=slot)
+            isolated = spec.get("helion_benchmark_subprocess") or slot in spec.get("isolate_launches", [])
+            if launches.index(launch) == int(behaviour["crash_in_process"]) and not isolated:
+                os.kill(os.getpid(), signal.SIGSEGV)
     if "hang_after" in behaviour:
         todo = [x for x in launches if [x["kernel"], x["key"]] not in elsewhere]
         if len(todo) > behaviour["hang_after"]:

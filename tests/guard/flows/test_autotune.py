@@ -17,6 +17,7 @@ import pytest
 from mamba2_guard.core import tuneplan
 from mamba2_guard.flows.autotune import AutotuneOptions, run_autotune
 from mamba2_kernels import config_store
+from tests.guard.flows import fake_tuner
 
 FAKE = str(Path(__file__).with_name("fake_tuner.py")) + ":tune"
 ROOT = Path(__file__).resolve().parents[3]
@@ -100,10 +101,14 @@ def test_crash_and_hang_are_recorded_as_failed_and_the_run_continues(tmp_path):
     assert isolated == {"chunk_state@smoke": True, "state_passing@smoke": True, "chunk_cumsum@smoke": False}
 
 
-def test_a_job_that_crashed_is_retried_at_once_in_isolation_and_only_once(tmp_path):
-    # chunk_scan at long-context on the H200: a candidate hit an illegal address and took the job's child
-    # down; the retry, Helion's benchmarks in their own subprocess, finished. It used to wait for the next run.
-    extra = {"jobs": {"chunk_state@smoke": {"crash_in_process": True}, "state_passing@smoke": {"crash": True}}}
+def test_a_job_that_crashed_is_retried_at_once_with_only_the_launch_in_flight_isolated(tmp_path):
+    # chunk_scan at long-context on the H200 and the H100: a candidate hit an illegal address and took the
+    # job's child down. The retry isolates that launch's benchmarks in Helion's subprocess and searches the
+    # rest in process: isolating them all cost each launch's search the subprocess's start.
+    launches = [{**fake_tuner.default_launch({"kernel": "chunk_state", "shape": "smoke", "index": i}),
+                 "kernel": kernel} for i, kernel in enumerate(("dx_k", "scan_k", "db_k"))]
+    extra = {"jobs": {"chunk_state@smoke": {"crash_in_process": 1, "launches": launches},
+                      "state_passing@smoke": {"crash": True}}}
     messages: list[str] = []
     finished: list[str] = []
     outcome = run_autotune(options(tmp_path, shapes=SHAPES[:1], extra=extra), messages.append,
@@ -111,11 +116,17 @@ def test_a_job_that_crashed_is_retried_at_once_in_isolation_and_only_once(tmp_pa
     attempts = [(e["job"], e["status"]) for e in outcome.entries]
     assert attempts == [("chunk_cumsum@smoke", "ok"), ("chunk_state@smoke", "failed"), ("chunk_state@smoke", "ok"),
                         ("state_passing@smoke", "failed"), ("state_passing@smoke", "failed")]  # max_attempts 2
+    assert outcome.entries[1]["in_flight"] == ["scan_k", "shape=smoke"]
+    assert [launch["kernel"] for launch in outcome.entries[1]["launches"]] == ["dx_k"]  # kept, not searched again
     assert finished == ["chunk_cumsum@smoke", "chunk_state@smoke", "state_passing@smoke"]  # one bar step a job
     assert sum("retrying" in m for m in messages) == 2
-    isolated = json.loads((outcome.run_dir / "jobs" / "chunk_state@smoke.spec.json").read_text())
-    assert isolated["helion_benchmark_subprocess"] is True
-    assert "shape=smoke" in config_store.load(outcome.out).kernels["chunk_state_k"]
+    retry = json.loads((outcome.run_dir / "jobs" / "chunk_state@smoke.spec.json").read_text())
+    assert (retry["helion_benchmark_subprocess"], retry["isolate_launches"]) == (False, [["scan_k", "shape=smoke"]])
+    assert ["dx_k", "shape=smoke"] in retry["tuned_elsewhere"]
+    assert {"dx_k", "scan_k", "db_k"} <= set(config_store.load(outcome.out).kernels)
+    # A crash that named no launch in flight (SIGSEGV before any search) isolates every launch of the retry.
+    crashed = json.loads((outcome.run_dir / "jobs" / "state_passing@smoke.spec.json").read_text())
+    assert (crashed["helion_benchmark_subprocess"], crashed["isolate_launches"]) == (True, [])
     assert outcome.summary["ok"] == 2 and outcome.summary["failed"] == 1
     assert tuneplan.retry_now("j", [{"job": "j", "status": "failed", "reason": "timeout"}])
     assert not tuneplan.retry_now("j", [{"job": "j", "status": "failed"}, {"job": "j", "status": "ok"}])

@@ -225,6 +225,12 @@ def test_only_a_job_that_crashed_or_hung_isolates_its_candidates_next_time():
                {"job": "d@s", "status": "failed", "reason": "no result"}]
     assert [job for job in ("a@s", "b@s", "c@s", "d@s", "e@s") if isolate_candidates(job, entries)] == [
         "a@s", "b@s"]
+    # An attempt that named the launch it was searching isolates that launch alone next time.
+    entries.append({"job": "f@s", "status": "failed", "reason": "crash", "in_flight": ["scan", "tokens=1"]})
+    entries.append({"job": "f@s", "status": "failed", "reason": "timeout", "in_flight": ["dx", "tokens=1"]})
+    assert not isolate_candidates("f@s", entries)
+    assert tuneplan.isolated_launches("f@s", entries) == [["dx", "tokens=1"], ["scan", "tokens=1"]]
+    assert tuneplan.isolated_launches("a@s", entries) == []
 
 
 def test_failed_searches_name_the_kernel_key_and_error_of_the_last_attempts():
@@ -251,7 +257,7 @@ def test_a_launch_gets_its_share_of_the_time_left():
     assert tuneplan.launch_budget(60.0, [0.3, 0.2, 0.1]) == 30
     assert tuneplan.launch_budget(60.0, [0.1]) == 60
     # a cheap launch still gets the floor, and so does one searched after the deadline
-    assert tuneplan.launch_budget(60.0, [0.01, 0.99]) == 10
+    assert tuneplan.launch_budget(60.0, [0.01, 0.99]) == 20
     assert tuneplan.launch_budget(-5.0, [0.5, 0.5], floor=7) == 7
 
 
