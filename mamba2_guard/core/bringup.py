@@ -100,12 +100,14 @@ def new_state(gpu_slug: str, stages: Sequence[Stage], now: str) -> dict[str, Any
 
 def record(state: Mapping[str, Any], stage: str, *, status: str, done: int, seconds: float, now: str,
            **extra: Any) -> dict[str, Any]:
-    """``state`` with ``stage`` at ``status``, ``done`` jobs finished, ``seconds`` more spent on it."""
+    """``state`` with ``stage`` at ``status``, ``done`` jobs finished and ``seconds`` spent on it in all: a
+    search stage's are its journal's (every attempt's, those of a night that was killed too), so a kill loses
+    only the job in flight. The whole bring-up's seconds are its stages'."""
     old = state["stages"][stage]
     stages = {**state["stages"], stage: {**old, **extra, "status": status, "done": done,
-                                         "seconds": round(float(old.get("seconds") or 0) + seconds, 1)}}
-    return {**state, "stages": stages, "updated": now,
-            "seconds": round(float(state.get("seconds") or 0) + seconds, 1)}
+                                         "seconds": round(float(seconds), 1)}}
+    total = sum(float(s.get("seconds") or 0) for s in stages.values())
+    return {**state, "stages": stages, "updated": now, "seconds": round(total, 1)}
 
 
 def complete(state: Mapping[str, Any]) -> bool:

@@ -199,17 +199,16 @@ def run_bring_up(opts: BringUpOptions, progress: Progress,
         left = deadline - time.monotonic()
         progress(f"bring-up {opts.gpu_slug}: stage {stage.name} ({stage.why}): {stage.jobs} jobs, "
                  f"{left / 60:.1f} minutes of budget left")
-        t0 = time.monotonic()
         if stage.search == bringup.FITTED:
-            run = _fit(opts, stage, deadline, progress)
+            run = _fit(opts, stage, deadline, progress, spent=float(state["stages"][stage.name]["seconds"]))
         else:
             if left < opts.job_budget_seconds:
                 stopped = f"budget spent before stage {stage.name}; the next run resumes it"
                 break
             run = _search(opts, stage, left, progress, on_job)
         runs.append(run)
-        state = bringup.record(state, stage.name, status=run["status"], done=run["done"],
-                               seconds=time.monotonic() - t0, now=_now(), run=run.get("run_dir"))
+        state = bringup.record(state, stage.name, status=run["status"], done=run["done"], seconds=run["seconds"],
+                               now=_now(), run=run.get("run_dir"))
         atomic_write(path, json.dumps(state, indent=1, sort_keys=True) + "\n")
         if run.get("changed") and on_configs is not None:
             on_configs(bringup.progress(state, speedups))
@@ -240,12 +239,19 @@ def _search(opts: BringUpOptions, stage: bringup.Stage, left: float, progress: P
     finished = not outcome.skipped and not left_over
     done = len(outcome.jobs) - len(left_over)
     return {"stage": stage.name, "status": bringup.DONE if finished else bringup.PARTIAL, "done": done,
+            "seconds": sum(float(entry.get("seconds") or 0) for entry in outcome.entries),
             "run_dir": str(outcome.run_dir), "summary": outcome.summary, "changed": outcome.changed}
 
 
-def _fit(opts: BringUpOptions, stage: bringup.Stage, deadline: float, progress: Progress) -> dict[str, Any]:
+def _fit(opts: BringUpOptions, stage: bringup.Stage, deadline: float, progress: Progress, spent: float
+         ) -> dict[str, Any]:
     """Measure the grid shape by shape while the budget lasts (a shape measured is kept in the file), then
-    fit the rule into the config file once every shape is in."""
+    fit the rule into the config file once every shape is in. ``spent``: the stage's seconds before."""
+    t0 = time.monotonic()
+
+    def ran(**fields: Any) -> dict[str, Any]:
+        return {"stage": stage.name, "seconds": spent + time.monotonic() - t0, **fields}
+
     from mamba2_guard.flows import selection_measure
 
     measure = opts.measure or selection_measure.measure
@@ -256,12 +262,11 @@ def _fit(opts: BringUpOptions, stage: bringup.Stage, deadline: float, progress: 
         if shape in measured:
             continue
         if time.monotonic() >= deadline:
-            return {"stage": stage.name, "status": bringup.PARTIAL, "done": len(measured), "changed": False}
+            return ran(status=bringup.PARTIAL, done=len(measured), changed=False)
         measure([shape], config=opts.config_path, seed=0, rounds=opts.fit_rounds, processes=2, out=measurements)
         measured.add(shape)
         progress(f"bring-up fit: measured {shape} ({len(measured)}/{len(stage.shapes)})")
     fits = selection_measure.fit_into(opts.config_path, measurements)
     for fit in fits:
         progress(fit.describe())
-    return {"stage": stage.name, "status": bringup.DONE, "done": len(stage.shapes), "changed": bool(fits),
-            "measurements": str(measurements)}
+    return ran(status=bringup.DONE, done=len(stage.shapes), changed=bool(fits), measurements=str(measurements))

@@ -94,12 +94,12 @@ def test_a_run_stops_at_its_budget_and_a_killed_one_resumes_from_its_journal(tmp
     child = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not record.exists() or len(record.read_text().splitlines()) < 3):
+    while time.monotonic() < deadline and (not record.exists() or len(record.read_text().splitlines()) < 4):
         time.sleep(0.05)
-    os.killpg(child.pid, signal.SIGKILL)  # mid-job: the third job is in flight
+    os.killpg(child.pid, signal.SIGKILL)  # mid-stage: the hot stage's first job finished, its second in flight
     child.wait()
     done_before = len(record.read_text().splitlines())
-    assert done_before >= 3
+    assert done_before >= 4
     # A night's budget that fits one more job: the run stops and says so; the state file keeps the stage partial.
     monkeypatch.setenv("FAKE_TUNE_CALLS", str(record))
     monkeypatch.setenv("FAKE_TUNE_EXTRA", json.dumps({"default": {"sleep": 0.8}}))
@@ -112,6 +112,11 @@ def test_a_run_stops_at_its_budget_and_a_killed_one_resumes_from_its_journal(tmp
     jobs = calls(record)
     # Every job ran once, but for the one the kill cut off, which ran again: nothing finished was redone.
     assert len(set(jobs)) == 6 and len(jobs) <= 6 + 1
+    # The seconds spent are the journals': the killed night's finished jobs count, its job in flight not.
+    for name, stage in final.state["stages"].items():
+        journal = Path(stage["run"], "journal.jsonl").read_text().splitlines() if stage.get("run") else []
+        assert stage["seconds"] == round(sum(json.loads(line)["seconds"] for line in journal), 1), name
+    assert final.state["stages"]["hot"]["seconds"] >= 0.8
 
 
 def checkout_and_origin(tmp_path: Path, settings: str = "") -> tuple[Path, Path]:
