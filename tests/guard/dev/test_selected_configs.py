@@ -16,6 +16,13 @@ from mamba2_kernels.tuning import capture_launches
 ENTRY = "ssd_combined_fwd_bwd"
 
 
+@pytest.fixture(autouse=True)
+def _ref_mode(monkeypatch):
+    """The tool runs on CPU in Helion's ref mode (its users' case), not in Triton's interpreter, which the
+    kernel tests turn on: capturing the launches needs no compiled kernel."""
+    monkeypatch.setenv("HELION_INTERPRET", "1")
+
+
 @pytest.fixture(scope="module")
 def smoke() -> suites.ShapeSpec:
     return suites.load().shape("smoke")

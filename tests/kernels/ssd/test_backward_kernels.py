@@ -124,7 +124,7 @@ def test_unfinished_ddA_terms_are_the_partials_of_the_finished_ones():
     """The dB, dC and dCB stages' ``unfinished`` ddA (the SSD backward's form, several partials each with
     small blocks) finish to the drop-ins' results, and the last stage's kernel gives from them what the
     drop-in chunk_cumsum_bwd gives from the finished sum: Triton's interpreter, ragged last chunk."""
-    shape = TILED.replace(chunk_size=64, seqlen=150, dstate=32)  # dot blocks are 16 or more: two dstate blocks
+    shape = TILED.replace(chunk_size=64, seqlen=96, dstate=32)  # dot blocks are 16 or more: two dstate blocks
     inp = registry.get("chunk_scan_bwd_dcb_ddA").inputs(shape, 4)
     cum = registry.get("chunk_cumsum_bwd").inputs(shape, 4)
     db_args = (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dstates"])
