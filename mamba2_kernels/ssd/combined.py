@@ -17,8 +17,9 @@ from cu_seqlens (as Mamba2 does) for states that do not leak across sequences. C
 device-to-host copy. As in mamba-ssm 2.3.2.post1, initial_states reach sequence 0's varlen state only when
 that sequence does not end in chunk 0. Return order: out[, final_states], varlen_states.
 Gradients: mamba-ssm refuses any backward after ``return_varlen_states=True`` (an assert in its backward).
-Ours gives out's and final_states' gradients exactly as without it, and raises NotImplementedError if a
-gradient reaches varlen_states, which is not differentiated (never silently dropped).
+Ours gives out's and final_states' gradients exactly as without it, and a gradient reaching varlen_states
+flows back to x, dt, A, B, dt_bias and initial_states (``mamba2_kernels.ssd.compose.backward``; its own part
+is PyTorch, ``naive.chunk_state_varlen_bwd``, and it takes the state pass's chain).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 
 from mamba2_kernels import seen
 from mamba2_kernels._ops import placed, present
-from mamba2_kernels.ssd import compose
+from mamba2_kernels.ssd import compose, naive
 from mamba2_kernels.ssd._keys import dtype_name
 from mamba2_kernels.ssd.bmm_chunk import bmm_chunk_fwd
 from mamba2_kernels.ssd.bmm_chunk_bwd import bmm_chunk_bwd
@@ -187,7 +188,7 @@ HELION_STAGES = types.SimpleNamespace(
     chunk_scan_bwd_dC=functools.partial(chunk_scan_bwd_dC, unfinished=True),
     chunk_scan_bwd_dcb=functools.partial(chunk_scan_bwd_dcb, unfinished=True),
     bmm_chunk_bwd=bmm_chunk_bwd, chunk_cumsum_bwd_of_terms=chunk_cumsum_bwd_of_terms,
-    chunk_state_varlen=chunk_state_varlen,
+    chunk_state_varlen=chunk_state_varlen, chunk_state_varlen_bwd=naive.chunk_state_varlen_bwd,
 )
 ssd_forward = functools.partial(compose.forward, HELION_STAGES)
 ssd_backward = functools.partial(compose.backward, HELION_STAGES)
@@ -240,20 +241,23 @@ def _ssd_setup_context(ctx, inputs, output):
     x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_limit, \
         return_final_states, state_dtype = inputs
     ctx.save_for_backward(output[0] if z is None else output[2], x, dt, A, B, C, D, z, dt_bias, initial_states,
-                          seq_idx)
+                          seq_idx, cu_seqlens)
     ctx.chunk_size, ctx.dt_softplus, ctx.dt_limit = chunk_size, dt_softplus, tuple(dt_limit)
+    ctx.set_materialize_grads(False)  # an output no loss reached (varlen_states, say) gets None, not zeros
     ctx.return_final_states, ctx.state_dtype = return_final_states, state_dtype
 
 
 def _ssd_backward(ctx, grads):
-    out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx = ctx.saved_tensors
+    out, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens = ctx.saved_tensors
     dout, dfinal_states, *rest = grads
     dvarlen_states = rest[-1] if len(rest) == (z is not None) + 1 else None
+    if dout is None:  # a loss of the states alone
+        dout = torch.zeros_like(out, memory_format=torch.contiguous_format)
     optional = (D, z, dt_bias, initial_states)
     dx, ddt, dA, dB, dC, *given = torch.ops.mamba2_kernels.ssd_combined_bwd(
         dout, x, dt, A, B, C, out, ctx.chunk_size, D, z, dt_bias, initial_states,
-        dfinal_states if ctx.return_final_states else None, dvarlen_states, seq_idx, ctx.dt_softplus, ctx.dt_limit,
-        ctx.state_dtype)
+        dfinal_states if ctx.return_final_states else None, dvarlen_states, cu_seqlens, seq_idx, ctx.dt_softplus,
+        ctx.dt_limit, ctx.state_dtype)
     dD, dz, ddt_bias, dinitial_states = placed(given, optional)
     return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None, None, None)
 
@@ -266,20 +270,18 @@ def _ssd_bwd_op(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
                 C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None,
                 dt_bias: torch.Tensor | None, initial_states: torch.Tensor | None,
                 dfinal_states: torch.Tensor | None, dvarlen_states: torch.Tensor | None,
-                seq_idx: torch.Tensor | None, dt_softplus: bool, dt_limit: Sequence[float],
-                state_dtype: torch.dtype | None) -> list[torch.Tensor]:
+                cu_seqlens: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
+                dt_limit: Sequence[float], state_dtype: torch.dtype | None) -> list[torch.Tensor]:
     """The backward as one operator: [dx, ddt, dA, dB, dC, then dD, dz, ddt_bias, dinitial_states for those of
-    D, z, dt_bias, initial_states given]. ``out`` is the forward's pre-gate output when z is given."""
-    if dvarlen_states is not None and bool(dvarlen_states.any()):
-        raise NotImplementedError("varlen_states: gradients through varlen_states are not supported "
-                                  "(mamba-ssm supports no backward at all with return_varlen_states)")
+    D, z, dt_bias, initial_states given]. ``out`` is the forward's pre-gate output when z is given;
+    ``dvarlen_states`` the varlen states' gradient, with the forward's ``cu_seqlens``."""
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     with seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
         dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
             dout, x, dt, A, B, C, out, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
             dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),
-            state_dtype=state_dtype)
+            state_dtype=state_dtype, cu_seqlens=cu_seqlens, dvarlen_states=dvarlen_states)
     if ddt_bias is not None:  # a view of dA's buffer (one reduction makes both); an operator's outputs must not alias
         ddt_bias = ddt_bias.clone()
     return [dx, ddt, dA, dB, dC, *present([dD, dz, ddt_bias, dinitial_states])]
@@ -287,7 +289,7 @@ def _ssd_bwd_op(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
 
 @_ssd_bwd_op.register_fake
 def _ssd_bwd_fake(dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, initial_states, dfinal_states,
-                  dvarlen_states, seq_idx, dt_softplus, dt_limit, state_dtype):
+                  dvarlen_states, cu_seqlens, seq_idx, dt_softplus, dt_limit, state_dtype):
     return [torch.empty_like(t, memory_format=torch.contiguous_format)
             for t in present([x, dt, A, B, C, D, z, dt_bias, initial_states])]
 

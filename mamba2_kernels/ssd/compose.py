@@ -16,7 +16,8 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
 chunk_cumsum_fwd, chunk_state_passing_fwd, bmm_chunk_fwd, chunk_scan_fwd, chunk_scan_bwd_dz,
 chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db, chunk_scan_bwd_dC,
 chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_cumsum_bwd_of_terms; and chunk_state_varlen, which the forward
-calls only when given cu_seqlens.
+calls only when given cu_seqlens, and chunk_state_varlen_bwd, which the backward calls only when given a
+gradient of the varlen states.
 """
 
 from __future__ import annotations
@@ -52,12 +53,16 @@ def chain_chunk_state_passing(stages: Any, B, x, dt, dA_cumsum, initial_states=N
 
 
 def chain_chunk_state_passing_bwd(stages: Any, C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None,
-                                  has_initial_states=False, dstates_dtype=None, states_dtype=None):
+                                  has_initial_states=False, dstates_dtype=None, states_dtype=None, dstates_in=None):
     """``chunk_state_passing_bwd`` as mamba-ssm computes it: ``stages.chunk_scan_bwd_dstates`` (in the states'
-    dtype) then ``stages.state_passing_bwd`` on the flattened states. Returns (dstates (b, c, h, p, n),
-    ddA_chunk_cumsum (b, h, c), dinitial_states or None[, the states converted, when states_dtype is given])."""
+    dtype) then ``stages.state_passing_bwd`` on the flattened states. ``dstates_in`` (b, c, h, p, n): a gradient
+    of the states entering each chunk that does not come from the outputs (the varlen states'), added to
+    theirs. Returns (dstates (b, c, h, p, n), ddA_chunk_cumsum (b, h, c), dinitial_states or None[, the states
+    converted, when states_dtype is given])."""
     dstate = C.shape[-1]
     dstates = stages.chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
+    if dstates_in is not None:
+        dstates = (dstates.float() + dstates_in.float()).to(dstates.dtype)
     results = stages.state_passing_bwd(
         _flat(states), dA_cumsum[:, :, :, -1], _flat(dstates), dfinal_states=_flat(dfinal_states), seq_idx=seq_idx,
         has_initial_states=has_initial_states, dstates_dtype=dstates_dtype, states_dtype=states_dtype,
@@ -88,12 +93,17 @@ def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
 
 def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None,
              initial_states=None, dfinal_states=None, seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF),
-             dx=None, ddt=None, dB=None, dC=None, dz=None, state_dtype=None):
+             dx=None, ddt=None, dB=None, dC=None, dz=None, state_dtype=None, cu_seqlens=None, dvarlen_states=None):
     """``_mamba_chunk_scan_combined_bwd``: recompute the forward stages, then the backward chain.
 
     ``out`` is the forward's pre-gate output when z is given, else its output. Returns
     (dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states). The states and their gradients reach the later
     kernels in ``state_dtype`` (default x's dtype): the precision the forward kept them in.
+
+    ``dvarlen_states`` (num_seqs, h, p, n), the gradient of the forward's varlen_states (with its
+    ``cu_seqlens``; mamba-ssm has none): ``stages.chunk_state_varlen_bwd`` carries it to B, x, dt, dA_cumsum
+    and the states entering each chunk, which join the other gradients of those before the stages that
+    carry them further (the states' through the state pass, dA_cumsum's as dt's and A's).
 
     dx, ddt, dB, dC, dz: optional output buffers, each of its input's shape and dtype and any strides (such
     as slices of one layer gradient): the stage that computes a gradient writes it there, and the buffer is
@@ -110,15 +120,26 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
     CB = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
     states, _ = stages.chunk_state_passing_fwd(B, x, dt_out, dA_cumsum, initial_states=initial_states,
                                                seq_idx=seq_idx)
+    varlen = None
+    if dvarlen_states is not None:  # the forward's chunk_state_varlen, on the states in the dtype it kept them in
+        varlen = stages.chunk_state_varlen_bwd(B[0], x[0], dt_out[0], dA_cumsum[0], cu_seqlens,
+                                               states[0].to(state_dtype or C.dtype), dvarlen_states)
     dD = None
     if z is not None:
         dz, dout, dD = stages.chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=False, D=D, dz=dz)
     dstates, ddA_chunk_cumsum, dinitial_states, states = stages.chunk_state_passing_bwd(
         C, dA_cumsum, dout, states, dfinal_states=dfinal_states, seq_idx=seq_idx,
         has_initial_states=initial_states is not None, dstates_dtype=state_dtype or x.dtype,
-        states_dtype=state_dtype or x.dtype)
+        states_dtype=state_dtype or x.dtype, dstates_in=None if varlen is None else varlen[4][None])
     dx, ddt_from_x, dD_from_x = stages.chunk_scan_chunk_state_bwd_dx(x, dt_out, dA_cumsum, B, CB, dout, dstates,
                                                                      D=D, seq_idx=seq_idx, dx=dx)
+    if varlen is not None:
+        dB_varlen, dx_varlen, ddt_varlen, ddA_cumsum_varlen, _ = varlen
+        dx[0] += dx_varlen.to(dx.dtype)
+        # dA_cumsum is the within-chunk cumsum of dA = dt_out * A: its gradient is dA's reversed cumsum, which
+        # reaches dt_out (with the varlen states' own) and A.
+        ddA_varlen = ddA_cumsum_varlen.flip(-1).cumsum(-1).flip(-1)
+        ddt_from_x = ddt_from_x + (ddt_varlen + ddA_varlen * A[:, None, None]).to(ddt_from_x.dtype)
     dB_state, ddA_next = stages.chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, seq_idx=seq_idx, B=B,
                                                    ngroups=ngroups)
     dC_state, ddA_cumsum_prev = stages.chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C,
@@ -133,4 +154,7 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
     ddt, dA, ddt_bias = stages.chunk_cumsum_bwd_of_terms(ddA_intra, ddA_next, ddA_cumsum_prev, ddA_chunk_cumsum,
                                                          ddt_from_x, dt, A, dt_bias=dt_bias, dt_softplus=dt_softplus,
                                                          dt_limit=dt_limit, ddt=ddt)
+    if varlen is not None:
+        dB[0] += dB_varlen.to(dB.dtype)
+        dA = dA + (ddA_varlen * dt_out[0]).sum(dim=(1, 2)).to(dA.dtype)
     return dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states

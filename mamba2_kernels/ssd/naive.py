@@ -28,6 +28,7 @@ __all__ = [
     "state_passing_fwd",
     "chunk_state_passing_fwd",
     "chunk_state_varlen",
+    "chunk_state_varlen_bwd",
     "bmm_chunk_fwd",
     "chunk_scan_fwd",
     "chunk_scan_bwd_dz",
@@ -255,6 +256,47 @@ def chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states):
     return out.to(_odtype(chunk_states.dtype, cd))
 
 
+def chunk_state_varlen_bwd(B, x, dt, dA_cumsum, cu_seqlens, chunk_states, dvarlen_states):
+    """The gradient ``dvarlen_states`` (S,h,p,n) of ``chunk_state_varlen``'s output carried back to its inputs
+    (mamba-ssm has no backward for it): (dB (T,g,n), dx (T,h,p), ddt (h,c,Q), ddA_cumsum (h,c,Q),
+    dchunk_states (c,h,p,n)), in the compute dtype. ddA_cumsum is the gradient of dA_cumsum, not of dA.
+
+    For sequence s with gradient G (h,p,n), positions l of its last chunk c and w_l = exp(dA_cs[end-1] - dA_cs[l]):
+    dx[l] = w_l dt[l] sum_n G B[l], dB[l] = w_l dt[l] sum_p G x[l] (summed over each group's heads),
+    ddt[l] = w_l r_l and ddA_cs[l] = -w_l dt[l] r_l with r_l = sum_pn G x[l] B[l], ddA_cs[end-1] gaining
+    their sum; where the state entering chunk c counts (start < l0), dchunk_states[c] = G exp(dA_cs[end-1])
+    and ddA_cs[end-1] gains sum_pn G chunk_states[c] exp(dA_cs[end-1]). The SSD's backward runs it for the
+    Helion kernels too: a few small einsums per sequence, as the forward's reference is."""
+    total_seqlen, nheads, _ = x.shape
+    _, nchunks, chunk_size = dt.shape
+    cd = _cdtype(B, x, dt, dA_cumsum, chunk_states, dvarlen_states)
+    Bh, xc, dtc, dAc = _heads(B.to(cd)[None], nheads)[0], x.to(cd), dt.to(cd), dA_cumsum.to(cd)
+    dBh, dx = torch.zeros_like(Bh), torch.zeros_like(xc)
+    ddt, ddA, dstates = torch.zeros_like(dtc), torch.zeros_like(dAc), torch.zeros_like(chunk_states, dtype=cd)
+    bounds = [int(v) for v in cu_seqlens.tolist()]
+    for s, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        grad = dvarlen_states[s].to(cd)  # (h, p, n)
+        last = max(end - 1, 0)
+        c, l0 = last // chunk_size, last // chunk_size * chunk_size
+        first = max(start, l0)
+        span = slice(first - l0, end - l0)
+        weight = exp_nonpos(dAc[:, c, last - l0, None] - dAc[:, c, span])  # (h, l)
+        scale = weight * dtc[:, c, span]
+        gB = torch.einsum("hpn,lhn->lhp", grad, Bh[first:end])
+        dx[first:end] += scale.T[..., None] * gB
+        dBh[first:end] += scale.T[..., None] * torch.einsum("hpn,lhp->lhn", grad, xc[first:end])
+        per_position = torch.einsum("lhp,lhp->hl", gB, xc[first:end])  # d state / d scale
+        ddt[:, c, span] += weight * per_position
+        ddA[:, c, span] -= scale * per_position
+        ddA[:, c, last - l0] += (scale * per_position).sum(-1)
+        if start < l0:
+            decay = torch.exp(dAc[:, c, last - l0])  # (h,)
+            dstates[c] += grad * decay[:, None, None]
+            ddA[:, c, last - l0] += (grad * chunk_states[c].to(cd)).sum(dim=(1, 2)) * decay
+    dB = dBh.view(total_seqlen, B.shape[1], nheads // B.shape[1], -1).sum(2)
+    return dB, dx, ddt, ddA, dstates
+
+
 def bmm_chunk_fwd(a, b, chunk_size, seq_idx=None, causal=False, output_dtype=None):
     """``_bmm_chunk_fwd``: per-chunk a @ b^T.
 
@@ -407,12 +449,13 @@ def state_passing_bwd(states, dA_chunk_cumsum, dout, dfinal_states=None, seq_idx
 
 
 def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,
-                            dstates_dtype=None, states_dtype=None):
+                            dstates_dtype=None, states_dtype=None, dstates_in=None):
     """``chunk_scan_bwd_dstates`` then ``state_passing_bwd`` (``compose.chain_chunk_state_passing_bwd``);
-    states (b,c,h,p,n) entering each chunk. Returns (dstates (b,c,h,p,n), ddA_chunk_cumsum (b,h,c),
-    dinitial_states or None[, the states converted, when states_dtype is given])."""
+    states (b,c,h,p,n) entering each chunk; ``dstates_in``, a gradient of those states from elsewhere. Returns
+    (dstates (b,c,h,p,n), ddA_chunk_cumsum (b,h,c), dinitial_states or None[, the states converted, when
+    states_dtype is given])."""
     return compose.chain_chunk_state_passing_bwd(sys.modules[__name__], C, dA_cumsum, dout, states, dfinal_states,
-                                                 seq_idx, has_initial_states, dstates_dtype, states_dtype)
+                                                 seq_idx, has_initial_states, dstates_dtype, states_dtype, dstates_in)
 
 
 def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None, seq_idx=None, dx=None):

@@ -80,10 +80,13 @@ def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=No
 
 
 def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,
-                            dstates_dtype=None, states_dtype=None):
-    """``mamba2_kernels.ssd.chunk_state_passing_bwd.chunk_state_passing_bwd``, by the path the rule picks."""
-    run = fused_bwd
-    if chained(BWD, dout, C.shape[-1], dA_cumsum.shape[-1]):
-        run = functools.partial(compose.chain_chunk_state_passing_bwd, CHAIN_STAGES)
-    return run(C, dA_cumsum, dout, states, dfinal_states=dfinal_states, seq_idx=seq_idx,
-               has_initial_states=has_initial_states, dstates_dtype=dstates_dtype, states_dtype=states_dtype)
+                            dstates_dtype=None, states_dtype=None, dstates_in=None):
+    """``mamba2_kernels.ssd.chunk_state_passing_bwd.chunk_state_passing_bwd``, by the path the rule picks; with
+    ``dstates_in`` (a gradient of the states entering each chunk from elsewhere: the varlen states') always the
+    chain, which has those states' gradient in hand between its two kernels (the fused pass never writes it)."""
+    options = {"dfinal_states": dfinal_states, "seq_idx": seq_idx, "has_initial_states": has_initial_states,
+               "dstates_dtype": dstates_dtype, "states_dtype": states_dtype}
+    if dstates_in is not None or chained(BWD, dout, C.shape[-1], dA_cumsum.shape[-1]):
+        return compose.chain_chunk_state_passing_bwd(CHAIN_STAGES, C, dA_cumsum, dout, states, dstates_in=dstates_in,
+                                                     **options)
+    return fused_bwd(C, dA_cumsum, dout, states, **options)

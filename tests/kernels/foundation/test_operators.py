@@ -37,12 +37,10 @@ def _ssd_args(z: bool, varlen: bool):
 
 @pytest.mark.parametrize(("z", "varlen"), [(True, False), (False, True)], ids=["z-init-seq_idx", "varlen"])
 def test_ssd_operator(z, varlen):
-    # A gradient through varlen_states is refused (NotImplementedError), and opcheck's AOT test takes one
-    # through every output: left out there.
-    checks = CHECKS[:3] if varlen else CHECKS
+    # opcheck's AOT test takes a gradient through every output: varlen_states' too.
     with execution_mode("ref"):
         torch.library.opcheck(torch.ops.mamba2_kernels.ssd_combined_fwd.default, _ssd_args(z, varlen),
-                              test_utils=checks)
+                              test_utils=CHECKS)
 
 
 @pytest.mark.parametrize(("bias", "z"), [(False, True), (True, False)], ids=["z", "bias"])

@@ -5,7 +5,7 @@ kernel ``mamba2_kernels.ssd.chunk_state_varlen``, on CPU.
     and varlen_states; (b) against a sequential fp64 recurrence run on each sequence alone; (c) the Helion kernel
     in ref mode and in Triton's interpreter (blocks below every dimension) against the fp64 reference of
     ``mamba2_kernels.ssd.naive``; (d) the argument errors; and the gradients: out's are those of a call without
-    return_varlen_states, and a gradient reaching varlen_states is refused.
+    return_varlen_states, and a gradient through varlen_states matches the fp64 reference's.
 Sequences are 1, 2 and 4 per call, with boundaries inside chunks and on chunk edges (chunk 32), seq_idx derived
 from cu_seqlens as Mamba2's callers do.
 """
@@ -230,9 +230,30 @@ def test_gradients_of_out_are_unchanged_by_return_varlen_states(final):
         assert torch.equal(grad, grads[1][name]), name
 
 
-def test_gradient_through_varlen_states_is_refused():
-    args, options = _problem([0, 40, 96], 1, False)
-    x = args["x"].clone().requires_grad_(True)
-    out, varlen = _ours({**args, "x": x}, options, return_varlen_states=True)
-    with pytest.raises(NotImplementedError, match="varlen_states"), execution_mode("ref"):
-        (out.sum() + varlen.sum()).backward()
+@pytest.mark.parametrize("case", ["4seq", "2seq-edge", "2seq-short-first"])
+def test_gradients_through_varlen_states_match_the_fp64_reference(case):
+    """Every input's gradient when the varlen states carry one (mamba-ssm has no such backward), with out's and
+    final_states' together, against autograd through the fp64 composition of the stage references: sequences
+    ending inside chunks and on a chunk edge, and a first sequence ending in chunk 0 (initial_states do not
+    reach its varlen state)."""
+    cu, g, init = CASES[case]
+    args, options = _problem(cu, g, init)
+    gen = torch.Generator().manual_seed(11)
+    dout = torch.randn(args["x"].shape, generator=gen)
+    dvarlen = torch.randn(len(cu) - 1, *args["x"].shape[2:], args["B"].shape[-1], generator=gen)
+    dfinal = torch.randn(dvarlen.shape[1:], generator=gen)[None]
+    grads = []
+    both = {"return_final_states": True, "return_varlen_states": True}
+    runs = ((lambda leaves: _ours(leaves, options, **both), lambda t: t),
+            (lambda leaves: naive.ssd_chunked_ref(**leaves, **options, **both), torch.Tensor.double))
+    for run, cast in runs:
+        leaves = {k: cast(v).detach().requires_grad_(True) for k, v in args.items()}
+        out, final, varlen = run(leaves)
+        loss = (out * cast(dout)).sum() + (varlen * cast(dvarlen)).sum() + (final * cast(dfinal)).sum()
+        with execution_mode("ref"):
+            loss.backward()
+        grads.append({k: v.grad for k, v in leaves.items()})
+    for name, expected in grads[1].items():
+        scale = expected.abs().max().item()
+        _close(grads[0][name], expected, atol=2e-4 * scale, rtol=2e-4)
+
