@@ -124,7 +124,7 @@ def test_unfinished_ddA_terms_are_the_partials_of_the_finished_ones():
     """The dB, dC and dCB stages' ``unfinished`` ddA (the SSD backward's form, several partials each with
     small blocks) finish to the drop-ins' results, and the last stage's kernel gives from them what the
     drop-in chunk_cumsum_bwd gives from the finished sum: Triton's interpreter, ragged last chunk."""
-    shape = TILED.replace(chunk_size=64, seqlen=96, dstate=32)  # dot blocks are 16 or more: two dstate blocks
+    shape = TILED.replace(batch=1, chunk_size=64, seqlen=96, dstate=32)  # dot blocks of 16 or more: two dstate blocks
     inp = registry.get("chunk_scan_bwd_dcb_ddA").inputs(shape, 4)
     cum = registry.get("chunk_cumsum_bwd").inputs(shape, 4)
     db_args = (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dstates"])
@@ -198,7 +198,7 @@ def test_dcb_fused_ddA_every_tiling(blocks, seq):
     """The fused ddA's column and row sums land in their tile's slots (on the diagonal, across it, below
     it), for square and oblong tiles, and with seq_idx through CB's zeros: Triton's interpreter, since
     ref mode runs whole-chunk tiles (and a dot's blocks are 16 or more, hence chunks of 64)."""
-    shape = SMOKE.replace(seqlen=150, batch=2, chunk_size=64)
+    shape = SMOKE.replace(seqlen=96, batch=2, chunk_size=64)
     inp = registry.get("chunk_scan_bwd_dcb_ddA").inputs(shape, 6)
     seq_idx = seq_idx_rows(shape.batch, shape.seqlen) if seq else None
     cb = inp["cb"]
@@ -218,7 +218,7 @@ def test_dcb_fused_ddA_every_tiling(blocks, seq):
 def test_dcb_tuner_check_compares_finished_outputs():
     """The tuner's check of a candidate against the default config: the fused ddA's partials differ in
     layout with the tiling, so it compares them finished (``dcb_sums``), and still catches a wrong one."""
-    shape = SMOKE.replace(seqlen=150, batch=2, chunk_size=64)
+    shape = SMOKE.replace(seqlen=96, batch=2, chunk_size=64)
     inp = registry.get("chunk_scan_bwd_dcb_ddA").inputs(shape, 6)
     kernel = chunk_scan_bwd.chunk_scan_bwd_dcb_kernel
     args = (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dout"], None, inp["cb"], shape.ngroups,
