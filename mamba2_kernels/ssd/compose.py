@@ -62,7 +62,8 @@ def chain_chunk_state_passing_bwd(stages: Any, C, dA_cumsum, dout, states, dfina
     dstate = C.shape[-1]
     dstates = stages.chunk_scan_bwd_dstates(C, dA_cumsum, dout, seq_idx=seq_idx, dtype=states.dtype)
     if dstates_in is not None:
-        dstates = (dstates.float() + dstates_in.float()).to(dstates.dtype)
+        wide = torch.promote_types(dstates.dtype, torch.float32)
+        dstates = (dstates.to(wide) + dstates_in.to(wide)).to(dstates.dtype)
     results = stages.state_passing_bwd(
         _flat(states), dA_cumsum[:, :, :, -1], _flat(dstates), dfinal_states=_flat(dfinal_states), seq_idx=seq_idx,
         has_initial_states=has_initial_states, dstates_dtype=dstates_dtype, states_dtype=states_dtype,

@@ -268,7 +268,7 @@ def chunk_state_varlen_bwd(B, x, dt, dA_cumsum, cu_seqlens, chunk_states, dvarle
     and ddA_cs[end-1] gains sum_pn G chunk_states[c] exp(dA_cs[end-1]). The SSD's backward runs it for the
     Helion kernels too: a few small einsums per sequence, as the forward's reference is."""
     total_seqlen, nheads, _ = x.shape
-    _, nchunks, chunk_size = dt.shape
+    chunk_size = dt.shape[-1]
     cd = _cdtype(B, x, dt, dA_cumsum, chunk_states, dvarlen_states)
     Bh, xc, dtc, dAc = _heads(B.to(cd)[None], nheads)[0], x.to(cd), dt.to(cd), dA_cumsum.to(cd)
     dBh, dx = torch.zeros_like(Bh), torch.zeros_like(xc)
