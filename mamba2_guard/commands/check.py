@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from mamba2_guard.core import report
     from mamba2_guard.core.verdicts import exit_code
     from mamba2_guard.flows import baselines
-    from mamba2_guard.flows.check import earlier_speedups, run_check
+    from mamba2_guard.flows.check import earlier_speedups, history_windows, run_check
     from mamba2_guard.flows.nightly import write_reports
 
     policy = common.guard_config(args).verdict_policy  # as the nightly judges; a bad file stops here, before reading
@@ -50,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--baseline: {baseline_path}: empty; expected a baseline (fingerprint, results)")
     with History(state / "history.sqlite") as history:
         earlier = history.run_of(result)
-        result, verdicts = run_check(result, baseline, history, policy, before_run=earlier)
-        speedups = earlier_speedups(result, history, policy, before_run=earlier)
+        windows = history_windows(result, history, policy, before_run=earlier)
+        result, verdicts = run_check(result, baseline, windows, policy)
+        speedups = earlier_speedups(result, windows)
         code = exit_code(verdicts, missing_fails=args.strict)
         if earlier is None:
             history.record(result, verdicts, datetime.datetime.now(datetime.timezone.utc), job="check",

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from mamba2_guard.adapters.history import History
 from mamba2_guard.core.results import Baseline, BenchResult, CaseResult, HistoryPoint
@@ -13,33 +13,34 @@ from mamba2_guard.core.verdicts import Policy, Verdict, check, combine, judge, n
 Rerun = Callable[[CaseResult], CaseResult]
 
 
-def history_window(history: History | None, policy: Policy, fingerprint_hash: str, before_run: int | None = None
-                   ) -> Callable[[str, str], list[HistoryPoint]]:
-    """The earlier runs a case is judged against: (kernel, shape) -> its history window, oldest first."""
+def history_windows(result: BenchResult, history: History | None, policy: Policy, before_run: int | None = None
+                    ) -> dict[tuple[str, str], list[HistoryPoint]]:
+    """Each case's earlier runs, oldest first, read once: the verdicts (``run_check``) and the report's trend
+    chart (``earlier_speedups``) both take them. ``before_run``: the result's own run in the history, when it
+    is there already (a second check of it): the windows then hold the runs before it, as at its first check,
+    not the result itself."""
+    if history is None:
+        return {}
+    return {case.key: history.window(case.kernel, case.shape, result.fingerprint_hash,
+                                     policy.for_case(case.kernel, case.shape).history_size, before_run=before_run)
+            for case in result.cases}
 
-    def window(kernel: str, shape: str) -> list[HistoryPoint]:
-        size = policy.for_case(kernel, shape).history_size
-        return history.window(kernel, shape, fingerprint_hash, size, before_run=before_run) if history else []
 
-    return window
-
-
-def earlier_speedups(result: BenchResult, history: History | None, policy: Policy, before_run: int | None = None
+def earlier_speedups(result: BenchResult, windows: Mapping[tuple[str, str], Sequence[HistoryPoint]]
                      ) -> dict[tuple[str, str], list[float]]:
-    """Each case's speedups against mamba-ssm in its history window, oldest first: the report's trend chart."""
-    window = history_window(history, policy, result.fingerprint_hash, before_run)
-    return {case.key: [p.speedup for p in window(case.kernel, case.shape) if p.speedup]
+    """Each timed case's speedups against mamba-ssm in its history window (``history_windows``), oldest first:
+    the report's trend chart."""
+    return {case.key: [p.speedup for p in windows.get(case.key, ()) if p.speedup]
             for case in result.cases if case.timings_meaningful}
 
 
-def run_check(result: BenchResult, baseline: Baseline | None, history: History | None, policy: Policy,
-              rerun: Rerun | None = None, before_run: int | None = None) -> tuple[BenchResult, list[Verdict]]:
-    """Returns the result (with confirming re-runs recorded in the cases' ``extra``) and the verdicts.
-    ``before_run``: the result's own run in the history, when it is there already (a second check of it):
-    the window then holds the runs before it, as at its first check, not the result itself."""
-    fp = result.fingerprint_hash
-    window = history_window(history, policy, fp, before_run)
-    verdicts = check(result, baseline, window, policy)
+def run_check(result: BenchResult, baseline: Baseline | None,
+              windows: Mapping[tuple[str, str], Sequence[HistoryPoint]] | None, policy: Policy,
+              rerun: Rerun | None = None) -> tuple[BenchResult, list[Verdict]]:
+    """Returns the result (with confirming re-runs recorded in the cases' ``extra``) and the verdicts, each
+    case judged against its history window (``history_windows``; None: no history)."""
+    windows = windows or {}
+    verdicts = check(result, baseline, windows, policy)
     if rerun is None:
         return result, verdicts
     cases = list(result.cases)
@@ -49,7 +50,7 @@ def run_check(result: BenchResult, baseline: Baseline | None, history: History |
         case = cases[i]
         again = rerun(case)
         second = judge(again, baseline.get(case.kernel, case.shape) if baseline else None,
-                       window(case.kernel, case.shape), policy, fingerprint_hash=fp)
+                       windows.get(case.key, []), policy, fingerprint_hash=result.fingerprint_hash)
         verdicts[i] = combine(verdict, second)
         cases[i] = dataclasses.replace(case, extra={**case.extra, "confirmation": again.to_dict()})
     return dataclasses.replace(result, cases=tuple(cases)), verdicts

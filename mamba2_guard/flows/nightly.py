@@ -32,7 +32,7 @@ from mamba2_guard.core import report
 from mamba2_guard.core.results import BenchResult, CaseResult
 from mamba2_guard.core.verdicts import Policy, Verdict, exit_code
 from mamba2_guard.flows import baselines
-from mamba2_guard.flows.check import earlier_speedups, run_check
+from mamba2_guard.flows.check import earlier_speedups, history_windows, run_check
 from mamba2_kernels import config_store, registry, suites
 from mamba2_kernels.files import atomic_write
 
@@ -342,8 +342,9 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
                     cuda_graphs=options.cuda_graphs, fingerprint_digest=fp.digest(), progress=progress,
                     bench_fn=options.bench_fn, case_timeout_s=options.case_timeout_s)
                 rerun = rerun or rerun_on_device(options, fp.gpu_uuid)
-            result, verdicts = run_check(result, baseline, history, policy, rerun)
-            earlier = earlier_speedups(result, history, policy)
+            windows = history_windows(result, history, policy)
+            result, verdicts = run_check(result, baseline, windows, policy, rerun)
+            earlier = earlier_speedups(result, windows)
         finally:  # the measured result and a report, whatever failed after the bench
             paths = write_reports(state_dir, stamp, result, verdicts, baseline, policy, earlier=earlier)
         code = exit_code(verdicts, missing_fails=options.strict)

@@ -34,10 +34,14 @@ def test_the_report_shows_each_kernels_speedup_over_the_history_window(tmp_path)
     policy = Policy()
     with History(tmp_path / "history.sqlite") as history:
         for day, scale in ((2, 1.02), (3, 0.98)):
-            result, verdicts = check.run_check(night(day, scale), baseline, history, policy)
+            tonight = night(day, scale)
+            result, verdicts = check.run_check(tonight, baseline, check.history_windows(tonight, history, policy),
+                                               policy)
             history.record(result, verdicts, NOW, job="nightly", status="pass")
-        result, verdicts = check.run_check(night(4, 1.3), baseline, history, policy)
-        earlier = check.earlier_speedups(result, history, policy)
+        tonight = night(4, 1.3)
+        windows = check.history_windows(tonight, history, policy)
+        result, verdicts = check.run_check(tonight, baseline, windows, policy)
+        earlier = check.earlier_speedups(result, windows)
     assert all(len(speedups) == 2 for speedups in earlier.values()) and len(earlier) == len(sample.CASES)
     paths = nightly.write_reports(tmp_path, "20260904T031700Z", result, verdicts, baseline, policy, earlier=earlier)
     chart = tmp_path / "reports" / "20260904T031700Z-trend.svg"
