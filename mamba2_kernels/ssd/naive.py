@@ -225,6 +225,17 @@ def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=No
                                              out_dtype)
 
 
+def _last_chunk_spans(cu_seqlens, chunk_size: int):
+    """Per sequence [start, end) of ``cu_seqlens``, what its final state reads: (start, end, c, l0, first, last),
+    with ``last`` its last position (0 for an empty sequence at the start), ``c`` the chunk holding it, ``l0``
+    that chunk's first position and ``first`` the sequence's first position in it."""
+    bounds = [int(v) for v in cu_seqlens.tolist()]
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        last = max(end - 1, 0)
+        c = last // chunk_size
+        yield start, end, c, c * chunk_size, max(start, c * chunk_size), last
+
+
 def chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states):
     """``chunk_state_varlen``: the final state of each sequence of a packed (batch 1) input.
 
@@ -240,12 +251,8 @@ def chunk_state_varlen(B, x, dt, dA_cumsum, cu_seqlens, chunk_states):
     assert dA_cumsum.shape == dt.shape and chunk_states.shape == (nchunks, nheads, headdim, B.shape[2])
     cd = _cdtype(B, x, dt, dA_cumsum, chunk_states)
     Bh = _heads(B.to(cd)[None], nheads)[0]
-    bounds = [int(v) for v in cu_seqlens.tolist()]
     states = []
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        last = max(end - 1, 0)
-        c, l0 = last // chunk_size, last // chunk_size * chunk_size
-        first = max(start, l0)
+    for start, end, c, l0, first, last in _last_chunk_spans(cu_seqlens, chunk_size):
         dA = dA_cumsum[:, c].to(cd)  # (h, Q)
         scale = exp_nonpos(dA[:, last - l0, None] - dA[:, first - l0:end - l0]) * dt[:, c, first - l0:end - l0].to(cd)
         state = torch.einsum("hl,lhp,lhn->hpn", scale, x[first:end].to(cd), Bh[first:end])
@@ -273,12 +280,8 @@ def chunk_state_varlen_bwd(B, x, dt, dA_cumsum, cu_seqlens, chunk_states, dvarle
     Bh, xc, dtc, dAc = _heads(B.to(cd)[None], nheads)[0], x.to(cd), dt.to(cd), dA_cumsum.to(cd)
     dBh, dx = torch.zeros_like(Bh), torch.zeros_like(xc)
     ddt, ddA, dstates = torch.zeros_like(dtc), torch.zeros_like(dAc), torch.zeros_like(chunk_states, dtype=cd)
-    bounds = [int(v) for v in cu_seqlens.tolist()]
-    for s, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+    for s, (start, end, c, l0, first, last) in enumerate(_last_chunk_spans(cu_seqlens, chunk_size)):
         grad = dvarlen_states[s].to(cd)  # (h, p, n)
-        last = max(end - 1, 0)
-        c, l0 = last // chunk_size, last // chunk_size * chunk_size
-        first = max(start, l0)
         span = slice(first - l0, end - l0)
         weight = exp_nonpos(dAc[:, c, last - l0, None] - dAc[:, c, span])  # (h, l)
         scale = weight * dtc[:, c, span]
