@@ -155,23 +155,30 @@ def launches_by_job(entries: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapp
     return out
 
 
-def attempts(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+def failed_attempts(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for entry in entries:
-        counts[entry["job"]] = counts.get(entry["job"], 0) + 1
+        if entry.get("status") != OK:
+            counts[entry["job"]] = counts.get(entry["job"], 0) + 1
     return counts
 
 
+def deferred(entry: Mapping[str, Any] | None) -> bool:
+    """Whether ``entry`` is an ``ok`` attempt that left launches to the next one (``defers``). It searched
+    at least one launch, which the next attempt skips, so a job's deferring attempts end."""
+    return bool(entry and entry.get("status") == OK and entry.get("deferred") and entry.get("launches"))
+
+
 def pending(jobs: Sequence[Job], entries: Sequence[Mapping[str, Any]], max_attempts: int = 2) -> list[Job]:
-    """Jobs still to run: those without an ``ok`` attempt and with fewer than ``max_attempts`` failed
-    ones. A finished job is never redone; a failed one is retried (at once, ``retry_now``, and by later
-    runs) until the limit."""
+    """Jobs still to run: those without an ``ok`` attempt, or whose ``ok`` attempt deferred launches, and
+    with fewer than ``max_attempts`` failed ones. A finished job is never redone; a failed one is retried
+    (at once, ``retry_now``, and by later runs) until the limit."""
     done = latest_by_job(entries)
-    tries = attempts(entries)
+    tries = failed_attempts(entries)
     out = []
     for job in jobs:
         last = done.get(job.id)
-        if last is not None and last.get("status") == OK:
+        if last is not None and last.get("status") == OK and not deferred(last):
             continue
         if tries.get(job.id, 0) >= max_attempts:
             continue
@@ -205,12 +212,15 @@ def failed_in_flight(entry: Mapping[str, Any]) -> bool:
 
 
 def retry_now(job_id: str, entries: Sequence[Mapping[str, Any]], max_attempts: int = 2) -> bool:
-    """Whether the worker reruns ``job_id`` at once: its last attempt failed (crashed or hung) and it has
-    attempts left. The rerun is isolated (``isolated_launches``), so a faulting candidate no longer ends
+    """Whether the worker reruns ``job_id`` at once: its last attempt deferred launches, or failed (crashed
+    or hung) with attempts left. The rerun is isolated (``isolated_launches``), so a faulting candidate no longer ends
     the search; waiting for the next run would leave the job, and the config file's stamp, for another
     night."""
     mine = [e for e in entries if e.get("job") == job_id]
-    return bool(mine) and mine[-1].get("status") == FAILED and len(mine) < max_attempts
+    if mine and deferred(mine[-1]):
+        return True
+    failed = [e for e in mine if e.get("status") == FAILED]
+    return bool(mine) and mine[-1].get("status") == FAILED and len(failed) < max_attempts
 
 
 def job_seconds(journals: Iterable[Iterable[Mapping[str, Any]]]) -> dict[str, float]:
@@ -238,6 +248,21 @@ def search_order(device_ms: Sequence[float]) -> list[int]:
     known = [i for i, ms in enumerate(device_ms) if not math.isnan(ms)]
     unknown = [i for i, ms in enumerate(device_ms) if math.isnan(ms)]
     return sorted(known, key=lambda i: -device_ms[i]) + unknown  # sorted() is stable: ties keep launch order
+
+
+# Besides its search, a launch's turn in a job costs the incumbent's and the winner's precision (the first
+# of an attempt also computes the fp64 and mamba-ssm references) and the keep-or-reject timing.
+LAUNCH_CHECK_SECONDS = 30
+
+
+def defers(elapsed: float, search_seconds: float, timeout: float | None, searched: int) -> bool:
+    """Whether a job's attempt leaves its next launch, and those after it, to its next attempt: after
+    ``elapsed`` seconds, the launch's search (``search_seconds``) and checks would not end before the job's
+    hard ``timeout`` (None: no timeout). Started anyway, the attempt is killed with the launch in flight,
+    whose search is lost and whose retry pays for isolation: on the H200 a whole call's 14 launches at the
+    search's floor outlasted the job's timeout twice. An attempt searches at least one launch
+    (``searched``: those it already did), so a job's attempts end."""
+    return bool(timeout) and searched > 0 and elapsed + search_seconds + LAUNCH_CHECK_SECONDS > float(timeout)
 
 
 def launch_budget(seconds_left: float, device_ms: Sequence[float], floor: int = 20) -> int:

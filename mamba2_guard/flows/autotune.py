@@ -354,7 +354,8 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     result_path.unlink(missing_ok=True)
     partial_path.unlink(missing_ok=True)
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
-            "budget_seconds": opts.budget_seconds, "rounds": opts.rounds, "base_configs": str(run.base_path),
+            "budget_seconds": opts.budget_seconds, "timeout_seconds": timeout, "rounds": opts.rounds,
+            "base_configs": str(run.base_path),
             "helion_benchmark_subprocess": (opts.helion_benchmark_subprocess
                                             or tuneplan.isolate_candidates(job.id, run.entries())),
             "isolate_launches": tuneplan.isolated_launches(job.id, run.entries()),
@@ -384,7 +385,8 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     launches = with_decisions(result.get("launches") or (), opts)
     return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
             "setup_seconds": result.get("setup_seconds"), "process": result.get("process"), "gpu": result.get("gpu"),
-            "tuned_elsewhere": result.get("tuned_elsewhere") or [], "had_config": result.get("had_config") or []}
+            "tuned_elsewhere": result.get("tuned_elsewhere") or [], "had_config": result.get("had_config") or [],
+            **({"deferred": result["deferred"]} if result.get("deferred") else {})}
 
 
 def decided(partial_path: Path, opts: AutotuneOptions) -> dict[str, Any]:
@@ -423,6 +425,8 @@ def describe(entry: dict[str, Any]) -> str:
     had_config = len(entry.get("had_config") or ())
     if had_config:
         parts.append(f"{had_config} launch(es) with a config of their own (--missing-only)")
+    if entry.get("deferred"):
+        parts.append(f"{len(entry['deferred'])} launch(es) left to the next attempt (they would outlast the timeout)")
     if entry["status"] != tuneplan.OK:
         kept = f"; finished before: {'; '.join(parts)}" if parts else ""
         return f"{head}: FAILED ({entry.get('reason')}) {entry.get('detail', '')}{kept}"
@@ -480,7 +484,8 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
                         if on_job:
                             on_job(entry)
                         break
-                    progress(f"{job.id}: retrying with Helion's benchmarks in their own subprocess")
+                    progress(f"{job.id}: resuming its deferred launches" if tuneplan.deferred(entry) else
+                             f"{job.id}: retrying with Helion's benchmarks in their own subprocess")
         finally:
             process.close()
 

@@ -177,6 +177,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
 
     setup_seconds = round(time.monotonic() - started, 3)  # imports (first job), inputs, the recording run
     out: list[dict[str, Any]] = []
+    deferred: list[list[str]] = []  # the launches left to the next attempt (``tuneplan.defers``)
 
     def finished(record: dict[str, Any]) -> None:
         out.append(record)
@@ -194,7 +195,11 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         isolated = bool(spec.get("helion_benchmark_subprocess")) or [tk.name, str(key)] in spec.get(
             "isolate_launches", [])
         budget = tuneplan.launch_budget(deadline - time.monotonic(), device_ms[i:])
-        settings = search_settings(effort, seed, budget + ISOLATION_START_SECONDS * isolated, isolated)
+        budget += ISOLATION_START_SECONDS * isolated
+        if foreign is None and tuneplan.defers(time.monotonic() - started, budget, spec.get("timeout_seconds"), i):
+            deferred = [[kernel.name, str(key)] for kernel, _, key in launches[i:]]
+            break
+        settings = search_settings(effort, seed, budget, isolated)
         record["settings"] = dict(settings)
         seeds = search_seeds(tk, kargs, base, key, incumbent, borrowed)
         if seeds:
@@ -256,7 +261,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                           traceback=traceback.format_exc()[-3000:])
         finished(record)
         torch.cuda.empty_cache()
-    return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "had_config": had_config,
+    return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "had_config": had_config, "deferred": deferred,
             "setup_seconds": setup_seconds,
             "gpu": gpu_identity(spec.get("device"))}  # which card tuned it: the UUID keeps GPUs apart
 

@@ -8,6 +8,8 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["search"][spec["search"]]``
   ``crash_in_process``  the same, in the search of this launch index (default 0), unless its benchmarks are
                 isolated in Helion's own subprocess (a candidate that faults the GPU, which that survives);
                 the launches before it are saved as finished and it as in flight (``save_partial``);
+  ``defer_after``  search this many launches, and leave the rest to the next attempt (``deferred``), as
+                the real tuner does with launches that would outlast the job's timeout;
   ``hang``      sleep forever (a hung compile or kernel);
   ``hang_after``  save this many of the launches as finished (``save_partial``), then hang;
   ``raise``     raise RuntimeError with this message (a tuner error, e.g. a CUDA fault);
@@ -79,6 +81,8 @@ def tune(spec: dict) -> dict:
     if behaviour.get("hang"):
         while True:
             time.sleep(1)
+    todo = [x for x in launches if [x["kernel"], x["key"]] not in elsewhere]
+    cut = int(behaviour.get("defer_after", len(todo)))
     return {"gpu": {"uuid": f"GPU-fake-{spec.get('device')}"},
-            "launches": [x for x in launches if [x["kernel"], x["key"]] not in elsewhere],
+            "launches": todo[:cut], "deferred": [[x["kernel"], x["key"]] for x in todo[cut:]],
             "tuned_elsewhere": [[x["kernel"], x["key"]] for x in launches if [x["kernel"], x["key"]] in elsewhere]}

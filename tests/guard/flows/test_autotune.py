@@ -67,6 +67,37 @@ def test_a_job_killed_at_its_timeout_keeps_the_launches_it_finished_and_its_retr
     assert again.summary["kept"] == 3
 
 
+def test_launches_that_would_outlast_the_timeout_are_left_to_the_next_attempt_which_runs_at_once(tmp_path):
+    # A whole call's 14 launches at the search's floor outlasted its job's timeout on the H200: the attempt
+    # was killed with a launch in flight. The tuner now stops before such a launch and names the rest; the
+    # job stays pending, its next attempt runs at once and searches only those, and deferring attempts do
+    # not use up the failed attempts a crash may still need.
+    launches = [{**fake_tuner.default_launch({"kernel": "whole", "shape": "smoke", "index": i}), "kernel": k}
+                for i, k in enumerate(("dx", "scan", "db"))]
+    extra = {"default": {"launches": launches, "defer_after": 1}}
+    messages: list[str] = []
+    finished: list[str] = []
+    outcome = run_autotune(options(tmp_path, kernels=["ssd_combined_fwd_bwd"], shapes=["smoke"], extra=extra,
+                                   job_timeout_seconds=60, max_attempts=1), messages.append,
+                           on_job=lambda entry: finished.append(entry["job"]))
+    assert [(e["status"], [x["kernel"] for x in e["launches"]], e.get("deferred")) for e in outcome.entries] == [
+        ("ok", ["dx"], [["scan", "shape=smoke"], ["db", "shape=smoke"]]),
+        ("ok", ["scan"], [["db", "shape=smoke"]]), ("ok", ["db"], None)]
+    assert outcome.complete and finished == ["ssd_combined_fwd_bwd@smoke"]
+    assert set(config_store.load(outcome.out).kernels) == {"dx", "scan", "db"}
+    assert sum("resuming its deferred launches" in m for m in messages) == 2
+    assert any("2 launch(es) left to the next attempt" in m for m in messages)
+    spec = json.loads((outcome.run_dir / "jobs" / "ssd_combined_fwd_bwd@smoke.spec.json").read_text())
+    assert spec["timeout_seconds"] == 60
+    deferring = {"job": "j@s", "status": "ok", "launches": [{"kernel": "dx"}], "deferred": [["db", "k"]]}
+    jobs = [tuneplan.Job(0, "j", "s")]
+    assert tuneplan.pending(jobs, [deferring], max_attempts=1) == jobs
+    assert tuneplan.pending(jobs, [deferring, {"job": "j@s", "status": "failed", "reason": "crash"}], 2) == jobs
+    assert tuneplan.retry_now("j@s", [deferring, {"job": "j@s", "status": "failed", "reason": "crash"}], 2)
+    # An attempt that searched nothing cannot defer: the job would never end.
+    assert tuneplan.pending(jobs, [{**deferring, "launches": []}], max_attempts=1) == []
+
+
 def test_crash_and_hang_are_recorded_as_failed_and_the_run_continues(tmp_path):
     extra = {"jobs": {"chunk_state@smoke": {"crash": True}, "state_passing@smoke": {"hang": True}}}
     t0 = time.monotonic()

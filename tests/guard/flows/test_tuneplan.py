@@ -261,6 +261,14 @@ def test_a_launch_gets_its_share_of_the_time_left():
     assert tuneplan.launch_budget(-5.0, [0.5, 0.5], floor=7) == 7
 
 
+def test_a_launch_that_would_outlast_the_jobs_timeout_is_deferred_unless_it_is_the_attempts_first():
+    check = tuneplan.LAUNCH_CHECK_SECONDS
+    assert not tuneplan.defers(elapsed=100, search_seconds=20, timeout=150 + check, searched=3)
+    assert tuneplan.defers(elapsed=100, search_seconds=20, timeout=119 + check, searched=3)
+    assert not tuneplan.defers(elapsed=500, search_seconds=20, timeout=119 + check, searched=0)
+    assert not tuneplan.defers(elapsed=500, search_seconds=20, timeout=None, searched=3)
+
+
 @pytest.mark.parametrize("times", [[float("nan"), 0.2, 0.2], [0.0, 0.0, 0.0]])
 def test_without_times_the_budget_is_split_evenly(times):
     assert tuneplan.launch_budget(90.0, times) == 30
