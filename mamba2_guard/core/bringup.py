@@ -99,13 +99,20 @@ def new_state(gpu_slug: str, stages: Sequence[Stage], now: str) -> dict[str, Any
 
 
 def record(state: Mapping[str, Any], stage: str, *, status: str, done: int, seconds: float, now: str,
-           **extra: Any) -> dict[str, Any]:
-    """``state`` with ``stage`` at ``status``, ``done`` jobs finished and ``seconds`` spent on it in all: a
-    search stage's are its journal's (every attempt's, those of a night that was killed too), so a kill loses
-    only the job in flight. The whole bring-up's seconds are its stages'."""
+           run: str | None = None, **extra: Any) -> dict[str, Any]:
+    """``state`` with ``stage`` at ``status``, ``done`` jobs finished and ``seconds`` spent on it: in all, or,
+    for a search stage, in its autotune ``run`` (the run's journal: every attempt's, those of a night that was
+    killed too, so a kill loses only the job in flight). A stage whose run changed (new kernel sources or
+    versions start a new run) keeps the seconds of its earlier runs. The whole bring-up's seconds are its
+    stages'."""
     old = state["stages"][stage]
+    by_run = dict(old.get("seconds_by_run") or ({old["run"]: old.get("seconds") or 0.0} if old.get("run") else {}))
+    if run is not None:
+        by_run[run] = round(float(seconds), 1)
+        extra.update(run=run, seconds_by_run=by_run)
+    total = sum(by_run.values()) if run is not None else float(seconds)
     stages = {**state["stages"], stage: {**old, **extra, "status": status, "done": done,
-                                         "seconds": round(float(seconds), 1)}}
+                                         "seconds": round(total, 1)}}
     total = sum(float(s.get("seconds") or 0) for s in stages.values())
     return {**state, "stages": stages, "updated": now, "seconds": round(total, 1)}
 

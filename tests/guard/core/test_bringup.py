@@ -59,4 +59,14 @@ def test_progress_counts_jobs_estimates_the_time_left_and_the_speedup_so_far():
     state = bringup.record(state, "hot", status=bringup.DONE, done=2, seconds=90.0, now="t2")
     state = bringup.record(state, "suite", status=bringup.PARTIAL, done=1, seconds=15.0, now="t3")
     assert state["stages"]["hot"]["seconds"] == 90.0 and state["seconds"] == 105.0
+    # A search stage's seconds are its runs' journals: a run after a change of kernel sources starts a new
+    # journal, and the seconds of the earlier run still count (on the H200 they went missing).
+    state = bringup.record(state, "suite", status=bringup.PARTIAL, done=1, seconds=40.0, now="t4", run="r1")
+    state = bringup.record(state, "suite", status=bringup.PARTIAL, done=2, seconds=50.0, now="t5", run="r1")
+    state = bringup.record(state, "suite", status=bringup.PARTIAL, done=1, seconds=30.0, now="t6", run="r2")
+    assert state["stages"]["suite"]["seconds"] == 80.0 and state["stages"]["suite"]["run"] == "r2"
+    # A state written before runs were kept apart holds its one run's seconds.
+    state["stages"]["hot"].update(run="r0", seconds=360.4)
+    state = bringup.record(state, "hot", status=bringup.DONE, done=2, seconds=486.1, now="t7", run="r3")
+    assert state["stages"]["hot"]["seconds"] == 846.5 and state["seconds"] == 926.5
     assert bringup.current_stage(state) == "suite"
