@@ -9,6 +9,7 @@ import os
 import pickle
 from pathlib import Path
 
+import pytest
 import torch
 
 from mamba2_guard.flows import selection_measure
@@ -35,6 +36,14 @@ class CallingTimer:
     def interleaved_graphs(self, fns, rounds):
         with execution_mode("ref"):  # whole calls: what is checked here needs no Triton interpreter
             return self.interleaved(fns, rounds)
+
+
+@pytest.fixture(autouse=True)
+def _ref_mode(monkeypatch):
+    """Helion's ref mode, as on a CPU the tool's users have: the flow's records and resumes are checked here,
+    with times from ``CallingTimer``, and Triton's interpreter (which the kernel tests turn on) only slowed
+    them down."""
+    monkeypatch.setenv("HELION_INTERPRET", "1")
 
 
 SMALL = "causal=0,chunk_size=128,dtype=float32,k=128,out=float32,seq=0,tokens=16384"

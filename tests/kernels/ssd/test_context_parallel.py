@@ -100,8 +100,11 @@ def test_split_sequence_gives_the_whole_sequences_outputs_and_gradients(cuts, se
     documents on 4 ranks."""
     world, seqlen = len(cuts) - 1, cuts[-1]
     result = tmp_path / "ranks.pt"
+    # The ranks fork from a server that imported torch and the kernels once: four spawned imports took
+    # most of the test.
+    mp.get_context("forkserver").set_forkserver_preload(["torch", "mamba2_kernels.context_parallel", __name__])
     mp.start_processes(_worker, args=(world, _free_port(), seqlen, cuts, seq_idx, str(result)), nprocs=world,
-                       start_method="spawn")
+                       start_method="forkserver")
     got = torch.load(result)
     ref = _reference(seqlen, seq_idx)
     for name in ("out", "x", "dt", "B", "C", "z"):
