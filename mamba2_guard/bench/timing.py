@@ -133,6 +133,31 @@ class Timer:
         return {name: [s.elapsed_time(e) / calls_per_sample for s, e in pairs] for name, pairs in events.items()}
 
 
+def wall_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int, steps: int, warmup: int = 3,
+                     synchronize: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+    """Host-inclusive wall milliseconds per call, as an eager training loop sees them: each sample is
+    ``steps`` calls back to back, synchronized (``synchronize``: the device's; none on a CPU) before and
+    after the loop only, so the host's work per call (Python, autograd, config lookups, launches) counts
+    where it outlasts the device's, and hides where it does not. No L2 flush, no head start, no graphs:
+    consecutive steps do not have them either. Rounds alternate the order (ABBA) as ``Timer``'s do. Noisy
+    (``../shared/notes/h200-measurements.md``: +-12 % in an A/A median): reported beside the device time,
+    never alone."""
+    _check_counts(rounds, warmup, steps)
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    names, samples = list(fns), {name: [] for name in fns}
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            synchronize()
+            started = time.perf_counter()
+            for _ in range(steps):
+                fns[name]()
+            synchronize()
+            samples[name].append((time.perf_counter() - started) * 1e3 / steps)
+    return samples
+
+
 def _check_counts(rounds: int, warmup: int, calls_per_sample: int) -> None:
     if rounds < 1 or warmup < 0 or calls_per_sample < 1:
         raise ValueError(f"rounds: expected >= 1, warmup >= 0, calls_per_sample >= 1; got {rounds}, {warmup}, "

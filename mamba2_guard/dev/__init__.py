@@ -1,5 +1,5 @@
 """Developer tools behind ``mamba2-guard dev``: sweep, sass, calibrate, module-bench, restamp, record-results,
-measure-selection, warm, first-call, kernel-times, selected.
+measure-selection, warm, first-call, kernel-times, selected, eager-step.
 
 Each tool's code is a ``function(args, parser)`` in a module of this package; its command, flags and help are
 ``mamba2_guard.commands.dev``'s, one module per tool.

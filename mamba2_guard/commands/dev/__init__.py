@@ -8,6 +8,7 @@ from typing import Any
 
 from mamba2_guard.commands.dev import (
     calibrate,
+    eager_step,
     first_call,
     kernel_times,
     measure_selection,
@@ -22,7 +23,7 @@ from mamba2_guard.commands.dev import (
 
 # In the order `dev --help` lists them.
 TOOLS = (sweep, sass, calibrate, module_bench, restamp, record_results, measure_selection, warm, first_call,
-         kernel_times, selected)
+         kernel_times, selected, eager_step)
 
 
 def register(commands: Any) -> None:

@@ -1,0 +1,50 @@
+"""``mamba2-guard dev eager-step`` on CPU: the host-inclusive wall timing, the shapes it runs at, and one
+measured case of both sides (Helion's ref mode against mamba-ssm in Triton's interpreter)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from mamba2_guard.bench.timing import wall_interleaved
+from mamba2_guard.dev import eager_step
+from mamba2_kernels import registry, suites
+
+
+def test_a_wall_sample_is_steps_calls_between_two_synchronizes_in_abba_rounds():
+    events: list[str] = []
+    fns = {"a": lambda: events.append("a"), "b": lambda: (events.append("b"), time.sleep(0.002))}
+    samples = wall_interleaved(fns, rounds=3, steps=2, warmup=1, synchronize=lambda: events.append("|"))
+    assert events == ["a", "b",  # warm-up
+                      "|", "a", "a", "|", "|", "b", "b", "|",
+                      "|", "b", "b", "|", "|", "a", "a", "|",
+                      "|", "a", "a", "|", "|", "b", "b", "|"]
+    assert [len(samples[n]) for n in "ab"] == [3, 3]
+    # Per call, host time included: b sleeps 2 ms a call, a does not.
+    assert min(samples["b"]) >= 2.0 > max(samples["a"])
+    with pytest.raises(ValueError, match="calls_per_sample >= 1"):
+        wall_interleaved(fns, rounds=1, steps=0)
+
+
+def test_each_shape_runs_as_it_is_and_at_each_other_length():
+    loaded = suites.load()
+    shapes = eager_step.cases([loaded.shape("smoke"), loaded.shape("nemotron3-nano")], [1024, 8192])
+    assert [(s.name, s.seqlen) for s in shapes] == [
+        ("smoke", loaded.shape("smoke").seqlen), ("smoke@L1024", 1024), ("smoke@L8192", 8192),
+        ("nemotron3-nano", 8192), ("nemotron3-nano@L1024", 1024)]  # its own length is not repeated
+    assert shapes[1].nheads == shapes[0].nheads and shapes[1].docs == shapes[0].docs
+
+
+def test_a_call_is_timed_on_both_sides_with_its_ratio(monkeypatch):
+    monkeypatch.setenv("HELION_INTERPRET", "1")
+    shape = suites.load().shape("smoke")
+    result = eager_step.measure(registry.get("ssd_combined_fwd"), shape, device=torch.device("cpu"), seed=0,
+                                rounds=2, steps=1, graphs=None)
+    wall = result["wall"]
+    assert set(wall["median_ms"]) == {"helion", "mamba_ssm"} and all(v > 0 for v in wall["median_ms"].values())
+    assert wall["speedup_vs_mamba_ssm"] > 0 and "device" not in result
+    assert eager_step.line("ssd_combined_fwd", "smoke", result).startswith("smoke ssd_combined_fwd: eager")
+    with_device = {**result, "device": {"speedup_vs_mamba_ssm": 1.25}, "host_cost": 0.2}
+    assert "device 1.25x, host cost +20.0%" in eager_step.line("e", "s", with_device)
