@@ -56,41 +56,60 @@ def test_kill_9_mid_nightly_leaves_consistent_state_and_the_next_cycle_runs(tmp_
     assert not _leftover_temp_files(state)
 
 
-# A nightly that kills itself (SIGKILL) at its n-th file replacement: after an atomic write's temp file is
-# written and fsynced, before its rename. Renames are how every file of a cycle lands (result, reports,
-# snapshot, metrics textfile), so n = 1, 2, ... kills it during each of its writes in turn.
+# Nightlies that kill themselves (SIGKILL) at their n-th file replacement: after an atomic write's temp file
+# is written and fsynced, before its rename. Renames are how every file of a cycle lands (result, reports,
+# snapshot, metrics textfile), so n = 1, 2, ... kills one during each of its writes in turn. Each n read on
+# stdin forks a cycle from this process, which imported the guard and torch once (they start no thread), and
+# answers its exit code once it is dead: seven cycles no longer pay seven imports.
 KILL_AT_WRITE = """
 import os, signal, sys
-n, calls = int(sys.argv[1]), [0]
-def dying(real):
-    def rename(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == n:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(*args, **kwargs)
-    return rename
-os.replace, os.rename = dying(os.replace), dying(os.rename)
+import torch, mamba2_guard.flows.nightly, mamba2_guard.bench.run
 from mamba2_guard.cli import main
-sys.exit(main(sys.argv[2:]))
+for line in sys.stdin:
+    n, calls = int(line), [0]
+    pid = os.fork()
+    if pid == 0:
+        log = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        def dying(real):
+            def rename(*args, **kwargs):
+                calls[0] += 1
+                if calls[0] == n:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(*args, **kwargs)
+            return rename
+        os.replace, os.rename = dying(os.replace), dying(os.rename)
+        try:
+            code = main(sys.argv[2:])
+        except SystemExit as exc:
+            code = exc.code
+        os._exit(code or 0)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
 
 
 def test_kill_9_during_each_write_leaves_whole_files_and_the_next_cycle_cleans_up(tmp_path):
     from mamba2_guard.adapters.files import STALE_TEMP_S
 
-    state = tmp_path / "state"
+    state, log = tmp_path / "state", tmp_path / "cycles.log"
     args = ["nightly", "--state-dir", str(state), "--shapes", "smoke", "--kernels", "chunk_cumsum"]
-    first = _nightly(state, "chunk_cumsum")
-    assert first.wait(timeout=300) == 0, first.stdout.read()
-    for n in range(1, 6):
-        done = subprocess.run([sys.executable, "-c", KILL_AT_WRITE, str(n), *args], capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        assert done.returncode == -signal.SIGKILL, f"write {n}: {done.stdout}{done.stderr}"
-        json.loads((state / "latest.json").read_text())  # the old snapshot or the new one, never torn
-        for path in (state / "reports").glob("*.json"):
-            json.loads(path.read_text())
-        with History(state / "history.sqlite") as history:  # opens with PRAGMA integrity_check
-            assert {r["status"] for r in history.runs()} == {"pass"}
+    cycles = subprocess.Popen([sys.executable, "-c", KILL_AT_WRITE, str(log), *args], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for n in range(0, 6):  # 0: a whole cycle first, to be killed over
+            cycles.stdin.write(f"{n}\n")
+            cycles.stdin.flush()
+            code = int(cycles.stdout.readline())
+            assert code == (-signal.SIGKILL if n else 0), f"write {n}: {log.read_text()}"
+            json.loads((state / "latest.json").read_text())  # the old snapshot or the new one, never torn
+            for path in (state / "reports").glob("*.json"):
+                json.loads(path.read_text())
+            with History(state / "history.sqlite") as history:  # opens with PRAGMA integrity_check
+                assert {r["status"] for r in history.runs()} == {"pass"}
+    finally:
+        cycles.stdin.close()
+        cycles.wait(timeout=60)
     leftovers = _leftover_temp_files(state)
     assert leftovers  # the killed writes' temp files, never renamed
     long_ago = time.time() - STALE_TEMP_S - 60
