@@ -13,6 +13,14 @@ __version__ = "0.2.1"
 EXIT_BUSY = 75
 
 
+# The daemon's defaults, here rather than in ``mamba2_guard.daemon``, whose scheduler and job store (APScheduler,
+# SQLAlchemy) every command's parser would otherwise import to show them in ``daemon --help``.
+DEFAULT_NIGHTLY_CRON = "17 3 * * *"
+DEFAULT_METRICS_PORT = 9466
+NIGHTLY_TARGET = "mamba2_guard.flows.nightly:daemon_cycle"
+DRIFT_TARGET = "mamba2_guard.daemon:probe_drift"
+
+
 class EnvironmentProblem(RuntimeError):
     """The environment cannot run the guard (exit code 2)."""
 

@@ -55,7 +55,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from mamba2_guard import EXIT_BUSY
+from mamba2_guard import DEFAULT_METRICS_PORT, DEFAULT_NIGHTLY_CRON, DRIFT_TARGET, EXIT_BUSY, NIGHTLY_TARGET
 from mamba2_guard.adapters import jobstore
 from mamba2_guard.adapters import metrics as metrics_mod
 from mamba2_guard.adapters.processes import kill_children, remove_orphaned_child_dirs, run_in_child, target_ref
@@ -69,11 +69,6 @@ from mamba2_guard.adapters.state import (
 )
 
 log = logging.getLogger(__name__)
-
-DEFAULT_NIGHTLY_CRON = "17 3 * * *"
-DEFAULT_METRICS_PORT = 9466
-NIGHTLY_TARGET = "mamba2_guard.flows.nightly:daemon_cycle"
-DRIFT_TARGET = "mamba2_guard.daemon:probe_drift"
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_STALLED = 3  # the watchdog: not 2, which the systemd unit does not restart

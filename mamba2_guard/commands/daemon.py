@@ -16,7 +16,7 @@ NIGHTLY_OPTIONS = ("suite", "shapes", "kernels", "seed", "rounds", "confirm", "s
 
 
 def register(commands) -> None:
-    from mamba2_guard.daemon import DEFAULT_METRICS_PORT, DEFAULT_NIGHTLY_CRON, DRIFT_TARGET, NIGHTLY_TARGET
+    from mamba2_guard import DEFAULT_METRICS_PORT, DEFAULT_NIGHTLY_CRON, DRIFT_TARGET, NIGHTLY_TARGET
 
     parser = common.add_command(commands, "daemon", "scheduled nightly, drift watch and /metrics (APScheduler)")
     common.state_dir_argument(parser)
@@ -65,7 +65,6 @@ def check_nightly_option(key: str, value: Any) -> None:
     """A ``daemon -o`` value as the nightly's own flag would take it, at start: otherwise every scheduled
     cycle would fail on it, night after night."""
     from mamba2_guard import config as guard_config
-    from mamba2_kernels import registry, suites
 
     numbers = {"rounds": flags.integer(1), "seed": flags.integer(0), "case_timeout_s": flags.seconds(),
                "workers": common.workers_arg}
@@ -79,12 +78,18 @@ def check_nightly_option(key: str, value: Any) -> None:
             if not (isinstance(value, list) and all(isinstance(name, str) for name in value)):
                 raise argparse.ArgumentTypeError(f"expected a list of names such as [a, b], got {value!r}")
             if key == "kernels":
+                from mamba2_kernels import registry  # imports torch: only where a name is to be looked up
+
                 registry.select(value)
             else:
+                from mamba2_kernels import suites
+
                 loaded = suites.load()
                 for name in value:
                     loaded.shape(name)
         elif key == "suite":
+            from mamba2_kernels import suites
+
             suites.load().suite(str(value))
         elif key in ("out_dir", "config") and value is not None:  # null: none
             if not isinstance(value, str):
