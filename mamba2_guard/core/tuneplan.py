@@ -206,6 +206,17 @@ def isolated_launches(job_id: str, entries: Iterable[Mapping[str, Any]]) -> list
     return [list(slot) for slot in sorted(slots)]
 
 
+def faulted_kernels(entries: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The kernels whose search was in flight when an attempt crashed (``entries`` of any runs of one GPU):
+    a candidate that faults the GPU ends the child, and the same seeded search meets it again, at that key
+    and at others (chunk_scan at long-context on the H200: a new run after a change of kernel sources
+    crashed on it again and lost 188 s). Their searches start isolated in Helion's benchmark subprocess,
+    which outlives the fault, for the cost of its start. A hang is not a fault: a job killed at its timeout
+    names the launch it was searching too."""
+    return {str(entry["in_flight"][0]) for entry in entries
+            if entry.get("status") == FAILED and entry.get("reason") == "crash" and entry.get("in_flight")}
+
+
 def failed_in_flight(entry: Mapping[str, Any]) -> bool:
     """An attempt that crashed or hung (not one whose tuner raised and answered)."""
     return entry.get("status") == FAILED and entry.get("reason") in {"crash", "timeout"}

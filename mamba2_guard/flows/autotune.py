@@ -189,6 +189,7 @@ class Run:
         self.dir = Path(opts.state_dir) / "autotune" / f"{_safe(opts.gpu_slug)}-{self.id}"
         self.journal = self.dir / "journal.jsonl"
         self.lock = threading.Lock()
+        self.faulted: set[str] = set()  # kernels whose search crashed a child in this GPU's runs (``_run``)
         if opts.fresh and self.dir.exists():
             aside = self.dir.with_name(self.dir.name + time.strftime("-old-%Y%m%dT%H%M%S"))
             self.dir.rename(aside)
@@ -266,19 +267,18 @@ def read_journal(path: Path) -> str:
     return read_regular(path).decode(errors="replace")
 
 
-def earlier_job_seconds(state_dir: Path, gpu_slug: str) -> tuple[dict[str, float], int]:
-    """Job times of the earlier autotune runs for this GPU in ``state_dir`` (newest wins), and how many
-    runs gave them: round-robin gave one of two H200s 319 s of jobs and the other 188 s. Only an estimate:
-    a journal that cannot be read is left out with a warning."""
+def run_journals(state_dir: Path, gpu_slug: str) -> list[list[dict[str, Any]]]:
+    """The journal entries of each autotune run for this GPU in ``state_dir``, oldest first. A journal that
+    cannot be read is left out with a warning: what is read from them are estimates and precautions."""
     journals = sorted((state_dir / "autotune").glob(f"{_safe(gpu_slug)}-*/journal.jsonl"),
                       key=lambda path: path.stat().st_mtime)
-    texts = []
+    runs = []
     for path in journals:
         try:
-            texts.append(read_journal(path))
+            runs.append(tuneplan.parse_journal(read_journal(path)))
         except (OSError, UnreadableFile) as exc:
-            log.warning("%s: left out of the job-time estimate: %s", path, getattr(exc, "strerror", None) or exc)
-    return tuneplan.job_seconds(map(tuneplan.parse_journal, texts)), len(texts)
+            log.warning("%s: left out of the earlier runs: %s", path, getattr(exc, "strerror", None) or exc)
+    return runs
 
 
 DONE = "done"
@@ -359,6 +359,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
             "helion_benchmark_subprocess": (opts.helion_benchmark_subprocess
                                             or tuneplan.isolate_candidates(job.id, run.entries())),
             "isolate_launches": tuneplan.isolated_launches(job.id, run.entries()),
+            "isolate_kernels": sorted(run.faulted | tuneplan.faulted_kernels(run.entries())),
             "result": str(result_path), "partial": str(partial_path), "log": str(log_path),
             "gpu_slug": opts.gpu_slug, "device": process.device,
             "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
@@ -455,7 +456,11 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
              f"{len(opts.devices)} worker(s) on CUDA_VISIBLE_DEVICES {', '.join(opts.devices)}")
     if on_start:
         on_start(len(run.jobs), done)
-    cost, sources = earlier_job_seconds(Path(opts.state_dir), opts.gpu_slug)
+    # Job times of this GPU's runs (newest wins): round-robin gave one of two H200s 319 s of jobs and the
+    # other 188 s. And the kernels whose search faulted its child there: their searches start isolated.
+    journals = run_journals(Path(opts.state_dir), opts.gpu_slug)
+    cost, sources = tuneplan.job_seconds(journals), len(journals)
+    run.faulted = tuneplan.faulted_kernels(entry for entries in journals for entry in entries)
     shards = tuneplan.assign(todo, len(opts.devices), cost)
     if len(opts.devices) > 1:
         progress(f"split: longest first, by the job times of {sources} earlier run(s)" if cost else

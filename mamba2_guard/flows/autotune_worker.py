@@ -192,8 +192,8 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
         record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
         save_partial(spec, out, in_flight=[tk.name, str(key)])
-        isolated = bool(spec.get("helion_benchmark_subprocess")) or [tk.name, str(key)] in spec.get(
-            "isolate_launches", [])
+        isolated = (bool(spec.get("helion_benchmark_subprocess")) or tk.name in spec.get("isolate_kernels", [])
+                    or [tk.name, str(key)] in spec.get("isolate_launches", []))
         budget = tuneplan.launch_budget(deadline - time.monotonic(), device_ms[i:])
         budget += ISOLATION_START_SECONDS * isolated
         if foreign is None and tuneplan.defers(time.monotonic() - started, budget, spec.get("timeout_seconds"), i):

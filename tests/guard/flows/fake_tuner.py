@@ -70,7 +70,8 @@ def tune(spec: dict) -> dict:
         for i, launch in enumerate(todo):
             slot = [launch["kernel"], launch["key"]]
             save_partial(spec, todo[:i], in_flight=slot)
-            isolated = spec.get("helion_benchmark_subprocess") or slot in spec.get("isolate_launches", [])
+            isolated = (spec.get("helion_benchmark_subprocess") or slot in spec.get("isolate_launches", [])
+                        or launch["kernel"] in spec.get("isolate_kernels", []))
             if launches.index(launch) == int(behaviour["crash_in_process"]) and not isolated:
                 os.kill(os.getpid(), signal.SIGSEGV)
     if "hang_after" in behaviour:

@@ -67,6 +67,25 @@ def test_a_job_killed_at_its_timeout_keeps_the_launches_it_finished_and_its_retr
     assert again.summary["kept"] == 3
 
 
+def test_a_kernel_whose_search_crashed_starts_isolated_in_later_runs_of_that_gpu(tmp_path):
+    # The same seeded search meets the same faulting candidate again: on the H200 a new run (after a change
+    # of kernel sources) crashed at chunk_scan once more and lost an attempt. Later runs of the GPU isolate
+    # that kernel's searches from their first attempt; a hang, which a timeout also names, is no fault.
+    launches = [{**fake_tuner.default_launch({"kernel": "chunk_state", "shape": "smoke", "index": i}),
+                 "kernel": kernel} for i, kernel in enumerate(("dx_k", "scan_k"))]
+    crash = {"jobs": {"chunk_state@smoke": {"crash_in_process": 1, "launches": launches}}}
+    first = run_autotune(options(tmp_path, kernels=["chunk_state"], shapes=["smoke"], extra=crash), quiet)
+    assert [e["status"] for e in first.entries] == ["failed", "ok"]
+    # A new run (another plan) with the same faulting search: isolated at once, so no attempt is lost.
+    again = {"default": {"crash_in_process": 1, "launches": launches}}
+    later = run_autotune(options(tmp_path, kernels=["chunk_cumsum"], shapes=["smoke"], extra=again), quiet)
+    assert later.run_dir != first.run_dir and [e["status"] for e in later.entries] == ["ok"]
+    spec = json.loads((later.run_dir / "jobs" / "chunk_cumsum@smoke.spec.json").read_text())
+    assert spec["isolate_kernels"] == ["scan_k"] and spec["helion_benchmark_subprocess"] is False
+    hung = {"job": "j", "status": "failed", "reason": "timeout", "in_flight": ["dx_k", "k"]}
+    assert tuneplan.faulted_kernels([hung, *first.entries]) == {"scan_k"}
+
+
 def test_launches_that_would_outlast_the_timeout_are_left_to_the_next_attempt_which_runs_at_once(tmp_path):
     # A whole call's 14 launches at the search's floor outlasted its job's timeout on the H200: the attempt
     # was killed with a launch in flight. The tuner now stops before such a launch and names the rest; the
