@@ -142,7 +142,9 @@ def wall_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int, steps: i
     consecutive steps do not have them either. Rounds alternate the order (ABBA) as ``Timer``'s do. Noisy
     (``../shared/notes/h200-measurements.md``: +-12 % in an A/A median): reported beside the device time,
     never alone."""
-    _check_counts(rounds, warmup, steps)
+    if rounds < 1 or warmup < 0 or steps < 1:
+        raise ValueError(f"rounds, steps: expected >= 1 (warmup >= 0); got rounds {rounds}, steps {steps}, "
+                         f"warmup {warmup}")
     for _ in range(warmup):
         for fn in fns.values():
             fn()

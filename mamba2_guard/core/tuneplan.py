@@ -209,8 +209,7 @@ def isolated_launches(job_id: str, entries: Iterable[Mapping[str, Any]]) -> list
 def faulted_kernels(entries: Iterable[Mapping[str, Any]]) -> set[str]:
     """The kernels whose search was in flight when an attempt crashed (``entries`` of any runs of one GPU):
     a candidate that faults the GPU ends the child, and the same seeded search meets it again, at that key
-    and at others (chunk_scan at long-context on the H200: a new run after a change of kernel sources
-    crashed on it again and lost 188 s). Their searches start isolated in Helion's benchmark subprocess,
+    and at others, in the GPU's later runs too. Their searches start isolated in Helion's benchmark subprocess,
     which outlives the fault, for the cost of its start. A hang is not a fault: a job killed at its timeout
     names the launch it was searching too."""
     return {str(entry["in_flight"][0]) for entry in entries
@@ -224,9 +223,9 @@ def failed_in_flight(entry: Mapping[str, Any]) -> bool:
 
 def retry_now(job_id: str, entries: Sequence[Mapping[str, Any]], max_attempts: int = 2) -> bool:
     """Whether the worker reruns ``job_id`` at once: its last attempt deferred launches, or failed (crashed
-    or hung) with attempts left. The rerun is isolated (``isolated_launches``), so a faulting candidate no longer ends
-    the search; waiting for the next run would leave the job, and the config file's stamp, for another
-    night."""
+    or hung) with attempts left. A failed one's rerun is isolated (``isolated_launches``), so a faulting
+    candidate no longer ends the search; waiting for the next run would leave the job, and the config
+    file's stamp, for another night."""
     mine = [e for e in entries if e.get("job") == job_id]
     if mine and deferred(mine[-1]):
         return True
@@ -270,8 +269,8 @@ def defers(elapsed: float, search_seconds: float, timeout: float | None, searche
     """Whether a job's attempt leaves its next launch, and those after it, to its next attempt: after
     ``elapsed`` seconds, the launch's search (``search_seconds``) and checks would not end before the job's
     hard ``timeout`` (None: no timeout). Started anyway, the attempt is killed with the launch in flight,
-    whose search is lost and whose retry pays for isolation: on the H200 a whole call's 14 launches at the
-    search's floor outlasted the job's timeout twice. An attempt searches at least one launch
+    whose search is lost and whose retry pays for isolation; a whole call's dozen launches at the search's
+    floor can outlast the timeout of its job. An attempt searches at least one launch
     (``searched``: those it already did), so a job's attempts end."""
     return bool(timeout) and searched > 0 and elapsed + search_seconds + LAUNCH_CHECK_SECONDS > float(timeout)
 

@@ -456,8 +456,8 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
              f"{len(opts.devices)} worker(s) on CUDA_VISIBLE_DEVICES {', '.join(opts.devices)}")
     if on_start:
         on_start(len(run.jobs), done)
-    # Job times of this GPU's runs (newest wins): round-robin gave one of two H200s 319 s of jobs and the
-    # other 188 s. And the kernels whose search faulted its child there: their searches start isolated.
+    # Job times of this GPU's runs (newest wins), to split the jobs longest first rather than round-robin;
+    # and the kernels whose search faulted its child there, whose searches start isolated.
     journals = run_journals(Path(opts.state_dir), opts.gpu_slug)
     cost, sources = tuneplan.job_seconds(journals), len(journals)
     run.faulted = tuneplan.faulted_kernels(entry for entries in journals for entry in entries)

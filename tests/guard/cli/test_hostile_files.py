@@ -90,7 +90,7 @@ def test_a_fifo_as_the_result_to_check_is_named_not_waited_on(tmp_path):
 FAKE_TUNER = str(Path(__file__).parents[1] / "flows" / "fake_tuner.py") + ":tune"
 
 
-def test_an_earlier_journal_that_is_a_fifo_is_left_out_of_the_estimate_not_waited_on(tmp_path):
+def test_an_earlier_journal_that_is_a_fifo_is_left_out_not_waited_on(tmp_path):
     state = tmp_path / "state"
     (state / "autotune" / "fake-0123456789ab").mkdir(parents=True)
     os.mkfifo(state / "autotune" / "fake-0123456789ab" / "journal.jsonl")
@@ -98,7 +98,7 @@ def test_an_earlier_journal_that_is_a_fifo_is_left_out_of_the_estimate_not_waite
                  "--state-dir", str(state), "--out", str(tmp_path / "fake.yaml"), "--gpu-slug", "fake",
                  "--budget-seconds", "5", "--workers", "1", timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "fake-0123456789ab/journal.jsonl: left out of the job-time estimate: " in done.stderr
+    assert "fake-0123456789ab/journal.jsonl: left out of the earlier runs: " in done.stderr
     assert "not a regular file" in done.stderr
 
 
