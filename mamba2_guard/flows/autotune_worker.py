@@ -191,7 +191,6 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             record["committed_invalid"] = why
         default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
         record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
-        save_partial(spec, out, in_flight=[tk.name, str(key)])
         isolated = (bool(spec.get("helion_benchmark_subprocess")) or tk.name in spec.get("isolate_kernels", [])
                     or [tk.name, str(key)] in spec.get("isolate_launches", []))
         budget = tuneplan.launch_budget(deadline - time.monotonic(), device_ms[i:])
@@ -199,6 +198,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         if foreign is None and tuneplan.defers(time.monotonic() - started, budget, spec.get("timeout_seconds"), i):
             deferred = [[kernel.name, str(key)] for kernel, _, key in launches[i:]]
             break
+        save_partial(spec, out, in_flight=[tk.name, str(key)])
         settings = search_settings(effort, seed, budget, isolated)
         record["settings"] = dict(settings)
         seeds = search_seeds(tk, kargs, base, key, incumbent, borrowed)
