@@ -23,7 +23,9 @@ warm-started from the committed config where the installed helion still accepts 
 tiles launched first, and from the kernel's seed configs), then measures what the keep-or-reject decision needs:
 the public function's precision with the winner (against mamba-ssm and fp64, the bench's criterion) and the
 public function on the winner against it on the incumbent, interleaved (``mamba2_guard.bench.timing.Timer``), so that
-host-side work the config changes counts. Each launch records its device time and the seconds of each phase
+host-side work the config changes counts. A launch whose search would end past the job's hard timeout
+(``spec["timeout_seconds"]``) is not started: it and those after it are returned as ``deferred``, for the
+job's next attempt. Each launch records its device time and the seconds of each phase
 (tune, precision, timing), the job those of its set-up.
 """
 
