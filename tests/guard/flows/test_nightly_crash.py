@@ -60,7 +60,7 @@ def test_kill_9_mid_nightly_leaves_consistent_state_and_the_next_cycle_runs(tmp_
 # is written and fsynced, before its rename. Renames are how every file of a cycle lands (result, reports,
 # snapshot, metrics textfile), so n = 1, 2, ... kills one during each of its writes in turn. Each n read on
 # stdin forks a cycle from this process, which imported the guard and torch once (they start no thread), and
-# answers its exit code once it is dead: seven cycles no longer pay seven imports.
+# answers its exit code once it is dead: the cycles no longer pay an import each.
 KILL_AT_WRITE = """
 import os, signal, sys
 import torch, mamba2_guard.flows.nightly, mamba2_guard.bench.run
