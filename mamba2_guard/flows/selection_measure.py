@@ -5,7 +5,7 @@ rule (``mamba2_guard.core.selection_fit``) and write both into the config file; 
 arguments, then times, for each launch's shape key, every config stored for that kernel at any key (adapted
 to the call, as the runtime adapts it). Compiles dominate: they run first in parallel child processes, each
 launching the configs once on arguments of the launch's layout so that Triton's on-disk cache holds them,
-and the timing process then only loads them.
+and the timing process then only loads them (on a CPU, where nothing compiles, there is no pool).
 
 It then times the whole call at the shape with each fused state pass forced fused and forced chained
 (``mamba2_kernels.ssd.state_paths``), by CUDA-graph replays: the evidence of the stages' chain rules.
@@ -239,15 +239,18 @@ def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, proc
     paths_done = {(r["shape"], r["stage"]) for r in earlier if "stage" in r}
     known_launches = {r["shape"]: r["launches"] for r in earlier if "launches" in r}
     records = []
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
+    # On a CPU nothing is compiled (Triton's interpreter runs the code), so there is no cache for a pool to warm.
+    compiling = (concurrent.futures.ProcessPoolExecutor(max_workers=processes,
+                                                        mp_context=multiprocessing.get_context("spawn"))
+                 if device != "cpu" else contextlib.nullcontext())
+    with compiling as pool:
         for shape_name in shapes:
             launches, launch_record = ([], None) if paths_only else _launches_to_measure(
                 shape_name, seed, device, known_launches.get(shape_name), done)
             if launch_record is not None:
                 records.append(launch_record)
                 _append(out, [launch_record])
-            if launches:
+            if launches and pool is not None:
                 jobs = [pool.submit(_compile_worker, kernel.name, launch_layout(args), str(config), device)
                         for kernel, args in launches]
                 concurrent.futures.wait(jobs)
