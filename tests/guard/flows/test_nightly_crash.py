@@ -63,7 +63,7 @@ def test_kill_9_mid_nightly_leaves_consistent_state_and_the_next_cycle_runs(tmp_
 # answers its exit code once it is dead: the cycles no longer pay an import each.
 KILL_AT_WRITE = """
 import os, signal, sys
-import torch, mamba2_guard.flows.nightly, mamba2_guard.bench.run
+import torch, helion, mamba2_kernels.ssd.combined, mamba2_guard.flows.nightly, mamba2_guard.bench.run
 from mamba2_guard.cli import main
 for line in sys.stdin:
     n, calls = int(line), [0]
