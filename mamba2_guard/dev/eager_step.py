@@ -11,7 +11,7 @@ step (``ssd_combined_fwd_bwd``: forward and backward through autograd) both ways
   * ``device``: the same calls as CUDA-graph replays (``Timer.interleaved_graphs``, the bench's method).
 
 ``host_cost`` is how far the wall ratio falls below the device ratio (0.05: the eager loop keeps 95 % of the
-kernels' advantage). Writes one JSON file.
+kernels' advantage). Writes one JSON file, after every case; a case that fails is recorded with its error.
 
     mamba2-guard dev eager-step --suite zoo-heldout --seqlens 1024 2048 4096 --out eager.json
 """
@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -74,22 +75,37 @@ def line(entry: str, shape: str, result: dict[str, Any]) -> str:
     return text
 
 
+def measure_all(shapes: Sequence[suites.ShapeSpec], report: dict[str, Any], out: Path, *, device: torch.device,
+                seed: int, rounds: int, steps: int, graphs: Timer | None) -> dict[str, Any]:
+    """Every entry at every shape into ``report["cases"]``, written to ``out`` after each case, so that a run
+    cut short keeps what it measured. A case that fails (out of memory at a long shape, a call that raises)
+    is recorded with its error and the run goes on, as the bench's cases do."""
+    for shape in shapes:
+        for name in ENTRIES:
+            try:
+                result = measure(registry.get(name), shape, device=device, seed=seed, rounds=rounds, steps=steps,
+                                 graphs=graphs)
+                text = line(name, shape.name, result)
+            except Exception as exc:
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+                text = f"{shape.name} {name}: FAILED {result['error']}"
+            report["cases"].setdefault(shape.name, {})[name] = result
+            print(text, flush=True)
+            write_json(out, report)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return report
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     loaded = suites.load()  # names first, on any machine: an unknown one is one line, exit 2
     shapes = cases([loaded.shape(name) for name in args.shapes] if args.shapes else loaded.suite(args.suite),
                    args.seqlens or ())
     require_gpu(parser, "it times the calls on the GPU")
     device = torch.device("cuda")
-    timer = Timer(device)
     report: dict[str, Any] = {"fingerprint": fingerprint.collect().to_dict(),
                               "date": time.strftime("%Y-%m-%d", time.gmtime()), "rounds": args.rounds,
                               "steps": args.steps, "seed": args.seed, "cases": {}}
-    for shape in shapes:
-        for name in ENTRIES:
-            result = measure(registry.get(name), shape, device=device, seed=args.seed, rounds=args.rounds,
-                             steps=args.steps, graphs=timer)
-            report["cases"].setdefault(shape.name, {})[name] = result
-            print(line(name, shape.name, result), flush=True)
-            write_json(args.out, report)  # after every case: a call cut short keeps what it measured
-            torch.cuda.empty_cache()
+    measure_all(shapes, report, args.out, device=device, seed=args.seed, rounds=args.rounds, steps=args.steps,
+                graphs=Timer(device))
     return 0

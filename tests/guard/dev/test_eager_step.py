@@ -3,6 +3,7 @@ measured case of both sides (Helion's ref mode against mamba-ssm in Triton's int
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -48,3 +49,21 @@ def test_a_call_is_timed_on_both_sides_with_its_ratio(monkeypatch):
     assert eager_step.line("ssd_combined_fwd", "smoke", result).startswith("smoke ssd_combined_fwd: eager")
     with_device = {**result, "device": {"speedup_vs_mamba_ssm": 1.25}, "host_cost": 0.2}
     assert "device 1.25x, host cost +20.0%" in eager_step.line("e", "s", with_device)
+
+
+def test_a_case_that_fails_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    def measure(entry, shape, **_):
+        if entry.name == "ssd_combined_fwd_bwd":
+            raise RuntimeError("CUDA out of memory")
+        return {"wall": {"median_ms": {"helion": 1.0, "mamba_ssm": 2.0}, "speedup_vs_mamba_ssm": 2.0}}
+
+    monkeypatch.setattr(eager_step, "measure", measure)
+    shapes = eager_step.cases([suites.load().shape("smoke")], [64])
+    out = tmp_path / "eager.json"
+    eager_step.measure_all(shapes, {"cases": {}}, out, device=torch.device("cpu"), seed=0, rounds=1, steps=1,
+                           graphs=None)
+    written = json.loads(out.read_text())["cases"]
+    assert list(written) == ["smoke", "smoke@L64"]
+    assert all(written[s]["ssd_combined_fwd"]["wall"]["speedup_vs_mamba_ssm"] == 2.0 for s in written)
+    assert all(written[s]["ssd_combined_fwd_bwd"] == {"error": "RuntimeError: CUDA out of memory"} for s in written)
+    assert "smoke@L64 ssd_combined_fwd_bwd: FAILED RuntimeError: CUDA out of memory" in capsys.readouterr().out
