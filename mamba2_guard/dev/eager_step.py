@@ -8,12 +8,13 @@ each ``--seqlens`` length put in its place) this times the forward (``ssd_combin
 step (``ssd_combined_fwd_bwd``: forward and backward through autograd) both ways, interleaved:
 
   * ``wall``: ``--steps`` calls back to back with one synchronize after them (``bench.timing.wall_interleaved``);
-  * ``device``: the same calls as CUDA-graph replays (``Timer.interleaved_graphs``, the bench's method).
+  * ``device``: the same calls as CUDA-graph replays (``Timer.interleaved_graphs``, the bench's method);
+  * with ``--compiled``, ours under ``torch.compile(fullgraph=True, dynamic=True)`` too, in the wall comparison.
 
 ``host_cost`` is how far the wall ratio falls below the device ratio (0.05: the eager loop keeps 95 % of the
 kernels' advantage). Writes one JSON file, after every case; a case that fails is recorded with its error.
 
-    mamba2-guard dev eager-step --suite zoo-heldout --seqlens 1024 2048 4096 --out eager.json
+    mamba2-guard dev eager-step --suite zoo-heldout --seqlens 1024 2048 4096 --compiled --out eager.json
 """
 
 from __future__ import annotations
@@ -48,17 +49,26 @@ def cases(shapes: Sequence[suites.ShapeSpec], seqlens: Sequence[int]) -> list[su
 
 
 def compare(samples: dict[str, list[float]]) -> dict[str, Any]:
-    return {"median_ms": {side: stats.median(values) for side, values in samples.items()},
-            "speedup_vs_mamba_ssm": stats.speedup(samples["helion"], samples["mamba_ssm"])}
+    out = {"median_ms": {side: stats.median(values) for side, values in samples.items()},
+           "speedup_vs_mamba_ssm": stats.speedup(samples["helion"], samples["mamba_ssm"])}
+    if "helion_compiled" in samples:  # above 1: the compiled call is the faster
+        out["compiled_vs_eager"] = stats.speedup(samples["helion_compiled"], samples["helion"])
+    return out
 
 
 def measure(entry: registry.KernelEntry, shape: suites.ShapeSpec, *, device: torch.device, seed: int, rounds: int,
-            steps: int, graphs: Timer | None) -> dict[str, Any]:
-    """One entry at one shape: the wall comparison and, with ``graphs``, the device-time one and the host cost."""
+            steps: int, graphs: Timer | None, compile_backend: str | None = None) -> dict[str, Any]:
+    """One entry at one shape: the wall comparison and, with ``graphs``, the device-time one and the host cost.
+    With ``compile_backend``, also our call under ``torch.compile(fullgraph=True, dynamic=True)`` in the wall
+    comparison: what a compiled training step gets from the custom operators against the eager one."""
     inputs = entry.inputs(shape, seed, device)
     fns = {"helion": entry.bind(entry.helion_fn(), inputs), "mamba_ssm": entry.bind(entry.baseline_fn(), inputs)}
+    walls = dict(fns)
+    if compile_backend is not None:
+        compiled = torch.compile(entry.helion_fn(), fullgraph=True, dynamic=True, backend=compile_backend)
+        walls["helion_compiled"] = entry.bind(compiled, inputs)
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    out: dict[str, Any] = {"wall": compare(wall_interleaved(fns, rounds=rounds, steps=steps, synchronize=sync))}
+    out: dict[str, Any] = {"wall": compare(wall_interleaved(walls, rounds=rounds, steps=steps, synchronize=sync))}
     if graphs is not None:
         out["device"] = compare(graphs.interleaved_graphs(fns, rounds=rounds))
         wall, dev = out["wall"]["speedup_vs_mamba_ssm"], out["device"]["speedup_vs_mamba_ssm"]
@@ -70,13 +80,16 @@ def line(entry: str, shape: str, result: dict[str, Any]) -> str:
     wall = result["wall"]
     text = (f"{shape} {entry}: eager ours {wall['median_ms']['helion']:.3f} ms, mamba-ssm "
             f"{wall['median_ms']['mamba_ssm']:.3f} ms, {wall['speedup_vs_mamba_ssm']:.2f}x")
+    if "compiled_vs_eager" in wall:
+        text += f"; compiled {wall['median_ms']['helion_compiled']:.3f} ms ({wall['compiled_vs_eager']:.2f}x eager)"
     if "device" in result:
         text += f"; device {result['device']['speedup_vs_mamba_ssm']:.2f}x, host cost {result['host_cost']:+.1%}"
     return text
 
 
 def measure_all(shapes: Sequence[suites.ShapeSpec], report: dict[str, Any], out: Path, *, device: torch.device,
-                seed: int, rounds: int, steps: int, graphs: Timer | None) -> dict[str, Any]:
+                seed: int, rounds: int, steps: int, graphs: Timer | None,
+                compile_backend: str | None = None) -> dict[str, Any]:
     """Every entry at every shape into ``report["cases"]``, written to ``out`` after each case, so that a run
     cut short keeps what it measured. A case that fails (out of memory at a long shape, a call that raises)
     is recorded with its error and the run goes on, as the bench's cases do."""
@@ -84,7 +97,7 @@ def measure_all(shapes: Sequence[suites.ShapeSpec], report: dict[str, Any], out:
         for name in ENTRIES:
             try:
                 result = measure(registry.get(name), shape, device=device, seed=seed, rounds=rounds, steps=steps,
-                                 graphs=graphs)
+                                 graphs=graphs, compile_backend=compile_backend)
                 text = line(name, shape.name, result)
             except Exception as exc:
                 result = {"error": f"{type(exc).__name__}: {exc}"}
@@ -105,7 +118,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     device = torch.device("cuda")
     report: dict[str, Any] = {"fingerprint": fingerprint.collect().to_dict(),
                               "date": time.strftime("%Y-%m-%d", time.gmtime()), "rounds": args.rounds,
-                              "steps": args.steps, "seed": args.seed, "cases": {}}
+                              "steps": args.steps, "seed": args.seed, "compiled": args.compiled, "cases": {}}
     measure_all(shapes, report, args.out, device=device, seed=args.seed, rounds=args.rounds, steps=args.steps,
-                graphs=Timer(device))
+                graphs=Timer(device), compile_backend="inductor" if args.compiled else None)
     return 0

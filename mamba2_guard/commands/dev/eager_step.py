@@ -19,6 +19,8 @@ def register(tools: Any) -> None:
                    help="also each shape with these sequence lengths (e.g. 1024 2048 4096)")
     p.add_argument("--rounds", type=flags.integer(1), default=20, help="interleaved rounds (default 20)")
     p.add_argument("--steps", type=flags.integer(1), default=20, help="calls per wall sample (default 20)")
+    p.add_argument("--compiled", action="store_true",
+                   help="also time ours under torch.compile(fullgraph=True, dynamic=True), against eager")
     p.add_argument("--seed", type=flags.integer(0), default=0)
     p.add_argument("--out", type=common.output_file, required=True, help="JSON file to write")
     p.set_defaults(func=run, parser=p)

@@ -42,11 +42,13 @@ def test_a_call_is_timed_on_both_sides_with_its_ratio(monkeypatch):
     monkeypatch.setenv("HELION_INTERPRET", "1")
     shape = suites.load().shape("smoke")
     result = eager_step.measure(registry.get("ssd_combined_fwd"), shape, device=torch.device("cpu"), seed=0,
-                                rounds=2, steps=1, graphs=None)
+                                rounds=2, steps=1, graphs=None, compile_backend="aot_eager")
     wall = result["wall"]
-    assert set(wall["median_ms"]) == {"helion", "mamba_ssm"} and all(v > 0 for v in wall["median_ms"].values())
+    assert set(wall["median_ms"]) == {"helion", "helion_compiled", "mamba_ssm"}
+    assert all(v > 0 for v in wall["median_ms"].values()) and wall["compiled_vs_eager"] > 0
     assert wall["speedup_vs_mamba_ssm"] > 0 and "device" not in result
-    assert eager_step.line("ssd_combined_fwd", "smoke", result).startswith("smoke ssd_combined_fwd: eager")
+    text = eager_step.line("ssd_combined_fwd", "smoke", result)
+    assert text.startswith("smoke ssd_combined_fwd: eager") and "x eager)" in text
     with_device = {**result, "device": {"speedup_vs_mamba_ssm": 1.25}, "host_cost": 0.2}
     assert "device 1.25x, host cost +20.0%" in eager_step.line("e", "s", with_device)
 
