@@ -76,20 +76,20 @@ def measure(entry: registry.KernelEntry, shape: suites.ShapeSpec, *, device: tor
     return out
 
 
-def _shown(value: float | None, form: str) -> str:
+def _shown(value: float | None, form: str, unit: str = "") -> str:
     """A number for the progress line; "n/a" where a side had no usable sample."""
-    return format(value, form) if isinstance(value, (int, float)) else "n/a"
+    return format(value, form) + unit if isinstance(value, (int, float)) else "n/a"
 
 
 def line(entry: str, shape: str, result: dict[str, Any]) -> str:
     wall = result["wall"]
     text = (f"{shape} {entry}: eager ours {wall['median_ms']['helion']:.3f} ms, mamba-ssm "
-            f"{wall['median_ms']['mamba_ssm']:.3f} ms, {_shown(wall['speedup_vs_mamba_ssm'], '.2f')}x")
+            f"{wall['median_ms']['mamba_ssm']:.3f} ms, {_shown(wall['speedup_vs_mamba_ssm'], '.2f', 'x')}")
     if "compiled_vs_eager" in wall:
         text += (f"; compiled {wall['median_ms']['helion_compiled']:.3f} ms "
-                 f"({_shown(wall['compiled_vs_eager'], '.2f')}x eager)")
+                 f"({_shown(wall['compiled_vs_eager'], '.2f', 'x')} eager)")
     if "device" in result:
-        text += (f"; device {_shown(result['device']['speedup_vs_mamba_ssm'], '.2f')}x, "
+        text += (f"; device {_shown(result['device']['speedup_vs_mamba_ssm'], '.2f', 'x')}, "
                  f"host cost {_shown(result['host_cost'], '+.1%')}")
     return text
 

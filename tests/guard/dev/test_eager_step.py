@@ -52,7 +52,7 @@ def test_a_call_is_timed_on_both_sides_with_its_ratio(monkeypatch):
     with_device = {**result, "device": {"speedup_vs_mamba_ssm": 1.25}, "host_cost": 0.2}
     assert "device 1.25x, host cost +20.0%" in eager_step.line("e", "s", with_device)
     no_sample = {**with_device, "device": {"speedup_vs_mamba_ssm": None}, "host_cost": None}
-    assert "device n/ax, host cost n/a" in eager_step.line("e", "s", no_sample)  # no sample: no number
+    assert "device n/a, host cost n/a" in eager_step.line("e", "s", no_sample)  # no sample: no number
 
 
 def test_a_case_that_fails_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
