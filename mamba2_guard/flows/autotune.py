@@ -353,16 +353,17 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     partial_path = run.dir / "jobs" / f"{name}.partial.json"
     result_path.unlink(missing_ok=True)
     partial_path.unlink(missing_ok=True)
+    earlier = run.entries()  # one read of the journal, one view of it for every field below
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
             "budget_seconds": opts.budget_seconds, "timeout_seconds": timeout, "rounds": opts.rounds,
             "base_configs": str(run.base_path),
             "helion_benchmark_subprocess": (opts.helion_benchmark_subprocess
-                                            or tuneplan.isolate_candidates(job.id, run.entries())),
-            "isolate_launches": tuneplan.isolated_launches(job.id, run.entries()),
-            "isolate_kernels": sorted(run.faulted | tuneplan.faulted_kernels(run.entries())),
+                                            or tuneplan.isolate_candidates(job.id, earlier)),
+            "isolate_launches": tuneplan.isolated_launches(job.id, earlier),
+            "isolate_kernels": sorted(run.faulted | tuneplan.faulted_kernels(earlier)),
             "result": str(result_path), "partial": str(partial_path), "log": str(log_path),
             "gpu_slug": opts.gpu_slug, "device": process.device,
-            "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(run.entries()),
+            "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(earlier),
             "missing_only": opts.missing_only, "search": opts.search,
             "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}
     atomic_write(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
