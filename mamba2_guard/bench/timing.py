@@ -142,9 +142,7 @@ def wall_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int, steps: i
     consecutive steps do not have them either. Rounds alternate the order (ABBA) as ``Timer``'s do. Noisy
     (``../shared/notes/h200-measurements.md``: +-12 % in an A/A median): reported beside the device time,
     never alone."""
-    if rounds < 1 or warmup < 0 or steps < 1:
-        raise ValueError(f"rounds, steps: expected >= 1 (warmup >= 0); got rounds {rounds}, steps {steps}, "
-                         f"warmup {warmup}")
+    _check_counts(rounds, warmup, steps, per_sample="steps")
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -160,9 +158,10 @@ def wall_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int, steps: i
     return samples
 
 
-def _check_counts(rounds: int, warmup: int, calls_per_sample: int) -> None:
+def _check_counts(rounds: int, warmup: int, calls_per_sample: int, per_sample: str = "calls_per_sample") -> None:
+    """One line naming the counts, ``per_sample`` the caller's name for the calls of one sample."""
     if rounds < 1 or warmup < 0 or calls_per_sample < 1:
-        raise ValueError(f"rounds: expected >= 1, warmup >= 0, calls_per_sample >= 1; got {rounds}, {warmup}, "
+        raise ValueError(f"rounds: expected >= 1, warmup >= 0, {per_sample} >= 1; got {rounds}, {warmup}, "
                          f"{calls_per_sample}")
 
 
