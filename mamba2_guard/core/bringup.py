@@ -110,9 +110,9 @@ def record(state: Mapping[str, Any], stage: str, *, status: str, done: int, seco
     if run is not None:
         by_run[run] = round(float(seconds), 1)
         extra.update(run=run, seconds_by_run=by_run)
-    total = sum(by_run.values()) if run is not None else float(seconds)
+    stage_seconds = sum(by_run.values()) if run is not None else float(seconds)
     stages = {**state["stages"], stage: {**old, **extra, "status": status, "done": done,
-                                         "seconds": round(total, 1)}}
+                                         "seconds": round(stage_seconds, 1)}}
     total = sum(float(s.get("seconds") or 0) for s in stages.values())
     return {**state, "stages": stages, "updated": now, "seconds": round(total, 1)}
 
