@@ -65,8 +65,8 @@ def tune(spec: dict) -> dict:
     launches = behaviour.get("launches")
     launches = launches if launches is not None else [default_launch(job)]
     elsewhere = spec.get("tuned_elsewhere") or []  # as the real tuner: launches earlier jobs tuned are skipped
+    todo = [x for x in launches if [x["kernel"], x["key"]] not in elsewhere]
     if "crash_in_process" in behaviour:
-        todo = [x for x in launches if [x["kernel"], x["key"]] not in elsewhere]
         for i, launch in enumerate(todo):
             slot = [launch["kernel"], launch["key"]]
             save_partial(spec, todo[:i], in_flight=slot)
@@ -74,15 +74,12 @@ def tune(spec: dict) -> dict:
                         or launch["kernel"] in spec.get("isolate_kernels", []))
             if launches.index(launch) == int(behaviour["crash_in_process"]) and not isolated:
                 os.kill(os.getpid(), signal.SIGSEGV)
-    if "hang_after" in behaviour:
-        todo = [x for x in launches if [x["kernel"], x["key"]] not in elsewhere]
-        if len(todo) > behaviour["hang_after"]:
-            save_partial(spec, todo[:behaviour["hang_after"]])
-            behaviour["hang"] = True
+    if "hang_after" in behaviour and len(todo) > behaviour["hang_after"]:
+        save_partial(spec, todo[:behaviour["hang_after"]])
+        behaviour["hang"] = True
     if behaviour.get("hang"):
         while True:
             time.sleep(1)
-    todo = [x for x in launches if [x["kernel"], x["key"]] not in elsewhere]
     cut = int(behaviour.get("defer_after", len(todo)))
     return {"gpu": {"uuid": f"GPU-fake-{spec.get('device')}"},
             "launches": todo[:cut], "deferred": [[x["kernel"], x["key"]] for x in todo[cut:]],
