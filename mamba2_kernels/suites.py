@@ -225,11 +225,43 @@ def load(path: Path = SUITES_FILE) -> Suites:
                     f"{', '.join(sorted(shapes))}")
             expanded += [s for s in ((member,) if member in shapes else suites[member]) if s not in expanded]
         suites[name] = tuple(expanded)
+    _check_frozen(path, data.get("frozen") or {}, shapes, suites)
     seen_shapes, seen_keys, seen_problem = _seen_shapes()
     if seen_shapes:
         shapes.update(seen_shapes)
         suites[SEEN_SUITE] = tuple(seen_shapes)
     return Suites(shapes, suites, seen_keys, seen_problem)
+
+
+def frozen_digest(specs: Iterable[ShapeSpec]) -> str:
+    """The digest that fixes a frozen suite: of its shapes' names and fields, in the suite's order. A field at
+    its default is left out, so that a field added later with a default does not unfreeze a suite."""
+    import hashlib
+    import json
+
+    def fields(spec: ShapeSpec) -> dict[str, Any]:
+        return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+                if f.default is dataclasses.MISSING or getattr(spec, f.name) != f.default}
+
+    text = json.dumps([fields(spec) for spec in specs], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_frozen(path: Path, frozen: Any, shapes: dict[str, ShapeSpec], suites: dict[str, tuple[str, ...]]) -> None:
+    """A held-out suite is frozen before the work it judges (``frozen: {suite: {since, digest}}``): a change to
+    its list or to one of its shapes afterwards would let the results choose the claim, so it is an error."""
+    if not isinstance(frozen, dict):
+        raise SuiteFileError(f"{path}: frozen: expected a mapping of suite name -> {{since, digest}}")
+    for name, entry in frozen.items():
+        if name not in suites:
+            raise SuiteFileError(f"{path}: frozen.{name}: no such suite")
+        if not isinstance(entry, dict) or not isinstance(entry.get("digest"), str):
+            raise SuiteFileError(f"{path}: frozen.{name}: expected a mapping with a digest")
+        digest = frozen_digest(shapes[s] for s in suites[name])
+        if digest != entry["digest"]:
+            raise SuiteFileError(
+                f"{path}: suites.{name}: frozen since {entry.get('since')}, but its shapes changed (digest "
+                f"{digest}, frozen as {entry['digest']}); a held-out set must not change once named: name a new one")
 
 
 def _seen_shapes() -> tuple[dict[str, ShapeSpec], dict[str, tuple[tuple[str, str], ...]], str | None]:

@@ -45,7 +45,7 @@ def run_files(runs_dir: Path, slug: str) -> dict[str, str]:
 
 def suite_shapes(root: Path, suite: str) -> list[str]:
     """The shape names of a suite of ``mamba2_kernels/suites.yaml`` (``default`` and ``zoo-fit``: tuned;
-    ``zoo-heldout``: held out)."""
+    ``zoo-steered``: steered; ``heldout-wide``: held out)."""
     suites = root / "mamba2_kernels" / "suites.yaml"
     if not suites.is_file():
         return []
@@ -58,19 +58,20 @@ def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[dict, str]]]:
     out: dict[Path, str] = {}
     drawn: dict[Path, tuple[dict, str]] = {}
     tuned = suite_shapes(root, "default") + suite_shapes(root, "zoo-fit")
-    heldout = suite_shapes(root, "zoo-heldout")
+    steered = suite_shapes(root, "zoo-steered")
+    heldout = suite_shapes(root, "heldout-wide")
     for baseline in sorted((root / "baselines").glob("*.yaml")):
         slug = baseline.stem
         data = yaml.safe_load(baseline.read_text()) or {}
         first_calls = read_first_calls(root / "baselines" / "first-call" / baseline.name)
-        series = call_speedups(data, tuned, heldout, first_calls)
+        series = call_speedups(data, tuned, heldout, first_calls, steered_shapes=steered)
         chart = f"{slug}-speedups.svg" if series else None
         if chart:
             gpu = (data.get("fingerprint") or {}).get("gpu_name") or slug
             drawn[root / "docs" / "results" / chart] = (series, f"{gpu}: speedup against mamba-ssm per shape")
         out[root / "docs" / "results" / f"{slug}.md"] = render(
             data, slug, runs=run_files(root / "baselines" / "runs", slug), tuned_shapes=tuned, heldout_shapes=heldout,
-            source=f"baselines/{baseline.name}", first_calls=first_calls, chart=chart)
+            source=f"baselines/{baseline.name}", first_calls=first_calls, chart=chart, steered_shapes=steered)
     return out, drawn
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from mamba2_kernels.files import atomic_write
 
 DIGEST = re.compile(r"<dc:description>data sha256 ([0-9a-f]{64})</dc:description>")
-COLORS = {"held out": "#1f77b4", "tuned": "#bbbbbb"}
+COLORS = {"held out": "#1f77b4", "steered": "#ff7f0e", "tuned": "#bbbbbb"}
 
 
 def digest(data: object) -> str:
@@ -32,8 +32,8 @@ def drawn_from(path: Path) -> str | None:
 
 
 def speedup_bars(series: Mapping[str, Sequence[tuple[str, str, float]]], title: str, path: Path) -> None:
-    """One panel per call: a horizontal bar per shape, its speedup against mamba-ssm, coloured held out or
-    tuned, with the line at 1.0x (mamba-ssm's speed). Written atomically as SVG."""
+    """One panel per call: a horizontal bar per shape, its speedup against mamba-ssm, coloured by its class
+    (held out, steered or tuned), with the line at 1.0x (mamba-ssm's speed). Written atomically as SVG."""
     _, Figure = _matplotlib()
     from matplotlib.patches import Patch
 
@@ -52,8 +52,9 @@ def speedup_bars(series: Mapping[str, Sequence[tuple[str, str, float]]], title: 
         ax.set_xlabel("speedup vs mamba-ssm (1.0 = same speed)", fontsize=8)
         ax.tick_params(labelsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.legend(handles=[Patch(color=c, label=g) for g, c in COLORS.items()], loc="outside lower center", ncol=2,
-               fontsize=8)
+    present = {group for points in series.values() for _, group, _ in points}
+    fig.legend(handles=[Patch(color=c, label=g) for g, c in COLORS.items() if g in present],
+               loc="outside lower center", ncol=len(present), fontsize=8)
     _save_svg(fig, series, path)
 
 

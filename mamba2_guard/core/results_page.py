@@ -5,10 +5,12 @@ GPU or clock access. ``docs/results/build.py`` reads the files and writes (or ``
 
 Rows are grouped by suite when the baseline's cases say which suite they belong to (a ``suite`` field),
 otherwise by shape. A case is held out when its ``heldout`` field is true or its suite's name says so
-(``heldout``, ``held-out``, ``zoo``); held-out groups come first, as they are the claim: the configs were
-not tuned on them. Within a group, whole calls and the layer (phases ``call_*`` and ``layer_*``) come
-first, then the kernels by name. Each row names its run: the file under ``baselines/runs/`` when the
-caller maps the case's ``recorded_at`` to one, else the ``recorded_at`` itself.
+(``heldout``, ``held-out``); held-out groups come first, as they are the claim: the configs were not tuned
+on them, and no change was decided on their numbers. Steered shapes were never tuned on either, but were
+benched to decide changes, so they count as tuned and are labelled apart. Within a group, whole calls and
+the layer (phases ``call_*`` and ``layer_*``) come first, then the kernels by name. Each row names its run:
+the file under ``baselines/runs/`` when the caller maps the case's ``recorded_at`` to one, else the
+``recorded_at`` itself.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-HELDOUT_SUITE_WORDS = ("heldout", "held-out", "held_out", "zoo")
+HELDOUT_SUITE_WORDS = ("heldout", "held-out", "held_out")
 COMPOSITE_PREFIXES = ("call_", "layer_")
 FINGERPRINT_FIELDS = (("gpu_name", "GPU"), ("compute_capability", "compute capability"), ("sm_count", "SMs"),
                       ("driver_version", "driver"), ("cuda_runtime", "CUDA"), ("torch", "torch"),
@@ -158,36 +160,51 @@ def _headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], order: lis
     return lines
 
 
-def _group_means(results: Mapping[str, Mapping[str, Mapping[str, Any]]], tuned: list[str],
-                 heldout_shapes: Iterable[str]) -> list[str]:
-    """Per whole call and layer, the geometric mean of the speedups over the held-out shapes and over the
-    tuned ones, each with its range and the number of shapes with a row: the claim and what tuning reaches."""
-    heldout = set(heldout_shapes)
-    columns = [("held out", lambda shape: shape in heldout), ("tuned", lambda shape: shape in tuned)]
+def _classes(tuned: Iterable[str], heldout: Iterable[str], steered: Iterable[str]) -> list[tuple[str, list[str]]]:
+    """[(class, its shapes in order)]: held out, steered (when any), tuned; a shape in one class only, the first
+    that names it."""
+    out, taken = [], set()
+    for name, shapes in (("held out", heldout), ("steered", steered), ("tuned", tuned)):
+        members = [s for s in dict.fromkeys(shapes) if s not in taken]
+        taken.update(members)
+        if members or name != "steered":
+            out.append((name, members))
+    return out
+
+
+def _label(shape: str, classes: list[tuple[str, list[str]]]) -> str:
+    return next((f" ({name})" for name, members in classes if shape in members), "")
+
+
+def _group_means(results: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                 classes: list[tuple[str, list[str]]]) -> list[str]:
+    """Per whole call and layer, the geometric mean of the speedups over each class of shapes (held out,
+    steered, tuned), each with its range and the number of shapes with a row: the claim and what tuning
+    reaches."""
+    heldout = classes[0][1]
     lines = []
     for kernel in _composite_kernels(results):
         cells = []
-        for _, member in columns:
-            speedups = [x for shape, c in results[kernel].items() if member(shape) and (x := _speedup(c)) is not None]
+        for _, member in classes:
+            speedups = [x for shape, c in results[kernel].items() if shape in member and (x := _speedup(c)) is not None]
             cells.append(f"{statistics.geometric_mean(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}x; "
                          f"{len(speedups)})" if speedups else "n/a")
         lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
     if not lines or not heldout:
         return []
-    return ["| geometric mean of the speedups (range; shapes) | " + " | ".join(name for name, _ in columns) + " |",
-            "|---|" + "--:|" * len(columns), *lines]
+    return ["| geometric mean of the speedups (range; shapes) | " + " | ".join(name for name, _ in classes) + " |",
+            "|---|" + "--:|" * len(classes), *lines]
 
 
-def _first_call_table(first_calls: Mapping[str, Mapping[str, Any]], tuned: list[str],
-                      heldout_shapes: Iterable[str]) -> list[str]:
-    """The first calls (``mamba2_guard.core.first_calls``), held-out shapes first."""
-    heldout = list(heldout_shapes)
-    rank = _rank(heldout + tuned)
+def _first_call_table(first_calls: Mapping[str, Mapping[str, Any]], classes: list[tuple[str, list[str]]]
+                      ) -> list[str]:
+    """The first calls (``mamba2_guard.core.first_calls``), held-out shapes first, then by class."""
+    rank = _rank([s for _, members in classes for s in members])
     lines = ["| shape | entries | ours s | mamba-ssm s | ours / mamba-ssm | compile caches | measured | run |",
              "|---|---|--:|--:|--:|---|---|---|"]
-    for shape in sorted(first_calls, key=lambda name: (name not in heldout, rank(name))):
+    for shape in sorted(first_calls, key=rank):
         rec = first_calls[shape]
-        label = f"`{shape}`" + (" (held out)" if shape in heldout else " (tuned)" if shape in tuned else "")
+        label = f"`{shape}`" + _label(shape, classes)
         log = rec.get("log")
         lines.append(f"| {label} | {', '.join(rec['entries'])} | {rec['helion_s']:.1f} | {rec['mamba_ssm_s']:.1f} | "
                      f"{rec['helion_s'] / rec['mamba_ssm_s']:.2f} | {rec['caches']} | {str(rec['measured_at'])[:10]} | "
@@ -199,14 +216,13 @@ FIRST_CALL_PANEL = "first call (mamba-ssm's seconds / ours)"
 
 
 def call_speedups(baseline: Mapping[str, Any], tuned_shapes: Iterable[str], heldout_shapes: Iterable[str],
-                  first_calls: Mapping[str, Mapping[str, Any]] | None = None
+                  first_calls: Mapping[str, Mapping[str, Any]] | None = None, steered_shapes: Iterable[str] = ()
                   ) -> dict[str, list[tuple[str, str, float]]]:
-    """The chart's data: per whole call and layer, (shape, "held out" or "tuned", speedup) at every held-out
-    and tuned shape that has a speedup, held-out shapes first, each group in the suites' order; with
+    """The chart's data: per whole call and layer, (shape, "held out", "steered" or "tuned", speedup) at every
+    such shape that has a speedup, held-out shapes first, each class in the suites' order; with
     ``first_calls``, a last panel of the first calls' speedups (mamba-ssm's seconds over ours) likewise."""
     results = baseline.get("results") or {}
-    heldout, tuned = list(heldout_shapes), [s for s in dict.fromkeys(tuned_shapes) if s not in heldout_shapes]
-    groups = (("held out", heldout), ("tuned", tuned))
+    groups = _classes(tuned_shapes, heldout_shapes, steered_shapes)
     out = {}
     for kernel in _composite_kernels(results):
         points = [(shape, group, x) for group, shapes in groups for shape in shapes
@@ -222,14 +238,18 @@ def call_speedups(baseline: Mapping[str, Any], tuned_shapes: Iterable[str], held
 
 def render(baseline: Mapping[str, Any], gpu_slug: str, *, runs: Mapping[str, str] | None = None,
            tuned_shapes: Iterable[str] = (), heldout_shapes: Iterable[str] = (), source: str | None = None,
-           first_calls: Mapping[str, Mapping[str, Any]] | None = None, chart: str | None = None) -> str:
+           first_calls: Mapping[str, Mapping[str, Any]] | None = None, chart: str | None = None,
+           steered_shapes: Iterable[str] = ()) -> str:
     """The page. ``runs`` maps a case's ``recorded_at`` to the run file it came from; ``tuned_shapes`` are
     the shapes the stored configs may have been tuned at, ``heldout_shapes`` those never tuned or fitted on (the
-    claim); ``source`` is the baseline's path as the page cites it; ``first_calls`` the GPU's first-call records
+    claim), ``steered_shapes`` those never tuned on but benched to decide changes (they count as tuned);
+    ``source`` is the baseline's path as the page cites it; ``first_calls`` the GPU's first-call records
     (``mamba2_guard.core.first_calls``), if any; ``chart`` the file name of the speedup chart beside the page
     (drawn from ``call_speedups``), if any."""
     runs = dict(runs or {})
     tuned = list(dict.fromkeys(tuned_shapes))
+    steered = [s for s in dict.fromkeys(steered_shapes) if s not in tuned]
+    classes = _classes(tuned, heldout_shapes, steered)
     source = source or f"baselines/{gpu_slug}.yaml"
     results = baseline.get("results") or {}
     fingerprint = baseline.get("fingerprint") or {}
@@ -250,15 +270,22 @@ def render(baseline: Mapping[str, Any], gpu_slug: str, *, runs: Mapping[str, str
             "measured peak the case reaches (bytes or FLOPs, whichever bounds it); precision = allclose "
             "against mamba-ssm and fp64 and finite; timing = `eager` (CUDA events around each call) or "
             "`cuda-graph` (graph replays); run = the raw bench result the row was taken from.", ""]
-    all_groups = groups(results, tuned, heldout_shapes)
+    all_groups = groups(results, [s for _, members in classes for s in members], heldout_shapes)
     heldout = [g for g in all_groups if g[2]]
     out += ["## Which shapes are the claim", ""]
     if tuned:
         out += ["The stored configs (`mamba2_kernels/configs/" + gpu_slug + ".yaml`) were tuned at shapes among "
                 + ", ".join(f"`{s}`" for s in tuned) + "."]
+    if steered:
+        out += ["The steered shapes (" + ", ".join(f"`{s}`" for s in steered) + ") were never tuned on, but were "
+                "benched to decide kernel changes: they count as tuned, not as the claim."]
     if heldout:
         out += ["Held-out groups (" + ", ".join(f"`{g[1]}`" for g in heldout) + ") were not tuned on: they are "
                 "the claim, and come first. The tuned shapes show what tuning reaches."]
+    elif classes[0][1]:
+        out += ["The held-out shapes (" + ", ".join(f"`{s}`" for s in classes[0][1]) + ") have no rows yet: they "
+                "are measured once, at the end of the work they judge. Every row below is at a tuned or steered "
+                "shape, so it shows what tuning reaches there, not what a new shape gets."]
     else:
         out += ["This baseline has no held-out shapes yet: every row below is at a shape the configs were tuned "
                 "at, so it shows what tuning reaches there, not what a new shape gets."]
@@ -270,7 +297,7 @@ def render(baseline: Mapping[str, Any], gpu_slug: str, *, runs: Mapping[str, str
             out += [f"![Speedup against mamba-ssm per shape, held-out shapes apart, and of the first call]({chart})",
                     ""]
         out += [*headline, ""]
-        means = _group_means(results, tuned, heldout_shapes)
+        means = _group_means(results, classes)
         if means:
             out += [*means, ""]
     if first_calls:
@@ -278,9 +305,9 @@ def render(baseline: Mapping[str, Any], gpu_slug: str, *, runs: Mapping[str, str
                 "The seconds of a training job's first call of the entries, each side in a fresh process, ours "
                 "compiling the configs it selects and mamba-ssm's autotuning (`mamba2-guard dev first-call "
                 f"--record`, kept in `baselines/first-call/{gpu_slug}.yaml`); `empty` compile caches are a machine "
-                "that never ran the shape.", "", *_first_call_table(first_calls, tuned, heldout_shapes), ""]
+                "that never ran the shape.", "", *_first_call_table(first_calls, classes), ""]
     for kind, name, is_held, items in all_groups:
-        label = f"{kind} `{name}`" + (" (held out)" if is_held else (" (tuned)" if name in tuned else ""))
+        label = f"{kind} `{name}`" + (" (held out)" if is_held else _label(name, classes))
         out += [f"## {label[0].upper()}{label[1:]}", ""]
         if kind == "suite":
             for shape in sorted({shape for _, shape, _ in items}, key=_rank(tuned)):

@@ -14,7 +14,7 @@ step (``ssd_combined_fwd_bwd``: forward and backward through autograd) both ways
 ``host_cost`` is how far the wall ratio falls below the device ratio (0.05: the eager loop keeps 95 % of the
 kernels' advantage). Writes one JSON file, after every case; a case that fails is recorded with its error.
 
-    mamba2-guard dev eager-step --suite zoo-heldout --seqlens 1024 2048 4096 --compiled --out eager.json
+    mamba2-guard dev eager-step --suite zoo-steered --seqlens 1024 2048 4096 --compiled --out eager.json
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 file, at each shape, without a GPU; with ``--against OLD``, the launches that select another config than they
 would from ``OLD``: which baseline rows a config change leaves measured on configs that no longer run.
 
-    mamba2-guard dev selected --suite zoo-heldout --gpu-slug nvidia-h200
+    mamba2-guard dev selected --suite zoo-steered --gpu-slug nvidia-h200
     git show HEAD~1:mamba2_kernels/configs/nvidia-h200.yaml > /tmp/old.yaml
-    mamba2-guard dev selected --suite zoo-heldout --gpu-slug nvidia-h200 --against /tmp/old.yaml
+    mamba2-guard dev selected --suite zoo-steered --gpu-slug nvidia-h200 --against /tmp/old.yaml
 
 Each call runs once on CPU tensors in Helion's ref mode, at a short sequence (two chunks unless ``--seqlen``
 says otherwise), to capture its launches; a launch's key then takes the shape's own token count, the only key

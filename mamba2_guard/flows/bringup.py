@@ -35,7 +35,7 @@ from mamba2_kernels.files import UnreadableFile, atomic_write, load_json
 
 Progress = Callable[[str], None]
 WHOLE_CALL = "ssd_combined_fwd_bwd"
-SUITE, ZOO, GRID = "default", ("zoo-fit", "zoo-heldout"), "selection-grid"
+SUITE, ZOO, GRID = "default", ("zoo-fit", "zoo-steered"), "selection-grid"
 # A bring-up job searches longer than the warm re-tune's 10 s: Helion's quick effort needs about a minute per
 # kernel to leave its default config far behind, and a whole call holds about a dozen launches.
 DEFAULT_JOB_BUDGET_SECONDS = 120.0

@@ -80,7 +80,7 @@ def _now() -> datetime.datetime:
 
 
 # The zoo's whole calls, benched by every GPU nightly of the default suite: the shapes users run, tuned or not.
-ZOO_SUITES = ("zoo-heldout", "zoo-fit")
+ZOO_SUITES = ("zoo-steered", "zoo-fit")
 ZOO_ENTRIES = ("ssd_combined_fwd", "ssd_combined_fwd_bwd")
 
 

@@ -13,7 +13,7 @@ HELP = "seconds of the first call at each shape in a fresh process, ours and mam
 
 def register(tools: Any) -> None:
     p = common.add_command(tools, "first-call", HELP)
-    common.shape_arguments(p, "zoo-heldout")  # one process at a time: compiles would compete
+    common.shape_arguments(p, "zoo-steered")  # one process at a time: compiles would compete
     p.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd"],
                    help="registry entries whose first call is timed (default: the SSD forward + backward)")
     p.add_argument("--sides", nargs="+", choices=["helion", "mamba_ssm"], default=["helion", "mamba_ssm"],

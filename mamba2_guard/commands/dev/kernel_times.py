@@ -14,7 +14,7 @@ HELP = "a whole call's device time kernel by kernel at each shape, ours and mamb
 
 def register(tools: Any) -> None:
     p = common.add_command(tools, "kernel-times", HELP)
-    common.shape_arguments(p, "zoo-heldout")
+    common.shape_arguments(p, "zoo-steered")
     p.add_argument("--entry", default="ssd_combined_fwd_bwd", help="a whole call's registry entry "
                    "(default ssd_combined_fwd_bwd)")
     p.add_argument("--calls", type=flags.integer(1), default=10, help="profiled calls (default 10)")

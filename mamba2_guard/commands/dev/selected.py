@@ -17,7 +17,7 @@ HELP = ("the config each launch of a whole call selects from a GPU's config file
 
 def register(tools: Any) -> None:
     p = common.add_command(tools, "selected", HELP)
-    common.shape_arguments(p, "zoo-heldout")
+    common.shape_arguments(p, "zoo-steered")
     p.add_argument("--entries", nargs="+", default=["ssd_combined_fwd_bwd", "mamba2_layer_fwd_bwd"],
                    help="whole calls' registry entries (default: the SSD call's and the layer's forward + "
                         "backward)")

@@ -77,15 +77,35 @@ def test_missing_peer_and_failed_precision_are_shown():
 
 def test_grouped_by_suite_when_rows_name_one_heldout_first():
     results = {"k": {"s1": case(1.0, 1.1, "fwd_1", suite="default"),
-                     "z1": case(1.0, 1.2, "fwd_1", suite="zoo"),
-                     "z2": case(1.0, 1.3, "fwd_1", suite="zoo")}}
+                     "z1": case(1.0, 1.2, "fwd_1", suite="zoo-heldout"),
+                     "z2": case(1.0, 1.3, "fwd_1", suite="zoo-heldout")}}
     found = groups(results)
-    assert [(kind, name, held) for kind, name, held, _ in found] == [("suite", "zoo", True),
+    assert [(kind, name, held) for kind, name, held, _ in found] == [("suite", "zoo-heldout", True),
                                                                       ("suite", "default", False)]
     text = render(baseline(results), "x", tuned_shapes=["s1"])
-    assert text.index("## Suite `zoo` (held out)") < text.index("## Suite `default`")
+    assert text.index("## Suite `zoo-heldout` (held out)") < text.index("## Suite `default`")
     assert "### Shape `z1`" in text and "they are the claim" in text
     assert is_heldout({"heldout": True}) and not is_heldout({"suite": "default"})
+    # a zoo suite is not held out by its name: the steered one was benched to decide changes
+    assert not is_heldout({"suite": "zoo-steered"})
+
+
+def test_steered_shapes_count_as_tuned_and_are_labelled_apart():
+    from mamba2_guard.core import results_page
+
+    call = {shape: case(1.0, theirs, "call_fwd_bwd") for shape, theirs in (("steer-a", 1.4), ("tuned-a", 2.0))}
+    first = {"steer-a": {"entries": ["c"], "caches": "empty", "measured_at": "2026-12-04", "helion_s": 1.0,
+                         "mamba_ssm_s": 2.0}}
+    page = results_page.render(baseline({"ssd_combined_fwd_bwd": call}), "gpu", tuned_shapes=["tuned-a"],
+                               heldout_shapes=["held-a"], steered_shapes=["steer-a"], first_calls=first)
+    assert "The steered shapes (`steer-a`) were never tuned on, but were benched to decide" in page
+    assert "The held-out shapes (`held-a`) have no rows yet: they are measured once, at the end" in page
+    assert "| geometric mean of the speedups (range; shapes) | held out | steered | tuned |" in page
+    assert "| `ssd_combined_fwd_bwd` | n/a | 1.40x (1.40-1.40x; 1) | 2.00x (2.00-2.00x; 1) |" in page
+    assert "## Shape `steer-a` (steered)" in page and "| `steer-a` (steered) | c |" in page
+    series = results_page.call_speedups(baseline({"ssd_combined_fwd_bwd": call}), ["tuned-a"], ["held-a"],
+                                        steered_shapes=["steer-a"])
+    assert series == {"ssd_combined_fwd_bwd": [("steer-a", "steered", 1.4), ("tuned-a", "tuned", 2.0)]}
 
 
 def test_grouped_by_shape_when_a_row_names_no_suite():

@@ -74,7 +74,7 @@ def test_a_gpu_nightly_of_the_default_suite_benches_the_zoos_whole_calls(overrid
         return
     assert [e.name for e in entries] == list(ZOO_ENTRIES)
     loaded = suites.load()
-    assert {s.name for s in shapes} == {s.name for name in ("zoo-heldout", "zoo-fit") for s in loaded.suite(name)}
+    assert {s.name for s in shapes} == {s.name for name in ("zoo-steered", "zoo-fit") for s in loaded.suite(name)}
 
 
 def test_a_nightly_retunes_seen_shapes_with_the_whole_call():

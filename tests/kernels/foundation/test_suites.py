@@ -23,7 +23,7 @@ def test_the_designed_suites():
 
 def test_the_zoo_holds_out_shapes_it_is_not_fitted_on():
     loaded = suites.load()
-    fit, heldout = loaded.suite("zoo-fit"), loaded.suite("zoo-heldout")
+    fit, heldout = loaded.suite("zoo-fit"), loaded.suite("zoo-steered")
     assert not {s.name for s in fit} & {s.name for s in heldout}
     assert len(fit) + len(heldout) >= 10
     # every call pattern frameworks use appears among the held-out shapes
@@ -34,20 +34,74 @@ def test_the_zoo_holds_out_shapes_it_is_not_fitted_on():
     assert (packed.docs, packed.z, packed.dt_torch_dtype.is_floating_point) == (4, False, True)
 
 
+def test_the_frozen_held_out_set_covers_the_axes_the_zoo_lacks():
+    loaded = suites.load()
+    wide = loaded.suite("heldout-wide")
+    others = {s.name for name in ("default", "zoo-fit", "zoo-steered") for s in loaded.suite(name)}
+    assert not {s.name for s in wide} & others
+    assert {s.headdim for s in wide} >= {32, 96} and {s.dstate for s in wide} >= {16, 32}
+    assert 64 in {s.chunk_size for s in wide} and 4 in {s.ngroups for s in wide}
+    assert {s.batch for s in wide} >= {4, 8, 16} and "float16" in {s.dtype for s in wide}
+    assert any(s.seqlen % s.chunk_size for s in wide) and {2048, 32768} <= {s.seqlen for s in wide}
+    assert any(s.norm_before_gate for s in wide) and max(s.docs for s in wide) >= 64
+
+
+FROZEN_FILE = """shapes:
+  a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, dtype: float32}
+  b: {batch: 2, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, dtype: float32}
+suites: {held: [a]}
+frozen: {held: {since: 2026-12-05, digest: DIGEST}}
+"""
+
+
+def test_a_frozen_suite_loads_until_it_changes(tmp_path):
+    path = tmp_path / "suites.yaml"
+    path.write_text(FROZEN_FILE.replace("DIGEST", "stale"))
+    with pytest.raises(SuiteFileError, match="suites.held: frozen since 2026-12-05, but its shapes changed"):
+        suites.load(path)
+    digest = suites.frozen_digest([suites.load(_unfrozen(path)).shape("a")])
+    path.write_text(FROZEN_FILE.replace("DIGEST", digest))
+    assert [s.name for s in suites.load(path).suite("held")] == ["a"]
+    # one field of a frozen shape, or one more shape in the list, is a change
+    for changed in (FROZEN_FILE.replace("seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+                                        "dtype: float32}\n  b", "seqlen: 16, nheads: 4, headdim: 8, ngroups: 2, "
+                                        "dstate: 8, chunk_size: 4, dtype: float32}\n  b", 1),
+                    FROZEN_FILE.replace("held: [a]", "held: [a, b]")):
+        path.write_text(changed.replace("DIGEST", digest))
+        with pytest.raises(SuiteFileError, match="must not change once named"):
+            suites.load(path)
+
+
+def _unfrozen(path):
+    """The file without its frozen: section, to read the shapes whose digest the test then freezes."""
+    plain = path.with_name("plain.yaml")
+    plain.write_text(path.read_text().split("frozen:")[0])
+    return plain
+
+
+def test_the_committed_held_out_set_is_frozen():
+    import yaml
+
+    frozen = yaml.safe_load(suites.SUITES_FILE.read_text())["frozen"]
+    assert set(frozen) == {"heldout-wide"}
+    assert frozen["heldout-wide"]["digest"] == suites.frozen_digest(suites.load().suite("heldout-wide"))
+
+
 def test_a_suite_may_list_the_suites_above_it():
     loaded = suites.load()
     grid = [s.name for s in loaded.suite("selection-grid")]
     assert grid == [s.name for s in loaded.suite("zoo-fit") + loaded.suite("default")]
-    assert not set(grid) & {s.name for s in loaded.suite("zoo-heldout")}
+    assert not set(grid) & {s.name for s in loaded.suite("zoo-steered")}
 
 
 def test_unknown_names_list_the_valid_ones():
     loaded = suites.load()
-    with pytest.raises(KeyError, match="valid shapes: bamba-9b, .*, long-context, .*, zamba2-7b"):
+    with pytest.raises(KeyError, match="valid shapes: axis-d16-q64, .*, long-context, .*, zamba2-7b"):
         loaded.shape("x")
     with pytest.raises(KeyError, match="did you mean 'long-context'"):
         loaded.shape("long-contxt")
-    with pytest.raises(KeyError, match="valid suites: default, selection-grid, smoke, zoo-fit, zoo-heldout"):
+    with pytest.raises(KeyError, match="valid suites: default, heldout-wide, selection-grid, smoke, zoo-fit, "
+                                       "zoo-steered"):
         loaded.suite("nightly")
 
 
@@ -82,6 +136,9 @@ def test_unknown_names_list_the_valid_ones():
     ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
      "dtype: float32}}\nsuites: {s: [a, t], t: [a]}", "suites.s: unknown shape 't' (nor a suite listed above)"),
     ("shapes: [", "not valid YAML"),
+    ("shapes: {}\nfrozen: {s: {digest: x}}", "frozen.s: no such suite"),
+    ("shapes: {a: {batch: 1, seqlen: 8, nheads: 4, headdim: 8, ngroups: 2, dstate: 8, chunk_size: 4, "
+     "dtype: float32}}\nsuites: {s: [a]}\nfrozen: {s: 1}", "frozen.s: expected a mapping with a digest"),
 ])
 def test_malformed_suite_files_name_file_and_key(tmp_path, body, where):
     path = tmp_path / "suites.yaml"
