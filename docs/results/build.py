@@ -1,11 +1,13 @@
-"""Generate ``docs/results/<slug>.md`` and its chart ``<slug>-speedups.svg`` from each ``baselines/<slug>.yaml``.
+"""Generate ``docs/results/<slug>.md`` and its chart ``<slug>-speedups.svg`` from each ``baselines/<slug>.yaml``,
+and ``docs/results/traffic.md`` (launches and modelled bytes per call) from the registry's traffic model.
 
     python docs/results/build.py           # (re)write every page
     python docs/results/build.py --check   # exit 1, naming the stale page, when a committed page differs (CI)
 
 The rendering is ``mamba2_guard.core.results_page`` (pure); this file reads the baselines, maps each case's
 ``recorded_at`` to the raw run in ``baselines/runs/`` whose ``started_at`` it is, reads the tuned shapes
-(suites ``default`` and ``zoo-fit`` of ``mamba2_kernels/suites.yaml``) and the first calls
+(suites ``default`` and ``zoo-fit`` of ``mamba2_kernels/suites.yaml``), the steered (``zoo-steered``) and the
+held-out ones (``heldout-wide``), and the first calls
 (``baselines/first-call/<slug>.yaml``), and writes or compares the pages. The chart (``adapters.charts``,
 matplotlib) is compared by the digest of the data it was drawn from, which it carries.
 """
@@ -25,6 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mamba2_guard.adapters import charts  # noqa: E402
+from mamba2_guard.core import traffic_table  # noqa: E402
 from mamba2_guard.core.results_page import call_speedups, render  # noqa: E402
 from mamba2_guard.flows.baselines import read_first_calls  # noqa: E402
 
@@ -72,7 +75,25 @@ def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[dict, str]]]:
         out[root / "docs" / "results" / f"{slug}.md"] = render(
             data, slug, runs=run_files(root / "baselines" / "runs", slug), tuned_shapes=tuned, heldout_shapes=heldout,
             source=f"baselines/{baseline.name}", first_calls=first_calls, chart=chart, steered_shapes=steered)
+    out[root / "docs" / "results" / "traffic.md"] = traffic_page(root, tuned, steered, heldout)
     return out, drawn
+
+
+def traffic_page(root: Path, tuned: list[str], steered: list[str], heldout: list[str]) -> str:
+    """The launches-and-bytes page at the suite and zoo shapes (``mamba2_guard.core.traffic_table``)."""
+    import dataclasses
+
+    from mamba2_kernels import suites
+    from mamba2_kernels.registry.calls import call_traffic
+
+    loaded = suites.load(root / "mamba2_kernels" / "suites.yaml")
+    labels = {**{s: "tuned" for s in tuned}, **{s: "steered" for s in steered}, **{s: "held out" for s in heldout}}
+    rows = [{"shape": name, "label": labels[name], "call": call,
+             **dataclasses.asdict(call_traffic(loaded.shape(name), backward))}
+            for call, backward in zip(traffic_table.CALLS, (False, True), strict=True)
+            for name in dict.fromkeys(tuned + steered + heldout)]
+    return traffic_table.render(rows, "the traffic model of `mamba2_kernels/registry` at the shapes of "
+                                "`mamba2_kernels/suites.yaml`")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,11 +5,13 @@ stages they launch."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from mamba2_kernels import _mamba_ssm as mamba_ssm
 from mamba2_kernels.registry import conv, norm, ssd
 from mamba2_kernels.registry.entry import Inputs, KernelEntry
 from mamba2_kernels.registry.inputs import inputs_call, inputs_layer
+from mamba2_kernels.registry.models import sizes
 from mamba2_kernels.registry.ssd import REFERENCE
 from mamba2_kernels.suites import ShapeSpec
 
@@ -31,6 +33,44 @@ SSD_CALL_STAGES = (*FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state_passin
                    "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb_ddA", "bmm_chunk_bwd",
                    "bmm_chunk_bwd", "chunk_cumsum_bwd_terms")
 COMBINED = f"{mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined"
+# mamba-ssm's launches for the same call (_mamba_chunk_scan_combined_fwd, then _bwd, which recomputes the
+# forward's stages), modelled by the same entries: the other side of the launches-and-bytes table.
+MAMBA_SSM_FWD_STAGES = ("chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan")
+MAMBA_SSM_CALL_STAGES = (*MAMBA_SSM_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state", "state_passing",
+                         "chunk_scan_bwd_dstates", "state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
+                         "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb", "bmm_chunk_bwd",
+                         "bmm_chunk_bwd", "chunk_scan_bwd_ddAcs_stable", "chunk_cumsum_bwd")
+
+
+@dataclass(frozen=True)
+class CallTraffic:
+    """One call's launches and modelled HBM bytes (each stage's compulsory traffic, summed), ours and
+    mamba-ssm's, and the call's own compulsory bytes: what a single pass over its inputs and outputs moves."""
+    launches: int
+    bytes: int
+    mamba_ssm_launches: int
+    mamba_ssm_bytes: int
+    compulsory_bytes: int
+
+
+def _launched(stages: Sequence[str], shape: ShapeSpec, backward: bool) -> list[str]:
+    # with z, both sides' backward launches the dz stage as well
+    return [*stages, *(("chunk_scan_bwd_dz",) if backward and shape.z else ())]
+
+
+def call_traffic(shape: ShapeSpec, backward: bool) -> CallTraffic:
+    """The SSD call's traffic at ``shape``, forward only or forward + backward (two calls: the backward reads
+    the inputs again, and out as well when z is given)."""
+    z = sizes(shape)
+    io = z["x"] + z["dt_raw"] + 2 * z["bc"]  # x, dt, B, C
+    gate = z["x"] if shape.z else 0
+    forward = io + gate + z["x"]  # ... and z in, out out
+    compulsory = forward + (2 * io + z["x"] + 3 * gate if backward else 0)  # dout, z, out in; grads out
+    ours = _launched(SSD_CALL_STAGES if backward else FWD_STAGES, shape, backward)
+    theirs = _launched(MAMBA_SSM_CALL_STAGES if backward else MAMBA_SSM_FWD_STAGES, shape, backward)
+    # the stage models leave out z, which both forwards' chunk_scan reads
+    return CallTraffic(len(ours), gate + sum(STAGES[n].bytes_moved(shape) for n in ours), len(theirs),
+                       gate + sum(STAGES[n].bytes_moved(shape) for n in theirs), compulsory)
 
 SSD: tuple[KernelEntry, ...] = (
     KernelEntry(

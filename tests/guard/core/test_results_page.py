@@ -119,8 +119,11 @@ def _tree(tmp_path: Path) -> Path:
     shutil.copy(BUILD, tmp_path / "docs" / "results" / "build.py")
     (tmp_path / "baselines" / "runs").mkdir(parents=True)
     (tmp_path / "mamba2_kernels").mkdir()
-    (tmp_path / "mamba2_kernels" / "suites.yaml").write_text(yaml.safe_dump({"suites": {"default": ["s1"],
-                                                                             "zoo-fit": ["grid1"]}}))
+    tiny = {"batch": 1, "seqlen": 64, "nheads": 4, "headdim": 8, "ngroups": 2, "dstate": 8, "chunk_size": 16,
+            "dtype": "float32"}
+    (tmp_path / "mamba2_kernels" / "suites.yaml").write_text(yaml.safe_dump({
+        "shapes": {"s1": tiny, "grid1": {**tiny, "call": {"z": True}}},
+        "suites": {"default": ["s1"], "zoo-fit": ["grid1"]}}))
     results = {"k": {"s1": case(0.5, 1.0, "fwd_1", recorded="2026-03-03T00:00:00+00:00")}}
     (tmp_path / "baselines" / "test-gpu.yaml").write_text(yaml.safe_dump(baseline(results)))
     (tmp_path / "baselines" / "runs" / "test-gpu-2026-03-03-bench.json").write_text(
@@ -245,3 +248,20 @@ def test_the_chart_has_a_panel_of_the_first_calls_speedups():
     assert series[results_page.FIRST_CALL_PANEL] == [("held-a", "held out", 2.0), ("tuned-a", "tuned", 1.5)]
     assert results_page.FIRST_CALL_PANEL not in results_page.call_speedups(
         baseline({"ssd_combined_fwd_bwd": call}), ["tuned-a"], ["held-a"])
+
+
+def test_build_writes_the_launches_and_bytes_page_from_the_traffic_model(tmp_path):
+    from mamba2_kernels import suites
+    from mamba2_kernels.registry.calls import call_traffic
+
+    root = _tree(tmp_path)
+    assert _build(root).returncode == 0
+    page = (root / "docs" / "results" / "traffic.md").read_text()
+    loaded = suites.load(root / "mamba2_kernels" / "suites.yaml")
+    fwd, both = call_traffic(loaded.shape("grid1"), False), call_traffic(loaded.shape("grid1"), True)
+    assert f"| `grid1` (tuned) | 4 / 5 | {fwd.bytes / 1e9:.2f} / {fwd.mamba_ssm_bytes / 1e9:.2f} |" in page
+    # with z, both backwards launch the dz stage too
+    assert f"| `grid1` (tuned) | {both.launches} / {both.mamba_ssm_launches} |" in page
+    assert (both.launches, both.mamba_ssm_launches) == (16, 20)
+    assert page.index("## Forward") < page.index("## Forward + backward")
+    assert _build(root, "--check").returncode == 0

@@ -106,3 +106,21 @@ def test_layer_input_gradient_is_judged_slot_by_slot(smoke_shape):
     # the reference goes through the same split, so every slot is compared
     reference = entry.run_reference(inputs)
     assert "dzxbcdt" not in reference and {f"dzxbcdt.{p}" for p, _ in parts} <= set(reference)
+
+
+def test_the_call_traffic_model_counts_launches_and_a_compulsory_floor():
+    from mamba2_kernels import suites
+    from mamba2_kernels.registry.calls import call_traffic
+    from mamba2_kernels.registry.models import sizes
+
+    shape = suites.load().shape("nemotron3-nano")
+    fwd, both = call_traffic(shape, backward=False), call_traffic(shape, backward=True)
+    assert (fwd.launches, fwd.mamba_ssm_launches, both.launches, both.mamba_ssm_launches) == (4, 5, 15, 19)
+    z = sizes(shape)
+    # forward: x, dt, B and C read once, out written once; the backward reads them and dout, writes the grads
+    assert fwd.compulsory_bytes == 2 * z["x"] + z["dt_raw"] + 2 * z["bc"]
+    assert both.compulsory_bytes == fwd.compulsory_bytes + 3 * z["x"] + 2 * z["dt_raw"] + 4 * z["bc"]
+    # a chain of stages moves more than one pass; ours fuses two of mamba-ssm's forward stages
+    assert fwd.compulsory_bytes < fwd.bytes < fwd.mamba_ssm_bytes
+    gated = call_traffic(shape.replace(z=True), backward=False)
+    assert gated.bytes == fwd.bytes + z["x"] and gated.compulsory_bytes == fwd.compulsory_bytes + z["x"]
