@@ -77,14 +77,25 @@ def _target(text: str) -> str:
     return text
 
 
+def _forced_paths(value: str) -> None:
+    from mamba2_kernels.ssd import forcing
+
+    try:
+        forcing.parse(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _check_environment() -> None:
     """The guard's environment variables, checked before anything runs (exit 2 naming the variable)."""
     from mamba2_guard.bench.worker import BENCH_ENV
     from mamba2_guard.flows.autotune import TUNER_ENV
     from mamba2_kernels.seen import SEEN_ENV
+    from mamba2_kernels.ssd import forcing
 
     checks = {"MAMBA2_GUARD_STATE": files.creatable_directory, SEEN_ENV: _seen_file,
-              "MAMBA2_GUARD_PUSHGATEWAY": common.url, TUNER_ENV: _target, BENCH_ENV: _target}
+              "MAMBA2_GUARD_PUSHGATEWAY": common.url, TUNER_ENV: _target, BENCH_ENV: _target,
+              forcing.PATHS_ENV: _forced_paths}
     for name, valid in checks.items():
         value = os.environ.get(name)
         if value is None:

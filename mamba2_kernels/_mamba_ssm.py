@@ -118,13 +118,20 @@ def _stages() -> types.SimpleNamespace:
         chunk_state_fwd=resolve(f"{SSD_CHUNK_STATE}:_chunk_state_fwd"),
         state_passing_fwd=resolve(f"{SSD_STATE_PASSING}:_state_passing_fwd"),
         chunk_scan_bwd_dstates=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_bwd_dstates"),
-        state_passing_bwd=resolve(f"{SSD_STATE_PASSING}:_state_passing_bwd"))
+        state_passing_bwd=resolve(f"{SSD_STATE_PASSING}:_state_passing_bwd"),
+        bmm_chunk_fwd=resolve(f"{SSD_BMM}:_bmm_chunk_fwd"), chunk_scan_fwd=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_fwd"))
 
 
 def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, out_dtype=None):
     """mamba-ssm's chunk_state then state_passing kernels, as its combined forward runs them: the
     counterpart of ``mamba2_kernels.ssd.chunk_state_passing``."""
     return compose.chain_chunk_state_passing(_stages(), B, x, dt, dA_cumsum, initial_states, seq_idx, out_dtype)
+
+
+def bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=None):
+    """mamba-ssm's bmm_chunk then chunk_scan kernels, as its combined forward runs them: the counterpart of
+    ``mamba2_kernels.ssd.chunk_scan.bmm_chunk_scan_fwd``."""
+    return compose.chain_bmm_chunk_scan(_stages(), x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
 
 
 def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,

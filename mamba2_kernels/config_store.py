@@ -36,8 +36,10 @@ default until the guard's bring-up (``mamba2-guard bring-up``) has validated oth
 (``other_gpu_files``) and written the ones that pass into its own file. ``MAMBA2_GUARD_BORROW=0`` turns all
 borrowing off: a GPU then sees its own file alone, as the bring-up's withheld-file measurement needs.
 
-A fused stage's ``chain`` rule (``ChainRule``) says at which calls the stage runs as the two kernels it
-fuses instead (``mamba2_kernels.ssd.state_paths``); without one, the fused kernel runs everywhere.
+A fused state pass's ``chain`` rule (``ChainRule``) says at which calls the stage runs as the two kernels
+it fuses instead (``mamba2_kernels.ssd.fused_paths``); without one, the fused kernel runs everywhere. The
+forward's outputs go the other way round: chunk_scan's ``fuse`` rule (``FuseRule``) says at which calls it
+makes cb itself; without one, bmm_chunk and chunk_scan run as two kernels everywhere.
 """
 
 from __future__ import annotations
@@ -181,6 +183,17 @@ class ChainRule:
         return chunk_size >= self.min_chunk and state_elements <= self.max_state
 
 
+@dataclass(frozen=True)
+class FuseRule:
+    """When chunk_scan makes cb itself instead of reading bmm_chunk's: at most ``max_heads_per_group`` heads
+    per group (each head recomputes its group's cb, which the chain computes once per group)."""
+
+    max_heads_per_group: int
+
+    def fuses(self, heads_per_group: int) -> bool:
+        return heads_per_group <= self.max_heads_per_group
+
+
 def next_power_of_two(n: int) -> int:
     """The least power of two at or above ``n`` (for n >= 1)."""
     return 1 << max(0, (int(n) - 1).bit_length())
@@ -205,6 +218,10 @@ class ConfigFile:
     def chain_rule(self, stage: str) -> ChainRule | None:
         rule = self.selection.get(stage, {}).get("chain")
         return None if rule is None else ChainRule(int(rule["min_chunk"]), int(rule["max_state"]))
+
+    def fuse_rule(self, stage: str) -> FuseRule | None:
+        rule = self.selection.get(stage, {}).get("fuse")
+        return None if rule is None else FuseRule(int(rule["max_heads_per_group"]))
 
     def get(self, kernel: str, key: ShapeKey | str) -> dict[str, Any] | None:
         return self.kernels.get(kernel, {}).get(str(key))
@@ -299,6 +316,11 @@ def _check_selection(path: Path, kernel: str, rule: Any) -> dict[str, Any]:
             value = chain.get(name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigFileError(f"{where}.chain.{name}: expected a positive integer, got {value!r}")
+    fuse = rule.get("fuse")
+    if fuse is not None:
+        value = fuse.get("max_heads_per_group") if isinstance(fuse, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigFileError(f"{where}.fuse.max_heads_per_group: expected a positive integer, got {value!r}")
     return dict(rule)
 
 

@@ -11,9 +11,9 @@ config stored for the kernel at any key: how well a config tuned at one key tran
 
 Ties keep the default weights, so a kernel whose configs all transfer equally keeps the documented rule.
 
-It also fits each fused stage's chain rule (``mamba2_kernels.config_store.ChainRule``) to whole calls timed with the
-stage forced fused and forced chained at every grid shape: the rule with the least regret, fused everywhere
-on a tie.
+It also fits each fused state pass's chain rule (``mamba2_kernels.config_store.ChainRule``) to whole calls timed
+with the stage forced fused and forced chained at every grid shape: the rule with the least regret, fused
+everywhere on a tie; and chunk_scan's fuse rule (``FuseRule``) the same way, the chain everywhere on a tie.
 """
 
 from __future__ import annotations
@@ -71,13 +71,15 @@ class Fit:
 @dataclass(frozen=True)
 class PathMeasured:
     """One fused stage at one grid shape: the whole call's median milliseconds with the stage run fused and
-    run as its chain, and the shape's chunk size and state elements (the rule's two inputs)."""
+    run as its chain, and the shape's chunk size and state elements (a chain rule's inputs) and heads per
+    group (a fuse rule's)."""
 
     stage: str
     chunk_size: int
     state: int
     fused_ms: float
     chain_ms: float
+    heads_per_group: int = 0
 
 
 @dataclass(frozen=True)
@@ -137,24 +139,70 @@ def fit(rows: list[Measured], distance: Distance, stored: Iterable[str] = ()) ->
                default_regret=default_regret, best={row.key: row.best() for row in rows})
 
 
-def chain_regret(rows: list[PathMeasured], rule: Mapping[str, int] | None) -> float:
-    """Geometric mean over ``rows`` of the time of the path ``rule`` picks over the faster path's."""
-    logs = []
-    for row in rows:
-        chains = rule is not None and row.chunk_size >= rule["min_chunk"] and row.state <= rule["max_state"]
-        logs.append(math.log((row.chain_ms if chains else row.fused_ms) / min(row.chain_ms, row.fused_ms)))
+@dataclass(frozen=True)
+class FuseFit:
+    stage: str
+    rule: dict[str, int] | None  # max_heads_per_group; None: the chain everywhere
+    fitted_on: int
+    regret: float  # geometric mean of chosen / best time over the grid, with this rule
+    chain_regret: float  # the same with the chain everywhere
+
+    def selection_entry(self) -> dict[str, int] | None:
+        return None if self.rule is None else {**self.rule, "fitted_on": self.fitted_on}
+
+    def describe(self) -> str:
+        chosen = ("chain everywhere" if self.rule is None else
+                  f"fused at heads per group <= {self.rule['max_heads_per_group']}")
+        return (f"{self.stage}: {chosen}, from {self.fitted_on} grid shapes, regret {self.regret:.3f} "
+                f"(chain everywhere: {self.chain_regret:.3f})")
+
+
+def path_regret(rows: list[PathMeasured], chains: Callable[[PathMeasured], bool]) -> float:
+    """Geometric mean over ``rows`` of the time of the path picked (the chain where ``chains``) over the
+    faster path's."""
+    logs = [math.log((row.chain_ms if chains(row) else row.fused_ms) / min(row.chain_ms, row.fused_ms))
+            for row in rows]
     return math.exp(sum(logs) / len(logs)) if logs else 1.0
+
+
+def chain_regret(rows: list[PathMeasured], rule: Mapping[str, int] | None) -> float:
+    """``path_regret`` of a chain rule (None: the fused kernel everywhere)."""
+    return path_regret(rows, lambda row: rule is not None and row.chunk_size >= rule["min_chunk"]
+                       and row.state <= rule["max_state"])
+
+
+def _one_stage(rows: list[PathMeasured], what: str) -> None:
+    if not rows:
+        raise ValueError(f"{what}: no measurements")
+    stages = {row.stage for row in rows}
+    if len(stages) != 1:
+        raise ValueError(f"{what}: expected one stage's measurements, got {sorted(stages)}")
+
+
+def fit_fuse(rows: list[PathMeasured]) -> FuseFit:
+    """The fuse rule with the least regret over one stage's ``rows``: fused at heads per group up to a
+    measured value; the chain everywhere (no rule) wins ties."""
+    _one_stage(rows, "fit_fuse")
+
+    def picks(rule: Mapping[str, int] | None) -> float:
+        return path_regret(rows, lambda row: rule is None or row.heads_per_group > rule["max_heads_per_group"])
+
+    best_rule, best_regret = None, picks(None)
+    chain_everywhere = best_regret
+    for bound in sorted({row.heads_per_group for row in rows}):
+        rule = {"max_heads_per_group": bound}
+        regret = picks(rule)
+        if regret < best_regret - 1e-9:
+            best_rule, best_regret = rule, regret
+    return FuseFit(stage=rows[0].stage, rule=best_rule, fitted_on=len(rows), regret=best_regret,
+                   chain_regret=chain_everywhere)
 
 
 def fit_chain(rows: list[PathMeasured]) -> ChainFit:
     """The chain rule with the least regret over one stage's ``rows``. Candidate thresholds lie at the geometric
     midpoints between measured state sizes (and at the largest), so a shape between two grid shapes takes the
     path of the nearer in log scale; the fused kernel everywhere wins ties."""
-    if not rows:
-        raise ValueError("fit_chain: no measurements")
-    stages = {row.stage for row in rows}
-    if len(stages) != 1:
-        raise ValueError(f"fit_chain: expected one stage's measurements, got {sorted(stages)}")
+    _one_stage(rows, "fit_chain")
     best_rule, best_regret = None, chain_regret(rows, None)
     fused_regret = best_regret
     for min_chunk in sorted({row.chunk_size for row in rows}, reverse=True):

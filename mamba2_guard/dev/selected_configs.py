@@ -25,7 +25,7 @@ from typing import Any
 
 from mamba2_guard.adapters.state import write_json
 from mamba2_kernels import config_store, registry, suites
-from mamba2_kernels.ssd import state_paths
+from mamba2_kernels.ssd import fused_paths
 from mamba2_kernels.tuning import capture_launches, complete_config
 
 
@@ -57,12 +57,14 @@ def select(cf: config_store.ConfigFile, kernel: Any, args: tuple[Any, ...], key:
 
 @contextlib.contextmanager
 def _paths_of(cf: config_store.ConfigFile, shape: suites.ShapeSpec):
-    """The state passes on the path ``cf``'s chain rules pick for ``shape`` (on CPU the runtime reads none)."""
+    """The fused stages on the paths ``cf``'s rules pick for ``shape`` (on CPU the runtime reads none)."""
     with contextlib.ExitStack() as stack:
-        for stage in (state_paths.FWD, state_paths.BWD):
-            chained = state_paths.chains_by_rule(cf, stage, shape.batch, shape.nheads, shape.headdim, shape.dstate,
+        for stage in (fused_paths.FWD, fused_paths.BWD):
+            chained = fused_paths.chains_by_rule(cf, stage, shape.batch, shape.nheads, shape.headdim, shape.dstate,
                                                  shape.chunk_size)
-            stack.enter_context(state_paths.forced(stage, "chain" if chained else "fused"))
+            stack.enter_context(fused_paths.forced(stage, "chain" if chained else "fused"))
+        fused = fused_paths.fuses_by_rule(cf, shape.nheads // shape.ngroups)
+        stack.enter_context(fused_paths.forced(fused_paths.SCAN, "fused" if fused else "chain"))
         yield
 
 

@@ -8,7 +8,7 @@ launching the configs once on arguments of the launch's layout so that Triton's 
 and the timing process then only loads them (on a CPU, where nothing compiles, there is no pool).
 
 It then times the whole call at the shape with each fused state pass forced fused and forced chained
-(``mamba2_kernels.ssd.state_paths``), by CUDA-graph replays: the evidence of the stages' chain rules.
+(``mamba2_kernels.ssd.fused_paths``), by CUDA-graph replays: the evidence of the stages' chain rules.
 
 ``fit_into`` turns a measurement file into the config file's entries: the best config at each grid key, each
 kernel's fitted weights and each state pass's chain rule. All are reviewed in the config PR like tuned configs.
@@ -296,12 +296,12 @@ def _append(out: Path, records: list[dict]) -> None:
 
 
 def _time_paths(timer: Any, shape_name: str, seed: int, device: str, rounds: int, done: set) -> list[dict]:
-    """The whole call at ``shape_name`` with each state pass forced fused and chained, timed as CUDA-graph
-    replays (interleaved): one record per stage not in ``done``."""
+    """The whole call at ``shape_name`` with each fused stage (the state passes, the forward's outputs) forced
+    fused and chained, timed as CUDA-graph replays (interleaved): one record per stage not in ``done``."""
     from mamba2_kernels import registry, suites
-    from mamba2_kernels.ssd import state_paths
+    from mamba2_kernels.ssd import fused_paths
 
-    stages = [stage for stage in (state_paths.FWD, state_paths.BWD) if (shape_name, stage) not in done]
+    stages = [stage for stage in fused_paths.STAGES if (shape_name, stage) not in done]
     if not stages:
         return []
     shape = suites.load().shape(shape_name)
@@ -310,15 +310,16 @@ def _time_paths(timer: Any, shape_name: str, seed: int, device: str, rounds: int
 
     def forced(stage: str, path: str) -> Any:
         def run() -> Any:
-            with state_paths.forced(stage, path):
+            with fused_paths.forced(stage, path):
                 return call()
         return run
 
     records = []
     for stage in stages:
-        samples = timer.interleaved_graphs({path: forced(stage, path) for path in state_paths.PATHS}, rounds=rounds)
+        samples = timer.interleaved_graphs({path: forced(stage, path) for path in fused_paths.PATHS}, rounds=rounds)
         records.append({"shape": shape_name, "stage": stage, "chunk_size": shape.chunk_size,
-                        "state": state_paths.state_elements(shape.batch, shape.nheads, shape.headdim, shape.dstate),
+                        "state": fused_paths.state_elements(shape.batch, shape.nheads, shape.headdim, shape.dstate),
+                        "heads_per_group": shape.nheads // shape.ngroups,
                         "ms": {path: sorted(s)[len(s) // 2] for path, s in samples.items()}})
         print(f"{shape_name} {stage}: " + ", ".join(f"{p} {ms:.4f} ms" for p, ms in records[-1]["ms"].items()),
               flush=True)
@@ -433,11 +434,13 @@ def first_call_seconds(shapes: Sequence[str], entries: Sequence[str], sides: Seq
 
 def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_store.ConfigFile, list[fitting.Fit]]:
     """``cf`` with, per kernel measured: the best config at each grid key (unless a tuned one is stored there)
-    and the fitted weights; per state pass measured: its chain rule (none: the fused kernel everywhere).
-    Returns the new file and the fits."""
+    and the fitted weights; per state pass measured: its chain rule (none: the fused kernel everywhere); for
+    chunk_scan measured: its fuse rule (none: the chain everywhere). Returns the new file and the fits."""
+    from mamba2_kernels.ssd import fused_paths
+
     kernels = dict((name, dict(by_key)) for name, by_key in cf.kernels.items())
     selection = {name: dict(rule) for name, rule in cf.selection.items()}
-    fits: list[fitting.Fit | fitting.ChainFit] = []
+    fits: list[fitting.Fit | fitting.ChainFit | fitting.FuseFit] = []
     kernel_records = [r for r in records if "kernel" in r]
     for kernel in sorted({r["kernel"] for r in kernel_records}):
         rows = [fitting.Measured(kernel, r["key"], r["ms"], r["aliases"])
@@ -453,14 +456,15 @@ def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_
             kernels.setdefault(kernel, {}).setdefault(key, configs[key][source])
     path_records = [r for r in records if "stage" in r]
     for stage in sorted({r["stage"] for r in path_records}):
-        chain_fit = fitting.fit_chain([
-            fitting.PathMeasured(stage, r["chunk_size"], r["state"], r["ms"]["fused"], r["ms"]["chain"])
-            for r in path_records if r["stage"] == stage])
-        fits.append(chain_fit)
+        rows = [fitting.PathMeasured(stage, r["chunk_size"], r["state"], r["ms"]["fused"], r["ms"]["chain"],
+                                     r.get("heads_per_group", 0)) for r in path_records if r["stage"] == stage]
+        kind, path_fit = ("fuse", fitting.fit_fuse(rows)) if stage == fused_paths.SCAN else (
+            "chain", fitting.fit_chain(rows))
+        fits.append(path_fit)
         rule = selection.setdefault(stage, {})
-        rule.pop("chain", None)
-        if chain_fit.rule is not None:
-            rule["chain"] = chain_fit.selection_entry()
+        rule.pop(kind, None)
+        if path_fit.rule is not None:
+            rule[kind] = path_fit.selection_entry()
         if not rule:
             del selection[stage]
     return config_store.ConfigFile(cf.fingerprint, cf.tuned, kernels, selection), fits

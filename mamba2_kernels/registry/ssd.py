@@ -66,6 +66,16 @@ ENTRIES: tuple[KernelEntry, ...] = (
         bytes_moved=traffic(lambda z: z["cb"] + 2 * z["x"] + 2 * z["dt"] + z["bc"] + z["states"]),
         flops=flops_of(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p + 2 * b * L * h * p * n),
         helion="mamba2_kernels.ssd.chunk_scan:chunk_scan_fwd"),
+    # bmm_chunk and chunk_scan in one launch (the forward's fused path where a GPU's rule picks it), against
+    # mamba-ssm's two kernels.
+    KernelEntry(
+        name="bmm_chunk_scan", family="ssd", phase="fwd_4_5", replaces="_bmm_chunk_fwd_kernel + _chunk_scan_fwd_kernel",
+        make_inputs=inputs_chunk_scan, args=("x", "dt", "dA_cumsum", "B", "C", "states", "D", "none", "seq_idx"),
+        outputs=("out", "out_x"), reference=f"{REFERENCE}:bmm_chunk_scan_fwd",
+        baseline="mamba2_kernels._mamba_ssm:bmm_chunk_scan_fwd",
+        bytes_moved=traffic(lambda z: 2 * z["x"] + 2 * z["dt"] + 2 * z["bc"] + z["states"]),
+        flops=flops_of(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * (p + n) + 2 * b * L * h * p * n),
+        helion="mamba2_kernels.ssd.chunk_scan:bmm_chunk_scan_fwd"),
     # chunk_state then state_passing in one pass (our forward's form), against mamba-ssm's two kernels.
     KernelEntry(
         name="chunk_state_passing", family="ssd", phase="fwd_2_3",

@@ -6,13 +6,20 @@ Returns (out = y * silu(z) if z is given else y, out_x = y if z is given else No
 x.dtype. D may be None, (h,) or (h, p). cb must already be zero across sequences (bmm_chunk_fwd with
 seq_idx does that), as in mamba-ssm.
 
+Fused with bmm_chunk (cb None, B given): each program computes its cb tile, C[l] . B[s] over dstate blocks,
+where it would load it, zero across sequences with seq_idx. That spares the cb round trip through memory
+(b, c, g, Q, Q fp32: written once, read by every head of the group) and a launch, at the price of computing
+cb once per head and headdim block instead of once per group; which path a GPU runs at a shape is its file's
+rule (``mamba2_kernels.ssd.scan_paths``).
+
 One program per (batch, chunk, head, row block of the chunk, headdim block): C @ states^T over dstate
 blocks, then the causal loop over column blocks up to the diagonal block, both on tensor cores in x's
 dtype (C's for the state term) with fp32 accumulation.
 Tunables: row, headdim, column and dstate block sizes (mamba-ssm's 11-config list and its
 BLOCK_SIZE_DSTATE rule), warps, stages, grid loop order, indexing.
 Shape key: ``dtype`` (x's), ``headdim``, ``dstate``, ``chunk_size``, ``hpg`` (heads per group), ``D``
-(none / h / hp), ``z`` (0/1), ``seq`` (0/1), ``tokens`` = tokens_bucket(batch * seqlen).
+(none / h / hp), ``z`` (0/1), ``seq`` (0/1), ``tokens`` = tokens_bucket(batch * seqlen); and ``cb=0`` when
+fused (absent otherwise, so the chained path keeps its keys).
 """
 
 from __future__ import annotations
@@ -27,17 +34,18 @@ from mamba2_kernels.ssd import _seeds
 from mamba2_kernels.ssd._keys import dtype_name, seq_prev, tokens
 
 
-def _shape_key(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev_seq, out, out_x, d_kind) -> ShapeKey:
+def _shape_key(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev_seq, out, out_x, d_kind, B=None) -> ShapeKey:
     batch, seqlen, nheads, headdim = x.shape
+    fused = {} if cb is not None else {"cb": 0}
     return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, dstate=C.shape[3], chunk_size=dt.shape[3],
                        hpg=nheads // C.shape[2], D=("none", "h", "hp")[d_kind], z=int(z is not None),
                        seq=int(seq_idx is not None),
-                       tokens=tokens(batch, seqlen))
+                       tokens=tokens(batch, seqlen), **fused)
 
 
 @tuned_kernel(name="chunk_scan", shape_key=_shape_key, seeds=[*_seeds.matmul_mnkk(), _seeds.SWEPT_CHUNK_SCAN])
 def chunk_scan_kernel(
-    cb: torch.Tensor,
+    cb: torch.Tensor | None,
     x: torch.Tensor,
     dt: torch.Tensor,
     dA_cumsum: torch.Tensor,
@@ -50,6 +58,7 @@ def chunk_scan_kernel(
     out: torch.Tensor,
     out_x: torch.Tensor | None,
     d_kind: hl.constexpr,
+    B: torch.Tensor | None = None,
 ) -> None:
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
@@ -86,7 +95,18 @@ def chunk_scan_kernel(
         for tile_k in hl.tile(0, (tile_m.id + 1) * block_m, block_size=block_k):
             pos_k = c * chunk_size + tile_k.index
             valid_k = pos_k < seqlen
-            w = cb[b, c, g, tile_m, tile_k].to(torch.float32)
+            if cb is not None:
+                w = cb[b, c, g, tile_m, tile_k].to(torch.float32)
+            else:  # bmm_chunk's tile, written again: Helion cannot call a device loop in a helper (helion#865)
+                w = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+                for tile_t in hl.tile(dstate, block_size=block_s):
+                    C_t = hl.load(C, [b, pos_m, g, tile_t], extra_mask=valid_m[:, None])
+                    B_t = hl.load(B, [b, pos_k, g, tile_t], extra_mask=valid_k[:, None])
+                    w = hl.dot(C_t, B_t.T, acc=w)
+                if seq_idx is not None:
+                    s_mk = hl.load(seq_idx, [b, pos_m], extra_mask=valid_m)
+                    s_k = hl.load(seq_idx, [b, pos_k], extra_mask=valid_k)
+                    w = torch.where(s_mk[:, None] == s_k[None, :], w, 0.0)
             dA_k = dA_cumsum[b, h, c, tile_k].to(torch.float32)
             seg = dA_m[:, None] - dA_k[None, :]
             w = w * fastmath.exp(torch.where(seg < 0.0, seg, 0.0))
@@ -107,13 +127,20 @@ def chunk_scan_kernel(
         hl.store(out, [b, pos_m, h, tile_n], acc.to(x.dtype), extra_mask=valid_m[:, None])
 
 
-def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None):
-    """Same arguments and results as mamba-ssm's ``_chunk_scan_fwd``: (out, out_x or None)."""
+def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None, B=None):
+    """Same arguments and results as mamba-ssm's ``_chunk_scan_fwd``: (out, out_x or None). With ``cb`` None
+    and ``B`` (b, L, g, n) given, the kernel computes cb itself: bmm_chunk_fwd and this stage in one launch."""
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
     ngroups, dstate = C.shape[2], C.shape[3]
     assert nheads % ngroups == 0 and C.shape[:2] == (batch, seqlen)
-    assert cb.shape == (batch, nchunks, ngroups, chunk_size, chunk_size)
+    if cb is None:
+        if B is None or B.shape != C.shape or B.dtype != C.dtype:
+            raise ValueError(f"B: expected a tensor of C's shape {tuple(C.shape)} and dtype {C.dtype} when cb is "
+                             f"None, got {None if B is None else (tuple(B.shape), B.dtype)}")
+    else:
+        assert cb.shape == (batch, nchunks, ngroups, chunk_size, chunk_size)
+        B = None
     assert dA_cumsum.shape == dt.shape == (batch, nheads, nchunks, chunk_size)
     assert states.shape == (batch, nchunks, nheads, headdim, dstate)
     if chunk_size & (chunk_size - 1):
@@ -130,5 +157,11 @@ def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None
         prev = seq_prev(seq_idx, chunk_size)
     out = torch.empty_like(x)
     out_x = torch.empty_like(x) if z is not None else None
-    chunk_scan_kernel(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev, out, out_x, d_kind)
+    chunk_scan_kernel(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev, out, out_x, d_kind, B)
     return out, out_x
+
+
+def bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=None):
+    """bmm_chunk_fwd and chunk_scan_fwd in one launch: chunk_scan makes each cb tile from C and B itself.
+    Same results as ``mamba2_kernels.ssd.naive.bmm_chunk_scan_fwd``: (out, out_x or None)."""
+    return chunk_scan_fwd(None, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx, B=B)

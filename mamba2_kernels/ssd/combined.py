@@ -1,7 +1,7 @@
 """``mamba_chunk_scan_combined``: the drop-in for mamba-ssm 2.3.2.post1's function of the same name,
 composed from the Helion SSD stages (chunk_cumsum -> chunk_state_passing (chunk_state and state_passing in
-one pass, or as the two kernels where the GPU's rule says so: ``mamba2_kernels.ssd.state_paths``) -> bmm_chunk ->
-chunk_scan).
+one pass) -> bmm_chunk -> chunk_scan, where bmm_chunk and chunk_scan run as one kernel and the state pass as two
+where the GPU's rules say so: ``mamba2_kernels.ssd.fused_paths``).
 
 Autograd: gradients for x, dt, A, B, C, D, z, dt_bias and initial_states (and through final_states)
 with mamba-ssm's recomputation policy: the forward saves its inputs and the output (pre-gate output
@@ -38,7 +38,6 @@ from mamba2_kernels.ssd.bmm_chunk import bmm_chunk_fwd
 from mamba2_kernels.ssd.bmm_chunk_bwd import bmm_chunk_bwd
 from mamba2_kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
 from mamba2_kernels.ssd.chunk_cumsum_bwd import chunk_cumsum_bwd_of_terms
-from mamba2_kernels.ssd.chunk_scan import chunk_scan_fwd
 from mamba2_kernels.ssd.chunk_scan_bwd import (
     chunk_scan_bwd_dC,
     chunk_scan_bwd_dcb,
@@ -47,7 +46,7 @@ from mamba2_kernels.ssd.chunk_scan_bwd import (
 from mamba2_kernels.ssd.chunk_scan_chunk_state_bwd import chunk_scan_chunk_state_bwd_dx
 from mamba2_kernels.ssd.chunk_state_bwd import chunk_state_bwd_db
 from mamba2_kernels.ssd.chunk_state_varlen import chunk_state_varlen
-from mamba2_kernels.ssd.state_paths import chunk_state_passing_bwd, chunk_state_passing_fwd
+from mamba2_kernels.ssd.fused_paths import bmm_chunk_scan_fwd, chunk_state_passing_bwd, chunk_state_passing_fwd
 
 INF = float("inf")
 
@@ -182,7 +181,7 @@ def check_cu_seqlens_values(cu_seqlens: torch.Tensor, seqlen: int) -> None:
 # last stage sums them.
 HELION_STAGES = types.SimpleNamespace(
     chunk_cumsum_fwd=chunk_cumsum_fwd, chunk_state_passing_fwd=chunk_state_passing_fwd,
-    bmm_chunk_fwd=bmm_chunk_fwd, chunk_scan_fwd=chunk_scan_fwd, chunk_scan_bwd_dz=chunk_scan_bwd_dz,
+    bmm_chunk_fwd=bmm_chunk_fwd, bmm_chunk_scan_fwd=bmm_chunk_scan_fwd, chunk_scan_bwd_dz=chunk_scan_bwd_dz,
     chunk_state_passing_bwd=chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx=chunk_scan_chunk_state_bwd_dx,
     chunk_state_bwd_db=functools.partial(chunk_state_bwd_db, unfinished=True),
     chunk_scan_bwd_dC=functools.partial(chunk_scan_bwd_dC, unfinished=True),

@@ -7,13 +7,15 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
     state_passing_fwd), in the forward and in the backward's recompute;
   * chunk_state_passing_bwd: the states' gradient from the outputs and its passing back in one pass
     (mamba-ssm: chunk_scan_bwd_dstates then state_passing_bwd);
+  * bmm_chunk_scan_fwd: the forward's outputs, with each chunk's C B^T made where it is used (mamba-ssm:
+    bmm_chunk_fwd then chunk_scan_fwd, which stores it and reads it back);
   * the intra-chunk ddA comes from the dCB stage (its ``CB=`` form), which has the same products in hand,
     not from a separate pass (``chunk_scan_bwd_ddAcs_stable``) that recomputes them;
   * the three ddA terms are combined by the last stage, ``chunk_cumsum_bwd_of_terms``, in whatever form the
     dB, dC and dCB stages return them (finished in naive; partials that its kernel sums, for Helion).
 
 ``stages`` is any object with the stage functions as attributes, named as in ``mamba2_kernels.ssd.naive``:
-chunk_cumsum_fwd, chunk_state_passing_fwd, bmm_chunk_fwd, chunk_scan_fwd, chunk_scan_bwd_dz,
+chunk_cumsum_fwd, chunk_state_passing_fwd, bmm_chunk_fwd, bmm_chunk_scan_fwd, chunk_scan_bwd_dz,
 chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db, chunk_scan_bwd_dC,
 chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_cumsum_bwd_of_terms; and chunk_state_varlen, which the forward
 calls only when given cu_seqlens, and chunk_state_varlen_bwd, which the backward calls only when given a
@@ -73,6 +75,13 @@ def chain_chunk_state_passing_bwd(stages: Any, C, dA_cumsum, dout, states, dfina
             *(_unflat(t, dstate) for t in converted))
 
 
+def chain_bmm_chunk_scan(stages: Any, x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=None):
+    """``bmm_chunk_scan_fwd`` as mamba-ssm computes it: ``stages.bmm_chunk_fwd`` (C B^T per chunk, fp32, zero
+    across sequences) then ``stages.chunk_scan_fwd`` on it. Returns (out, out_x or None)."""
+    cb = stages.bmm_chunk_fwd(C, B, dt.shape[-1], seq_idx=seq_idx, output_dtype=torch.float32)
+    return stages.chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
+
+
 def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
             seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), cu_seqlens=None, state_dtype=None):
     """Returns (out, out_x, dt, dA_cumsum, states, final_states), as ``_mamba_chunk_scan_combined_fwd``; with
@@ -84,8 +93,7 @@ def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
                                             dt_limit=dt_limit)
     states, final_states = stages.chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=initial_states,
                                                           seq_idx=seq_idx, out_dtype=state_dtype or C.dtype)
-    cb = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
-    out, out_x = stages.chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
+    out, out_x = stages.bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
     if cu_seqlens is None:
         return out, out_x, dt, dA_cumsum, states, final_states
     varlen_states = stages.chunk_state_varlen(B[0], x[0], dt[0], dA_cumsum[0], cu_seqlens, states[0])

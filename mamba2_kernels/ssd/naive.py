@@ -31,6 +31,7 @@ __all__ = [
     "chunk_state_varlen_bwd",
     "bmm_chunk_fwd",
     "chunk_scan_fwd",
+    "bmm_chunk_scan_fwd",
     "chunk_scan_bwd_dz",
     "chunk_scan_bwd_dstates",
     "state_passing_bwd",
@@ -365,6 +366,12 @@ def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None
 # ----------------------------------------------------------------------------------------------------
 # Backward stages
 # ----------------------------------------------------------------------------------------------------
+
+
+def bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=None):
+    """``bmm_chunk_fwd`` then ``chunk_scan_fwd`` (``compose.chain_bmm_chunk_scan``): (out, out_x or None)."""
+    return compose.chain_bmm_chunk_scan(sys.modules[__name__], x, dt, dA_cumsum, B, C, states, D=D, z=z,
+                                        seq_idx=seq_idx)
 
 
 def chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=True, D=None, dz=None, recompute_output=False):

@@ -2,7 +2,7 @@
 
 Each has a registry entry (with its stored configs and baseline rows) that the guard tunes and benches
 against mamba-ssm's kernel of the same name. ``mamba2_kernels.ssd.combined`` runs the fused forms instead, except
-where the GPU's fitted rule runs a fused state pass as its two kernels (``mamba2_kernels.ssd.state_paths``, the one
+where the GPU's fitted rule runs a fused state pass as its two kernels (``mamba2_kernels.ssd.fused_paths``, the one
 importer of this package outside it and the registry):
 
   * ``chunk_state`` + ``state_passing``          -> ``mamba2_kernels.ssd.chunk_state_passing``

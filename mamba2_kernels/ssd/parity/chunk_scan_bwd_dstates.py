@@ -1,7 +1,7 @@
 """Helion ``chunk_scan_bwd_dstates``: drop-in for mamba-ssm's ``_chunk_scan_bwd_dstates``
 (``mamba2_kernels.ssd.parity``); the SSD backward runs it fused into
 ``mamba2_kernels.ssd.chunk_state_passing_bwd``, or, where the GPU's rule says so, as the first kernel of that
-pass's chain (``mamba2_kernels.ssd.state_paths``).
+pass's chain (``mamba2_kernels.ssd.fused_paths``).
 
 dstates[b,c,h,p,n] = sum_l exp(dA_cs[l]) dout[l,p] C[l,n] over the chunk's positions l (with seq_idx: only
 those in the sequence of the position before the chunk): the gradient of the state entering chunk c from

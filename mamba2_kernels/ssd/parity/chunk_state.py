@@ -1,6 +1,6 @@
 """Helion ``chunk_state_fwd``: drop-in for mamba-ssm's ``_chunk_state_fwd`` (``mamba2_kernels.ssd.parity``); the SSD
 forward runs it fused into ``mamba2_kernels.ssd.chunk_state_passing``, or, where the GPU's rule says so, as the first
-kernel of that pass's chain (``mamba2_kernels.ssd.state_paths``).
+kernel of that pass's chain (``mamba2_kernels.ssd.fused_paths``).
 
 states[b,c,h,p,n] = sum_l x[l,p] * B[l,n] * exp(min(dA_cs[Q-1] - dA_cs[l], 0)) * dt[l] over the chunk's
 positions l (with seq_idx: only those in the sequence of the chunk's last position). Returns

@@ -1,6 +1,6 @@
 """Helion ``state_passing_fwd``: drop-in for mamba-ssm's ``_state_passing_fwd`` (``mamba2_kernels.ssd.parity``); the
 SSD forward runs it fused into ``mamba2_kernels.ssd.chunk_state_passing``, or, where the GPU's rule says so, as the
-second kernel of that pass's chain (``mamba2_kernels.ssd.state_paths``).
+second kernel of that pass's chain (``mamba2_kernels.ssd.fused_paths``).
 
 out[:, c] = state entering chunk c (initial_states or 0 for c = 0); carry = exp(dA_chunk_cumsum[c]) * carry +
 states[:, c]; with seq_idx the carry is dropped (scale 0) where a chunk's last position is in another

@@ -1,6 +1,6 @@
 """Helion ``state_passing_bwd``: drop-in for mamba-ssm's ``_state_passing_bwd`` (``mamba2_kernels.ssd.parity``); the
 SSD backward runs it fused into ``mamba2_kernels.ssd.chunk_state_passing_bwd``, or, where the GPU's rule says so, as
-the second kernel of that pass's chain (``mamba2_kernels.ssd.state_paths``).
+the second kernel of that pass's chain (``mamba2_kernels.ssd.fused_paths``).
 
 Going backward over chunks: dstates[c] = g_c with g_{nchunks-1} = dfinal_states (or 0) and
 g_{c-1} = exp(dA_chunk_cumsum[c]) g_c + dout[c]; ddA_chunk_cumsum[c] = exp(dA[c]) sum_dim states[c] g_c

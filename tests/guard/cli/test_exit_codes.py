@@ -99,6 +99,8 @@ USAGE = [
     ("pushgateway-env-not-a-url", lambda t: ["list"], {"MAMBA2_GUARD_PUSHGATEWAY": "localhost"},
      "MAMBA2_GUARD_PUSHGATEWAY"),
     ("tuner-env-not-a-target", lambda t: ["list"], {"MAMBA2_GUARD_TUNER": "nope"}, "MAMBA2_GUARD_TUNER"),
+    ("paths-env-unknown-path", lambda t: ["list"], {"MAMBA2_GUARD_PATHS": "chunk_scan=maybe"},
+     "$MAMBA2_GUARD_PATHS: expected stage=path pairs"),
     ("state-env-empty", lambda t: ["list"], {"MAMBA2_GUARD_STATE": " "}, "MAMBA2_GUARD_STATE"),
     ("seen-env-a-directory", lambda t: ["list"], {"MAMBA2_GUARD_SEEN": "/tmp"},
      "$MAMBA2_GUARD_SEEN: /tmp is a directory"),

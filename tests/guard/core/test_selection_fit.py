@@ -158,3 +158,32 @@ def test_apply_fit_writes_chain_rules_beside_the_weights(tmp_path):
     path = tmp_path / "c.yaml"
     config_store.save(path, new)
     assert config_store.load(path).selection == new.selection
+
+
+def _scan(heads_per_group: int, fused: float, chain: float) -> selection_fit.PathMeasured:
+    return selection_fit.PathMeasured("chunk_scan", 128, 1, fused, chain, heads_per_group)
+
+
+def test_the_fuse_rule_fuses_up_to_the_heads_per_group_where_fusing_won():
+    """Each head recomputes its group's cb when fused: fusing wins at few heads per group and loses at many."""
+    rows = [_scan(1, 0.8, 1.0), _scan(2, 0.9, 1.0), _scan(8, 1.2, 1.0), _scan(16, 1.3, 1.0)]
+    result = selection_fit.fit_fuse(rows)
+    assert result.rule == {"max_heads_per_group": 2}
+    assert result.regret == pytest.approx(1.0) and result.chain_regret > 1.05
+    assert result.selection_entry() == {"max_heads_per_group": 2, "fitted_on": 4}
+    assert "fused at heads per group <= 2" in result.describe()
+    tie = selection_fit.fit_fuse([_scan(1, 1.0, 1.0), _scan(8, 1.1, 1.0)])
+    assert tie.rule is None and tie.selection_entry() is None and "chain everywhere" in tie.describe()
+    with pytest.raises(ValueError, match="fit_fuse: no measurements"):
+        selection_fit.fit_fuse([])
+
+
+def test_apply_fit_writes_the_fuse_rule_beside_chunk_scans_weights():
+    weights = {"flag": 0.05, "tile": 0.5, "size": 0.125}
+    cf = ConfigFile(selection={"chunk_scan": dict(weights)})
+    records = [{"shape": shape, "stage": "chunk_scan", "chunk_size": 128, "state": 1, "heads_per_group": hpg,
+                "ms": {"fused": fused, "chain": 1.0}} for shape, hpg, fused in (("a", 1, 0.7), ("b", 8, 1.4))]
+    new, fits = apply_fit(cf, records)
+    assert new.selection["chunk_scan"] == {**weights, "fuse": {"max_heads_per_group": 1, "fitted_on": 2}}
+    assert new.fuse_rule("chunk_scan").fuses(1) and not new.fuse_rule("chunk_scan").fuses(2)
+    assert new.chain_rule("chunk_scan") is None and [f.stage for f in fits] == ["chunk_scan"]

@@ -246,6 +246,10 @@ def test_channels_are_a_size_field_so_another_channel_count_finds_the_nearest_co
      "selection.chunk_state_passing.chain.max_state: expected a positive integer, got None"),
     ("selection:\n  chunk_state_passing: {chain: {min_chunk: 0, max_state: 9}}\n",
      "selection.chunk_state_passing.chain.min_chunk: expected a positive integer, got 0"),
+    ("selection:\n  chunk_scan: {fuse: 3}\n",
+     "selection.chunk_scan.fuse.max_heads_per_group: expected a positive integer, got None"),
+    ("selection:\n  chunk_scan: {fuse: {max_heads_per_group: 0}}\n",
+     "selection.chunk_scan.fuse.max_heads_per_group: expected a positive integer, got 0"),
     ("fingerprint: 3\n", "fingerprint: expected a mapping"),
     ("kernels: {a: [\n", "not valid YAML"),
 ])

@@ -72,13 +72,18 @@ def test_chunk_scan_options(options):
         inp["cb"] = naive.bmm_chunk_fwd(inp["C"], inp["B"], shape.chunk_size, seq_idx=seq, output_dtype=torch.float32)
     args = (inp["cb"], inp["x"], inp["dt"], inp["dA_cumsum"], inp["C"], inp["states"], D, z, seq)
     with execution_mode("ref"):
-        out, out_x = chunk_scan.chunk_scan_fwd(*args)
-    ref_out, ref_x = naive.chunk_scan_fwd(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                                            else a for a in args))
-    torch.testing.assert_close(out.double(), ref_out, atol=1e-4, rtol=1e-4)
-    assert (out_x is None) == (z is None)
-    if z is not None:
-        torch.testing.assert_close(out_x.double(), ref_x, atol=1e-4, rtol=1e-4)
+        ours = chunk_scan.chunk_scan_fwd(*args)
+    _assert_scan_matches_fp64(ours, naive.chunk_scan_fwd, args)
+
+
+def _assert_scan_matches_fp64(ours, reference, args) -> None:
+    """(out, out_x) against ``reference`` on ``args`` in fp64; out_x only where z was given."""
+    ref_out, ref_x = reference(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                                 for a in args))
+    torch.testing.assert_close(ours[0].double(), ref_out, atol=1e-4, rtol=1e-4)
+    assert (ours[1] is None) == (ref_x is None)
+    if ref_x is not None:
+        torch.testing.assert_close(ours[1].double(), ref_x, atol=1e-4, rtol=1e-4)
 
 
 def test_seq_idx_bmm():
@@ -135,6 +140,34 @@ def test_chunk_state_passing_seq_idx_initial_states(mode):
     assert out.dtype == torch.float16 and final.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref_out, atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(final.double(), ref_final, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["ref", "triton"])
+@pytest.mark.parametrize("options", ["seq_idx", "D_hp_z"])
+def test_chunk_scan_that_makes_cb_itself_gives_the_chain_of_bmm_and_scan(mode, options):
+    """cb None and B given: the kernel's own C B^T tiles (zero across sequences) against bmm_chunk then
+    chunk_scan (fp64 references), at a ragged last chunk; the interpreter with blocks below every dimension."""
+    shape = SMOKE.replace(seqlen=90, batch=2, headdim=32)
+    inp = _scan_inputs(shape, 3)
+    g = torch.Generator().manual_seed(6)
+    D, z, seq = inp["D"], None, None
+    if options == "seq_idx":
+        seq = seq_idx_rows(shape.batch, shape.seqlen)
+    else:
+        D = torch.randn(shape.nheads, shape.headdim, generator=g)
+        z = torch.randn(inp["x"].shape, generator=g)
+    B = torch.randn(inp["C"].shape, generator=g)
+    args = (inp["x"], inp["dt"], inp["dA_cumsum"], B, inp["C"], inp["states"], D, z, seq)
+    config = {"block_sizes": SMALL_BLOCKS["chunk_scan"], "num_warps": 4}
+    with execution_mode(mode), pinned_config(chunk_scan.chunk_scan_kernel, config):
+        ours = chunk_scan.chunk_scan_fwd(None, *args[:3], *args[4:6], D=D, z=z, seq_idx=seq, B=B)
+    _assert_scan_matches_fp64(ours, naive.bmm_chunk_scan_fwd, args)
+
+
+def test_chunk_scan_without_cb_names_the_b_it_needs():
+    inp = _scan_inputs(SMOKE)
+    with pytest.raises(ValueError, match="B: expected a tensor of C's shape"):
+        chunk_scan.chunk_scan_fwd(None, inp["x"], inp["dt"], inp["dA_cumsum"], inp["C"], inp["states"])
 
 
 @pytest.mark.parametrize(("bias", "softplus", "limit"), [(False, False, (0.0, float("inf"))),

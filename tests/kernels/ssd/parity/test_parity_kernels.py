@@ -55,7 +55,7 @@ SCAN = {"state_passing_scan": state_passing.state_passing_kernel,
 
 
 def test_every_parity_kernel_has_its_own_module_and_only_the_state_pass_chains_import_them():
-    """The registry names them (by "module:function" strings); beyond it, only ``mamba2_kernels.ssd.state_paths``
+    """The registry names them (by "module:function" strings); beyond it, only ``mamba2_kernels.ssd.fused_paths``
     imports the four kernels of the state passes' chains, so no user call reaches the others."""
     assert set(KERNELS) == set(SMALL) and len(MODULES) == len(KERNELS)
     parity = Path(MODULES[0].__file__).parent
@@ -63,7 +63,7 @@ def test_every_parity_kernel_has_its_own_module_and_only_the_state_pass_chains_i
               ("chunk_state", "state_passing", "chunk_scan_bwd_dstates", "state_passing_bwd")}
     for source in Path(mamba2_kernels.__file__).parent.rglob("*.py"):
         if parity not in source.parents:
-            allowed = chains if source.name == "state_paths.py" else set()
+            allowed = chains if source.name == "fused_paths.py" else set()
             for node in ast.walk(ast.parse(source.read_text())):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     names = [getattr(node, "module", None) or "", *(alias.name for alias in node.names)]

@@ -1,4 +1,4 @@
-"""The state passes by path (``mamba2_kernels.ssd.state_paths``): the GPU's chain rule decides which kernels a call
+"""The fused stages by path (``mamba2_kernels.ssd.fused_paths``): the GPU's rules decide which kernels a call
 launches, and the chain gives the fused kernels' results, forward and backward, in Helion's ref mode."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import mamba2_kernels
 from mamba2_kernels import config_store
 from mamba2_kernels._runtime import capture_launches
-from mamba2_kernels.ssd import state_paths
+from mamba2_kernels.ssd import fused_paths
 from mamba2_kernels.testing import execution_mode
 from tests.kernels.ssd.checks import seq_idx_rows
 
@@ -52,9 +52,9 @@ def rule_file(tmp_path, monkeypatch):
     monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path)
     config_store._cache.clear()
 
-    def write(rules: dict[str, dict[str, int]]) -> None:
+    def write(rules: dict[str, dict[str, int]], kind: str = "chain") -> None:
         config_store.save(tmp_path / "cpu.yaml", config_store.ConfigFile(
-            selection={stage: {"chain": rule} for stage, rule in rules.items()}))
+            selection={stage: {kind: rule} for stage, rule in rules.items()}))
         config_store._cache.clear()
 
     yield write
@@ -92,18 +92,18 @@ def test_a_gpu_without_a_file_of_its_own_takes_the_chain_rule_of_the_gpu_serving
         selection={"chunk_state_passing": {"chain": {"min_chunk": 32, "max_state": 2048}}}))
     config_store._cache.clear()
     tensors, options = _call()
-    monkeypatch.setattr(state_paths, "device_capability", lambda _device: "9.0")
+    monkeypatch.setattr(fused_paths, "device_capability", lambda _device: "9.0")
     assert _launched_kernels(tensors, options) & CHAIN_KERNELS == CHAINS["chunk_state_passing"]
-    monkeypatch.setattr(state_paths, "device_capability", lambda _device: "8.0")
+    monkeypatch.setattr(fused_paths, "device_capability", lambda _device: "8.0")
     assert not _launched_kernels(tensors, options) & CHAIN_KERNELS
 
 
 def test_the_chain_gives_the_fused_results_forward_and_backward():
     """Packed documents, initial states and final states: every output and gradient agrees."""
     tensors, options = _call()
-    with state_paths.forced(state_paths.FWD, "fused"), state_paths.forced(state_paths.BWD, "fused"):
+    with fused_paths.forced(fused_paths.FWD, "fused"), fused_paths.forced(fused_paths.BWD, "fused"):
         fused = _results(tensors, options)
-    with state_paths.forced(state_paths.FWD, "chain"), state_paths.forced(state_paths.BWD, "chain"):
+    with fused_paths.forced(fused_paths.FWD, "chain"), fused_paths.forced(fused_paths.BWD, "chain"):
         chain = _results(tensors, options)
     assert fused.keys() == chain.keys()
     for name in fused:
@@ -111,7 +111,54 @@ def test_the_chain_gives_the_fused_results_forward_and_backward():
 
 
 def test_forcing_takes_only_known_stages_and_paths():
-    with pytest.raises(ValueError, match="expected a stage"), state_paths.forced("chunk_scan", "chain"):
+    with pytest.raises(ValueError, match="expected a stage"), fused_paths.forced("bmm_chunk", "chain"):
         pass
-    with pytest.raises(ValueError, match="and a path"), state_paths.forced(state_paths.FWD, "split"):
+    with pytest.raises(ValueError, match="and a path"), fused_paths.forced(fused_paths.FWD, "split"):
         pass
+
+
+def _forward_kernels(tensors, options) -> list[str]:
+    with execution_mode("ref"), capture_launches() as launches:
+        mamba2_kernels.mamba_chunk_scan_combined(**tensors, **options)
+    return [kernel.name for kernel, _ in launches]
+
+
+@pytest.mark.parametrize(("rule", "fused"), [
+    (None, False),  # no rule: bmm_chunk and chunk_scan, as before the fusion
+    ({"max_heads_per_group": 2}, True),  # the call: 4 heads in 2 groups
+    ({"max_heads_per_group": 1}, False),
+])
+def test_the_fuse_rule_makes_cb_in_chunk_scan_at_few_heads_per_group(rule_file, rule, fused):
+    rule_file({} if rule is None else {"chunk_scan": rule}, kind="fuse")
+    tensors, options = _call()
+    launched = _forward_kernels(tensors, options)
+    assert "chunk_scan" in launched and ("bmm_chunk" not in launched) == fused
+
+
+def test_chunk_scan_making_cb_gives_the_chains_results_forward_and_backward():
+    """z, D per head dim, packed documents, initial and final states: every output and gradient agrees."""
+    tensors, options = _call()
+    tensors = {**tensors, "z": torch.randn(tensors["x"].shape, generator=torch.Generator().manual_seed(3)),
+               "D": torch.randn(4, 16, generator=torch.Generator().manual_seed(4))}
+    with fused_paths.forced(fused_paths.SCAN, "fused"):
+        assert "bmm_chunk" not in _forward_kernels(tensors, options)
+        fused = _results(tensors, options)
+    with fused_paths.forced(fused_paths.SCAN, "chain"):
+        chain = _results(tensors, options)
+    for name in fused:
+        torch.testing.assert_close(fused[name], chain[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_the_environment_forces_a_path_in_every_process_that_inherits_it(rule_file, monkeypatch):
+    """How the fused path's own configs get tuned before a rule picks it: `MAMBA2_GUARD_PATHS=chunk_scan=fused
+    mamba2-guard autotune ...`; a path forced in the thread still wins."""
+    rule_file({})
+    tensors, options = _call()
+    monkeypatch.setenv("MAMBA2_GUARD_PATHS", "chunk_scan=fused, chunk_state_passing=chain")
+    launched = _forward_kernels(tensors, options)
+    assert "bmm_chunk" not in launched and {"chunk_state", "state_passing"} <= set(launched)
+    with fused_paths.forced(fused_paths.SCAN, "chain"):
+        assert "bmm_chunk" in _forward_kernels(tensors, options)
+    monkeypatch.setenv("MAMBA2_GUARD_PATHS", "chunk_scan=sideways")
+    with pytest.raises(ValueError, match=r"\$MAMBA2_GUARD_PATHS: expected stage=path pairs.*'chunk_scan=sideways'"):
+        _forward_kernels(tensors, options)

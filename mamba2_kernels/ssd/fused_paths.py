@@ -1,0 +1,108 @@
+"""The SSD's fused stages, each as one fused kernel or as the kernels it fuses, by the GPU's rule.
+
+The state pass, forward and backward. The fused kernels (``mamba2_kernels.ssd.chunk_state_passing`` and
+``..._bwd``) walk the chunks in order, one program per (batch, head, headdim block, dstate block): they never write
+the per-chunk states, but their parallel work is only the state's elements. At long chunks and small states (few
+heads, batch 1) the walk leaves most of the GPU idle, and mamba-ssm's two kernels, parallel over chunks too
+(``mamba2_kernels.ssd.parity``: chunk states, then an associative scan over chunks), are faster despite the states
+they write and read back. Which one runs is the GPU's fitted ``ChainRule`` (the config file's
+``selection.<stage>.chain``, ``mamba2_kernels.config_store``; a GPU without a file of its own takes that of the GPU
+whose file serves its configs); without a rule the fused kernel runs. ``docs/config-selection.md`` says how the
+rule is measured and fitted.
+
+The forward's outputs (``bmm_chunk_scan_fwd``). Fused, chunk_scan computes each cb tile (C B^T) where it uses
+it and never stores cb (``mamba2_kernels.ssd.chunk_scan``); but it computes it once per head and headdim block,
+where bmm_chunk computes it once per group and every head of the group reads it back. Few heads per group
+favour the fusion, many favour the chain. It runs fused only where the GPU's file says so (a ``FuseRule``:
+``selection.chunk_scan.fuse``); without a rule the chain runs, as it did before the fusion existed.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+
+from mamba2_kernels import config_store
+from mamba2_kernels._runtime import device_capability, device_slug
+from mamba2_kernels.ssd import compose
+from mamba2_kernels.ssd.bmm_chunk import bmm_chunk_fwd
+from mamba2_kernels.ssd.chunk_scan import bmm_chunk_scan_fwd as fused_scan
+from mamba2_kernels.ssd.chunk_scan import chunk_scan_fwd
+from mamba2_kernels.ssd.chunk_state_passing import chunk_state_passing_fwd as fused_fwd
+from mamba2_kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd as fused_bwd
+from mamba2_kernels.ssd.forcing import BWD, FWD, PATHS, SCAN, STAGES, forced, forced_path  # noqa: F401 (re-exported)
+from mamba2_kernels.ssd.parity.chunk_scan_bwd_dstates import chunk_scan_bwd_dstates
+from mamba2_kernels.ssd.parity.chunk_state import chunk_state_fwd
+from mamba2_kernels.ssd.parity.state_passing import state_passing_fwd
+from mamba2_kernels.ssd.parity.state_passing_bwd import state_passing_bwd
+
+CHAIN_STAGES = types.SimpleNamespace(chunk_state_fwd=chunk_state_fwd, state_passing_fwd=state_passing_fwd,
+                                     chunk_scan_bwd_dstates=chunk_scan_bwd_dstates, state_passing_bwd=state_passing_bwd,
+                                     bmm_chunk_fwd=bmm_chunk_fwd, chunk_scan_fwd=chunk_scan_fwd)
+
+
+def state_elements(batch: int, nheads: int, headdim: int, dstate: int) -> int:
+    return batch * nheads * headdim * dstate
+
+
+def chained(stage: str, x: torch.Tensor, dstate: int, chunk_size: int) -> bool:
+    """Whether ``stage`` (a state pass) runs as its chain for a call with ``x`` (batch, seqlen, nheads, headdim)."""
+    path = forced_path(stage)
+    if path is not None:
+        return path == "chain"
+    cf = config_store.serving_file(device_slug(x.device), device_capability(x.device))
+    batch, _, nheads, headdim = x.shape
+    return cf is not None and chains_by_rule(cf, stage, batch, nheads, headdim, dstate, chunk_size)
+
+
+def scan_fused(x: torch.Tensor, ngroups: int) -> bool:
+    """Whether the forward's outputs run fused (cb made in chunk_scan) for a call with ``x``."""
+    path = forced_path(SCAN)
+    if path is not None:
+        return path == "fused"
+    cf = config_store.serving_file(device_slug(x.device), device_capability(x.device))
+    return cf is not None and fuses_by_rule(cf, x.shape[2] // ngroups)
+
+
+def fuses_by_rule(cf: config_store.ConfigFile, heads_per_group: int) -> bool:
+    """Whether ``cf``'s fuse rule for the forward's outputs fuses a call with these heads per group (no rule:
+    the chain)."""
+    rule = cf.fuse_rule(SCAN)
+    return rule is not None and rule.fuses(heads_per_group)
+
+
+def chains_by_rule(cf: config_store.ConfigFile, stage: str, batch: int, nheads: int, headdim: int, dstate: int,
+                   chunk_size: int) -> bool:
+    """Whether ``cf``'s chain rule for ``stage`` chains a call of these sizes (no rule: fused)."""
+    rule = cf.chain_rule(stage)
+    return rule is not None and rule.chains(chunk_size, state_elements(batch, nheads, headdim, dstate))
+
+
+def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, out_dtype=None):
+    """``mamba2_kernels.ssd.chunk_state_passing.chunk_state_passing_fwd``, by the path the rule picks."""
+    run = fused_fwd
+    if chained(FWD, x, B.shape[-1], dt.shape[-1]):
+        run = functools.partial(compose.chain_chunk_state_passing, CHAIN_STAGES)
+    return run(B, x, dt, dA_cumsum, initial_states=initial_states, seq_idx=seq_idx, out_dtype=out_dtype)
+
+
+def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,
+                            dstates_dtype=None, states_dtype=None, dstates_in=None):
+    """``mamba2_kernels.ssd.chunk_state_passing_bwd.chunk_state_passing_bwd``, by the path the rule picks; with
+    ``dstates_in`` (a gradient of the states entering each chunk from elsewhere: the varlen states') always the
+    chain, which has those states' gradient in hand between its two kernels (the fused pass never writes it)."""
+    options = {"dfinal_states": dfinal_states, "seq_idx": seq_idx, "has_initial_states": has_initial_states,
+               "dstates_dtype": dstates_dtype, "states_dtype": states_dtype}
+    if dstates_in is not None or chained(BWD, dout, C.shape[-1], dA_cumsum.shape[-1]):
+        return compose.chain_chunk_state_passing_bwd(CHAIN_STAGES, C, dA_cumsum, dout, states, dstates_in=dstates_in,
+                                                     **options)
+    return fused_bwd(C, dA_cumsum, dout, states, **options)
+
+
+def bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=None):
+    """``mamba2_kernels.ssd.naive.bmm_chunk_scan_fwd``'s results, by the path the rule picks."""
+    if scan_fused(x, C.shape[2]):
+        return fused_scan(x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
+    return compose.chain_bmm_chunk_scan(CHAIN_STAGES, x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
