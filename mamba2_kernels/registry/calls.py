@@ -72,6 +72,7 @@ def call_traffic(shape: ShapeSpec, backward: bool) -> CallTraffic:
     return CallTraffic(len(ours), gate + sum(STAGES[n].bytes_moved(shape) for n in ours), len(theirs),
                        gate + sum(STAGES[n].bytes_moved(shape) for n in theirs), compulsory)
 
+
 SSD: tuple[KernelEntry, ...] = (
     KernelEntry(
         name="ssd_combined_fwd", family="ssd", phase="call_fwd", replaces="mamba_chunk_scan_combined (forward)",

@@ -10,7 +10,7 @@ Fused with bmm_chunk (cb None, B given): each program computes its cb tile, C[l]
 where it would load it, zero across sequences with seq_idx. That spares the cb round trip through memory
 (b, c, g, Q, Q fp32: written once, read by every head of the group) and a launch, at the price of computing
 cb once per head and headdim block instead of once per group; which path a GPU runs at a shape is its file's
-rule (``mamba2_kernels.ssd.scan_paths``).
+rule (``mamba2_kernels.ssd.fused_paths``).
 
 One program per (batch, chunk, head, row block of the chunk, headdim block): C @ states^T over dstate
 blocks, then the causal loop over column blocks up to the diagonal block, both on tensor cores in x's
