@@ -27,6 +27,8 @@ def total(names: Sequence[str], model: str) -> Callable[[ShapeSpec], int]:
 CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "z=z_call", "dt_bias=dt_bias",
              "initial_states=initial_states", "seq_idx=seq_idx", "dt_softplus=dt_softplus")
 FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk", "chunk_scan")
+# The forward where a GPU's rule fuses bmm_chunk into chunk_scan (mamba2_kernels.ssd.fused_paths).
+FUSED_FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk_scan")
 # The entries whose kernels the whole call (forward + backward) launches, in launch order.
 SSD_CALL_STAGES = (*FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
                    "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
@@ -44,10 +46,13 @@ MAMBA_SSM_CALL_STAGES = (*MAMBA_SSM_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "ch
 
 @dataclass(frozen=True)
 class CallTraffic:
-    """One call's launches and modelled HBM bytes (each stage's compulsory traffic, summed), ours and
-    mamba-ssm's, and the call's own compulsory bytes: what a single pass over its inputs and outputs moves."""
+    """One call's launches and modelled HBM bytes (each stage's compulsory traffic, summed): ours as the
+    committed files run it, ours with bmm_chunk fused into chunk_scan, and mamba-ssm's; and the call's own
+    compulsory bytes: what a single pass over its inputs and outputs moves."""
     launches: int
     bytes: int
+    fused_launches: int
+    fused_bytes: int
     mamba_ssm_launches: int
     mamba_ssm_bytes: int
     compulsory_bytes: int
@@ -66,11 +71,12 @@ def call_traffic(shape: ShapeSpec, backward: bool) -> CallTraffic:
     gate = z["x"] if shape.z else 0
     forward = io + gate + z["x"]  # ... and z in, out out
     compulsory = forward + (2 * io + z["x"] + 3 * gate if backward else 0)  # dout, z, out in; grads out
-    ours = _launched(SSD_CALL_STAGES if backward else FWD_STAGES, shape, backward)
-    theirs = _launched(MAMBA_SSM_CALL_STAGES if backward else MAMBA_SSM_FWD_STAGES, shape, backward)
-    # the stage models leave out z, which both forwards' chunk_scan reads
-    return CallTraffic(len(ours), gate + sum(STAGES[n].bytes_moved(shape) for n in ours), len(theirs),
-                       gate + sum(STAGES[n].bytes_moved(shape) for n in theirs), compulsory)
+    sides = [_launched(SSD_CALL_STAGES if backward else FWD_STAGES, shape, backward),
+             _launched(FUSED_FWD_STAGES + (SSD_CALL_STAGES[len(FWD_STAGES):] if backward else ()), shape, backward),
+             _launched(MAMBA_SSM_CALL_STAGES if backward else MAMBA_SSM_FWD_STAGES, shape, backward)]
+    # the stage models leave out z, which every forward's chunk_scan reads
+    counts = [(len(side), gate + sum(STAGES[n].bytes_moved(shape) for n in side)) for side in sides]
+    return CallTraffic(*counts[0], *counts[1], *counts[2], compulsory)
 
 
 SSD: tuple[KernelEntry, ...] = (

@@ -115,12 +115,17 @@ def test_the_call_traffic_model_counts_launches_and_a_compulsory_floor():
 
     shape = suites.load().shape("nemotron3-nano")
     fwd, both = call_traffic(shape, backward=False), call_traffic(shape, backward=True)
-    assert (fwd.launches, fwd.mamba_ssm_launches, both.launches, both.mamba_ssm_launches) == (4, 5, 15, 19)
     z = sizes(shape)
+    assert (fwd.launches, fwd.mamba_ssm_launches, both.launches, both.mamba_ssm_launches) == (4, 5, 15, 19)
+    assert (fwd.fused_launches, both.fused_launches) == (3, 14)
+    # fused, cb (b, c, g, Q, Q fp32) is neither written nor read back, and C is read once, not twice; the
+    # backward is the same either way
+    saved = 2 * z["cb"] + z["bc"]
+    assert fwd.bytes - fwd.fused_bytes == saved and both.bytes - both.fused_bytes == saved
     # forward: x, dt, B and C read once, out written once; the backward reads them and dout, writes the grads
     assert fwd.compulsory_bytes == 2 * z["x"] + z["dt_raw"] + 2 * z["bc"]
     assert both.compulsory_bytes == fwd.compulsory_bytes + 3 * z["x"] + 2 * z["dt_raw"] + 4 * z["bc"]
     # a chain of stages moves more than one pass; ours fuses two of mamba-ssm's forward stages
-    assert fwd.compulsory_bytes < fwd.bytes < fwd.mamba_ssm_bytes
+    assert fwd.compulsory_bytes < fwd.fused_bytes < fwd.bytes < fwd.mamba_ssm_bytes
     gated = call_traffic(shape.replace(z=True), backward=False)
     assert gated.bytes == fwd.bytes + z["x"] and gated.compulsory_bytes == fwd.compulsory_bytes + z["x"]
