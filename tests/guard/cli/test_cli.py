@@ -18,7 +18,7 @@ def test_unknown_shape_and_suite_exit_2(capsys):
     assert cli.main(["list", "--shapes", "nano"]) == cli.EXIT_USAGE
     assert "valid shapes:" in capsys.readouterr().err
     assert cli.main(["list", "--suite", "nightly"]) == cli.EXIT_USAGE
-    assert "valid suites: default, selection-grid, smoke" in capsys.readouterr().err
+    assert "valid suites: default, heldout-wide, selection-grid, smoke" in capsys.readouterr().err
 
 
 def test_fingerprint_json(capsys):

@@ -63,7 +63,7 @@ def test_doctor_is_fast_and_short():
 @pytest.mark.parametrize("command", ["bench", "nightly"])
 def test_unknown_suite_lists_valid_names(command, tmp_path):
     one_line_error(guard(command, "--suite", "nosuch", "--state-dir", str(tmp_path)),
-                   "unknown suite 'nosuch'", "valid suites: default, selection-grid, smoke")
+                   "unknown suite 'nosuch'", "valid suites: default, heldout-wide, selection-grid, smoke")
 
 
 def test_autotune_checks_names_before_the_gpu(tmp_path):
