@@ -142,8 +142,9 @@ def test_chunk_state_passing_seq_idx_initial_states(mode):
     torch.testing.assert_close(final.double(), ref_final, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["ref", "triton"])
-@pytest.mark.parametrize("options", ["seq_idx", "D_hp_z"])
+@pytest.mark.parametrize(("mode", "options"), [("ref", {"seq_idx"}), ("ref", {"D_hp", "z"}),
+                                                ("triton", {"seq_idx", "D_hp", "z"})],
+                         ids=["ref-seq_idx", "ref-D_hp-z", "triton-all"])
 def test_chunk_scan_that_makes_cb_itself_gives_the_chain_of_bmm_and_scan(mode, options):
     """cb None and B given: the kernel's own C B^T tiles (zero across sequences) against bmm_chunk then
     chunk_scan (fp64 references), at a ragged last chunk; the interpreter with blocks below every dimension."""
@@ -151,10 +152,11 @@ def test_chunk_scan_that_makes_cb_itself_gives_the_chain_of_bmm_and_scan(mode, o
     inp = _scan_inputs(shape, 3)
     g = torch.Generator().manual_seed(6)
     D, z, seq = inp["D"], None, None
-    if options == "seq_idx":
+    if "seq_idx" in options:
         seq = seq_idx_rows(shape.batch, shape.seqlen)
-    else:
+    if "D_hp" in options:
         D = torch.randn(shape.nheads, shape.headdim, generator=g)
+    if "z" in options:
         z = torch.randn(inp["x"].shape, generator=g)
     B = torch.randn(inp["C"].shape, generator=g)
     args = (inp["x"], inp["dt"], inp["dA_cumsum"], B, inp["C"], inp["states"], D, z, seq)
