@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 from mamba2_guard.adapters import charts  # noqa: E402
 from mamba2_guard.core import traffic_table  # noqa: E402
-from mamba2_guard.core.results_page import call_speedups, render  # noqa: E402
+from mamba2_guard.core.results_page import call_speedups, render, shape_classes  # noqa: E402
 from mamba2_guard.flows.baselines import read_first_calls  # noqa: E402
 
 STARTED_AT = re.compile(r'"started_at":\s*"([^"]+)"')
@@ -46,23 +46,23 @@ def run_files(runs_dir: Path, slug: str) -> dict[str, str]:
     return found
 
 
-def suite_shapes(root: Path, suite: str) -> list[str]:
-    """The shape names of a suite of ``mamba2_kernels/suites.yaml`` (``default`` and ``zoo-fit``: tuned;
-    ``zoo-steered``: steered; ``heldout-wide``: held out)."""
+def suite_lists(root: Path) -> dict[str, list[str]]:
+    """The suites of ``mamba2_kernels/suites.yaml`` by name, as listed (``default`` and ``zoo-fit``: tuned;
+    ``zoo-steered``: steered; ``heldout-wide``: held out); none without the file."""
     suites = root / "mamba2_kernels" / "suites.yaml"
     if not suites.is_file():
-        return []
+        return {}
     data = yaml.safe_load(suites.read_text()) or {}
-    return list((data.get("suites") or {}).get(suite) or [])
+    return {name: list(members or []) for name, members in (data.get("suites") or {}).items()}
 
 
 def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[dict, str]]]:
     """The pages (path -> text) and their charts (path -> (data, title))."""
     out: dict[Path, str] = {}
     drawn: dict[Path, tuple[dict, str]] = {}
-    tuned = suite_shapes(root, "default") + suite_shapes(root, "zoo-fit")
-    steered = suite_shapes(root, "zoo-steered")
-    heldout = suite_shapes(root, "heldout-wide")
+    lists = suite_lists(root)
+    tuned = lists.get("default", []) + lists.get("zoo-fit", [])
+    steered, heldout = lists.get("zoo-steered", []), lists.get("heldout-wide", [])
     for baseline in sorted((root / "baselines").glob("*.yaml")):
         slug = baseline.stem
         data = yaml.safe_load(baseline.read_text()) or {}
@@ -75,23 +75,23 @@ def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[dict, str]]]:
         out[root / "docs" / "results" / f"{slug}.md"] = render(
             data, slug, runs=run_files(root / "baselines" / "runs", slug), tuned_shapes=tuned, heldout_shapes=heldout,
             source=f"baselines/{baseline.name}", first_calls=first_calls, chart=chart, steered_shapes=steered)
-    out[root / "docs" / "results" / "traffic.md"] = traffic_page(root, tuned, steered, heldout)
+    out[root / "docs" / "results" / "traffic.md"] = traffic_page(root, shape_classes(tuned, heldout, steered))
     return out, drawn
 
 
-def traffic_page(root: Path, tuned: list[str], steered: list[str], heldout: list[str]) -> str:
-    """The launches-and-bytes page at the suite and zoo shapes (``mamba2_guard.core.traffic_table``)."""
+def traffic_page(root: Path, classes: list[tuple[str, list[str]]]) -> str:
+    """The launches-and-bytes page at the shapes of ``classes`` (``results_page.shape_classes``: each shape
+    labelled held out, steered or tuned), by ``mamba2_guard.core.traffic_table``."""
     import dataclasses
 
     from mamba2_kernels import suites
     from mamba2_kernels.registry.calls import call_traffic
 
     loaded = suites.load(root / "mamba2_kernels" / "suites.yaml")
-    labels = {**{s: "tuned" for s in tuned}, **{s: "steered" for s in steered}, **{s: "held out" for s in heldout}}
-    rows = [{"shape": name, "label": labels[name], "call": call,
+    labelled = [(name, label) for label, members in reversed(classes) for name in members]  # tuned first
+    rows = [{"shape": name, "label": label, "call": call,
              **dataclasses.asdict(call_traffic(loaded.shape(name), backward))}
-            for call, backward in zip(traffic_table.CALLS, (False, True), strict=True)
-            for name in dict.fromkeys(tuned + steered + heldout)]
+            for call, backward in zip(traffic_table.CALLS, (False, True), strict=True) for name, label in labelled]
     return traffic_table.render(rows, "the traffic model of `mamba2_kernels/registry` at the shapes of "
                                 "`mamba2_kernels/suites.yaml`")
 

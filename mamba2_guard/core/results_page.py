@@ -160,7 +160,7 @@ def _headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], order: lis
     return lines
 
 
-def _classes(tuned: Iterable[str], heldout: Iterable[str], steered: Iterable[str]) -> list[tuple[str, list[str]]]:
+def shape_classes(tuned: Iterable[str], heldout: Iterable[str], steered: Iterable[str]) -> list[tuple[str, list[str]]]:
     """[(class, its shapes in order)]: held out, steered (when any), tuned; a shape in one class only, the first
     that names it."""
     out, taken = [], set()
@@ -222,7 +222,7 @@ def call_speedups(baseline: Mapping[str, Any], tuned_shapes: Iterable[str], held
     such shape that has a speedup, held-out shapes first, each class in the suites' order; with
     ``first_calls``, a last panel of the first calls' speedups (mamba-ssm's seconds over ours) likewise."""
     results = baseline.get("results") or {}
-    groups = _classes(tuned_shapes, heldout_shapes, steered_shapes)
+    groups = shape_classes(tuned_shapes, heldout_shapes, steered_shapes)
     out = {}
     for kernel in _composite_kernels(results):
         points = [(shape, group, x) for group, shapes in groups for shape in shapes
@@ -248,8 +248,8 @@ def render(baseline: Mapping[str, Any], gpu_slug: str, *, runs: Mapping[str, str
     (drawn from ``call_speedups``), if any."""
     runs = dict(runs or {})
     tuned = list(dict.fromkeys(tuned_shapes))
-    steered = [s for s in dict.fromkeys(steered_shapes) if s not in tuned]
-    classes = _classes(tuned, heldout_shapes, steered)
+    classes = shape_classes(tuned, heldout_shapes, steered_shapes)
+    steered = dict(classes).get("steered", [])
     source = source or f"baselines/{gpu_slug}.yaml"
     results = baseline.get("results") or {}
     fingerprint = baseline.get("fingerprint") or {}
