@@ -119,7 +119,10 @@ def _stages() -> types.SimpleNamespace:
         state_passing_fwd=resolve(f"{SSD_STATE_PASSING}:_state_passing_fwd"),
         chunk_scan_bwd_dstates=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_bwd_dstates"),
         state_passing_bwd=resolve(f"{SSD_STATE_PASSING}:_state_passing_bwd"),
-        bmm_chunk_fwd=resolve(f"{SSD_BMM}:_bmm_chunk_fwd"), chunk_scan_fwd=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_fwd"))
+        bmm_chunk_fwd=resolve(f"{SSD_BMM}:_bmm_chunk_fwd"), chunk_scan_fwd=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_fwd"),
+        chunk_state_bwd_db=resolve(f"{SSD_CHUNK_STATE}:_chunk_state_bwd_db"),
+        chunk_scan_bwd_dC=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_bwd_dC"),
+        bmm_chunk_bwd=resolve(f"{SSD_BMM}:_bmm_chunk_bwd"))
 
 
 def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, out_dtype=None):
@@ -140,6 +143,13 @@ def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_
     counterpart of ``mamba2_kernels.ssd.chunk_state_passing_bwd``."""
     return compose.chain_chunk_state_passing_bwd(_stages(), C, dA_cumsum, dout, states, dfinal_states, seq_idx,
                                                  has_initial_states, dstates_dtype, states_dtype)
+
+
+def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=None, dB=None, dC=None):
+    """mamba-ssm's db and dC kernels, then its bmm_chunk_bwd twice, as its combined backward runs them: the
+    counterpart of ``mamba2_kernels.ssd.chunk_bwd_db_dc``."""
+    return compose.chain_chunk_bwd_db_dc(_stages(), x, dt, dA_cumsum, B, C, dout, states, dstates, dcb,
+                                         seq_idx=seq_idx, dB=dB, dC=dC)
 
 
 def _autotuners() -> dict[str, Any]:

@@ -38,8 +38,9 @@ borrowing off: a GPU then sees its own file alone, as the bring-up's withheld-fi
 
 A fused state pass's ``chain`` rule (``ChainRule``) says at which calls the stage runs as the two kernels
 it fuses instead (``mamba2_kernels.ssd.fused_paths``); without one, the fused kernel runs everywhere. The
-forward's outputs go the other way round: chunk_scan's ``fuse`` rule (``FuseRule``) says at which calls it
-makes cb itself; without one, bmm_chunk and chunk_scan run as two kernels everywhere.
+forward's outputs and the backward's gradients of B and C go the other way round: the ``fuse`` rule
+(``FuseRule``) of chunk_scan says at which calls it makes cb itself, that of chunk_bwd_db_dc at which calls one
+pass computes dB and dC; without one, each runs as the kernels it fuses everywhere.
 """
 
 from __future__ import annotations
@@ -185,8 +186,9 @@ class ChainRule:
 
 @dataclass(frozen=True)
 class FuseRule:
-    """When chunk_scan makes cb itself instead of reading bmm_chunk's: at most ``max_heads_per_group`` heads
-    per group (each head recomputes its group's cb, which the chain computes once per group)."""
+    """When a fusion of kernels runs instead of its chain: at most ``max_heads_per_group`` heads per group.
+    chunk_scan making cb itself recomputes a group's cb for each head, which the chain computes once per group;
+    the one pass of chunk_bwd_db_dc walks all of a group's heads in each program, which the chain splits."""
 
     max_heads_per_group: int
 

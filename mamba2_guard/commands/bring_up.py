@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"nothing to bring up on {gpu_slug}: its config file holds every kernel and no bring-up is in progress "
               "(--force runs the stages left)")
         return common.EXIT_OK
-    stages = flow.stages_for(gpu_slug)  # planned once: for the bar's total and for the run
+    stages = flow.stages_for(gpu_slug, flow.tuned_before(state_dir, gpu_slug, out))  # once: the bar's total, the run
     opts = flow.options_from_config(
         cfg, job_budget_seconds=args.job_seconds, state_dir=state_dir, gpu_slug=gpu_slug,
         budget_seconds=args.budget_minutes * 60, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), out=out,

@@ -10,7 +10,9 @@ below, each started only once those before it are done or skipped:
             tried on this GPU: a config that generates code, passes precision and beats Helion's default
             is stored as this GPU's own; one that fails here is never stored (the default is).
 ``hot``     Helion's search, seeded from what ``borrow`` stored, on the whole SSD call at the suite's and the
-            zoo's shapes, the calls of most device time first: the first night fixes most of the time.
+            zoo's shapes, the calls of most device time first: the first night fixes most of the time. On a
+            GPU whose file held configs when the bring-up began (a kernel added since), only the launches
+            without a config of their own: what the file holds was tuned already.
 ``suite``   every kernel of the suite at the suite's shapes, searching only the launches still without a config.
 ``grid``    the whole call at the selection grid's shapes not reached yet.
 ``fit``     ``measure-selection`` over the grid, then the selection rule's fit, into the same file.
@@ -70,15 +72,19 @@ def by_value(shapes: Sequence[str], weight: Mapping[str, float]) -> list[str]:
 
 
 def plan(*, whole_call: str, suite_kernels: Sequence[str], suite_shapes: Sequence[str], zoo_shapes: Sequence[str],
-         grid_shapes: Sequence[str], weight: Mapping[str, float], other_files: bool) -> list[Stage]:
+         grid_shapes: Sequence[str], weight: Mapping[str, float], other_files: bool,
+         tuned_before: bool = False) -> list[Stage]:
     """The stages of a bring-up (module docstring). ``weight``: estimated device ms of the whole call per shape;
-    ``other_files``: whether any other GPU's config file exists to borrow from."""
+    ``other_files``: whether any other GPU's config file exists to borrow from; ``tuned_before``: whether this
+    GPU's own file held configs when the bring-up began."""
     calls = tuple(by_value([*suite_shapes, *zoo_shapes], weight))
     grid = tuple(by_value([s for s in grid_shapes if s not in calls], weight))
     return [
         Stage(BORROW, (whole_call,), calls if other_files else (), BORROWED, True,
               "other GPUs' configs, validated here" if other_files else "no other GPU's config file"),
-        Stage(HOT, (whole_call,), calls, SEARCH, False, "the whole call at the suite and zoo shapes, costliest first"),
+        Stage(HOT, (whole_call,), calls, SEARCH, tuned_before,
+              "the whole call at the suite and zoo shapes, costliest first"
+              + (", only launches without a config" if tuned_before else "")),
         Stage(SUITE, tuple(dict.fromkeys(suite_kernels)), tuple(suite_shapes), SEARCH, True,
               "every suite kernel's launches still without a config"),
         Stage(GRID, (whole_call,), grid, SEARCH, True, "the selection grid's shapes not reached yet"),
@@ -93,8 +99,8 @@ def stage_state(stage: Stage) -> dict[str, Any]:
             "why": stage.why}
 
 
-def new_state(gpu_slug: str, stages: Sequence[Stage], now: str) -> dict[str, Any]:
-    return {"gpu_slug": gpu_slug, "started": now, "updated": now, "seconds": 0.0,
+def new_state(gpu_slug: str, stages: Sequence[Stage], now: str, tuned_before: bool = False) -> dict[str, Any]:
+    return {"gpu_slug": gpu_slug, "started": now, "updated": now, "seconds": 0.0, "tuned_before": tuned_before,
             "stages": {s.name: stage_state(s) for s in stages}}
 
 

@@ -63,8 +63,9 @@ def _paths_of(cf: config_store.ConfigFile, shape: suites.ShapeSpec):
             chained = fused_paths.chains_by_rule(cf, stage, shape.batch, shape.nheads, shape.headdim, shape.dstate,
                                                  shape.chunk_size)
             stack.enter_context(fused_paths.forced(stage, "chain" if chained else "fused"))
-        fused = fused_paths.fuses_by_rule(cf, shape.nheads // shape.ngroups)
-        stack.enter_context(fused_paths.forced(fused_paths.SCAN, "fused" if fused else "chain"))
+        for stage in fused_paths.FUSE_STAGES:
+            fused = fused_paths.fuses_by_rule(cf, stage, shape.nheads // shape.ngroups)
+            stack.enter_context(fused_paths.forced(stage, "fused" if fused else "chain"))
         yield
 
 

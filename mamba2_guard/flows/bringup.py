@@ -92,7 +92,16 @@ def roofline_ms(entry: Any, shape: Any) -> float:
     return 1e3 * max(entry.bytes_moved(shape) / NOMINAL_BANDWIDTH, entry.flops(shape) / NOMINAL_FLOPS)
 
 
-def stages_for(gpu_slug: str) -> list[bringup.Stage]:
+def tuned_before(state_dir: Path, gpu_slug: str, config_path: Path) -> bool:
+    """Whether ``gpu_slug``'s own file held configs when its bring-up began: as its state recorded it, or, before
+    one began, as the file is now."""
+    state = load_state(state_dir, gpu_slug)
+    if state:
+        return bool(state.get("tuned_before"))
+    return Path(config_path).is_file() and bool(config_store.load(config_path).kernels)
+
+
+def stages_for(gpu_slug: str, tuned: bool = False) -> list[bringup.Stage]:
     from mamba2_kernels import registry, suites
 
     loaded = suites.load()
@@ -103,7 +112,7 @@ def stages_for(gpu_slug: str) -> list[bringup.Stage]:
     return bringup.plan(whole_call=WHOLE_CALL, suite_kernels=[e.name for e in registry.select() if e.has_helion],
                         suite_shapes=[s.name for s in suite], zoo_shapes=[s.name for s in zoo],
                         grid_shapes=[s.name for s in grid], weight=weight,
-                        other_files=bool(config_store.other_gpu_files(gpu_slug)))
+                        other_files=bool(config_store.other_gpu_files(gpu_slug)), tuned_before=tuned)
 
 
 @dataclass
@@ -179,9 +188,10 @@ def run_bring_up(opts: BringUpOptions, progress: Progress,
     """Run the stages due, in order, within ``opts.budget_seconds``; resumable (module docstring).
     ``on_configs`` gets the progress (with ``speedups``, the whole calls' latest against mamba-ssm) after
     every stage run that changed the config file."""
-    stages = list(opts.stages) if opts.stages is not None else stages_for(opts.gpu_slug)
+    tuned = tuned_before(opts.state_dir, opts.gpu_slug, opts.config_path)
+    stages = list(opts.stages) if opts.stages is not None else stages_for(opts.gpu_slug, tuned)
     path = state_path(opts.state_dir, opts.gpu_slug)
-    state = load_state(opts.state_dir, opts.gpu_slug) or bringup.new_state(opts.gpu_slug, stages, _now())
+    state = load_state(opts.state_dir, opts.gpu_slug) or bringup.new_state(opts.gpu_slug, stages, _now(), tuned)
     state.setdefault("stages", {})
     for stage in stages:  # a plan grown since the state was written (a new zoo shape) gets its new stages
         state["stages"].setdefault(stage.name, bringup.stage_state(stage))

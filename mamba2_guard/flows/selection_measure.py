@@ -436,7 +436,8 @@ def first_call_seconds(shapes: Sequence[str], entries: Sequence[str], sides: Seq
 def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_store.ConfigFile, list[fitting.Fit]]:
     """``cf`` with, per kernel measured: the best config at each grid key (unless a tuned one is stored there)
     and the fitted weights; per state pass measured: its chain rule (none: the fused kernel everywhere); for
-    chunk_scan measured: its fuse rule (none: the chain everywhere). Returns the new file and the fits."""
+    chunk_scan and chunk_bwd_db_dc measured: their fuse rules (none: the chain everywhere). Returns the new file
+    and the fits."""
     kernels = dict((name, dict(by_key)) for name, by_key in cf.kernels.items())
     selection = {name: dict(rule) for name, rule in cf.selection.items()}
     fits: list[fitting.Fit | fitting.ChainFit | fitting.FuseFit] = []
@@ -457,7 +458,7 @@ def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_
     for stage in sorted({r["stage"] for r in path_records}):
         rows = [fitting.PathMeasured(stage, r["chunk_size"], r["state"], r["ms"]["fused"], r["ms"]["chain"],
                                      r.get("heads_per_group", 0)) for r in path_records if r["stage"] == stage]
-        kind, path_fit = ("fuse", fitting.fit_fuse(rows)) if stage == forcing.SCAN else (
+        kind, path_fit = ("fuse", fitting.fit_fuse(rows)) if stage in forcing.FUSE_STAGES else (
             "chain", fitting.fit_chain(rows))
         fits.append(path_fit)
         rule = selection.setdefault(stage, {})

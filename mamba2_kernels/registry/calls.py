@@ -30,10 +30,12 @@ FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk", "chunk_scan")
 # The forward where a GPU's rule fuses bmm_chunk into chunk_scan (mamba2_kernels.ssd.fused_paths).
 FUSED_FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk_scan")
 # The entries whose kernels the whole call (forward + backward) launches, in launch order.
-SSD_CALL_STAGES = (*FWD_STAGES, "chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
-                   "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx",
-                   "chunk_state_bwd_db", "chunk_scan_bwd_dC", "chunk_scan_bwd_dcb_ddA", "bmm_chunk_bwd",
-                   "bmm_chunk_bwd", "chunk_cumsum_bwd_terms")
+BWD_STAGES = ("chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
+              "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx", "chunk_scan_bwd_dcb_ddA",
+              "chunk_state_bwd_db", "chunk_scan_bwd_dC", "bmm_chunk_bwd", "bmm_chunk_bwd", "chunk_cumsum_bwd_terms")
+SSD_CALL_STAGES = (*FWD_STAGES, *BWD_STAGES)
+# The backward where a GPU's rule runs the gradients of B and C as one pass.
+FUSED_BWD_STAGES = (*BWD_STAGES[:6], "chunk_bwd_db_dc", BWD_STAGES[-1])
 COMBINED = f"{mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined"
 # mamba-ssm's launches for the same call (_mamba_chunk_scan_combined_fwd, then _bwd, which recomputes the
 # forward's stages), modelled by the same entries: the other side of the launches-and-bytes table.
@@ -47,8 +49,9 @@ MAMBA_SSM_CALL_STAGES = (*MAMBA_SSM_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "ch
 @dataclass(frozen=True)
 class CallTraffic:
     """One call's launches and modelled HBM bytes (each stage's compulsory traffic, summed): ours as the
-    committed files run it, ours with bmm_chunk fused into chunk_scan, and mamba-ssm's; and the call's own
-    compulsory bytes: what a single pass over its inputs and outputs moves."""
+    committed files run it, ours with every fusion that a rule can pick (bmm_chunk into chunk_scan, the
+    gradients of B and C in one pass), and mamba-ssm's; and the call's own compulsory bytes: what a single pass
+    over its inputs and outputs moves."""
     launches: int
     bytes: int
     fused_launches: int
@@ -72,7 +75,7 @@ def call_traffic(shape: ShapeSpec, backward: bool) -> CallTraffic:
     forward = io + gate + z["x"]  # ... and z in, out out
     compulsory = forward + (2 * io + z["x"] + 3 * gate if backward else 0)  # dout, z, out in; grads out
     sides = [_launched(SSD_CALL_STAGES if backward else FWD_STAGES, shape, backward),
-             _launched(FUSED_FWD_STAGES + (SSD_CALL_STAGES[len(FWD_STAGES):] if backward else ()), shape, backward),
+             _launched(FUSED_FWD_STAGES + (FUSED_BWD_STAGES if backward else ()), shape, backward),
              _launched(MAMBA_SSM_CALL_STAGES if backward else MAMBA_SSM_FWD_STAGES, shape, backward)]
     # the stage models leave out z, which every forward's chunk_scan reads
     counts = [(len(side), gate + sum(STAGES[n].bytes_moved(shape) for n in side)) for side in sides]
@@ -99,7 +102,7 @@ LAYER_ARGS = ("zxbcdt", "conv_weight", "conv_bias", "dt_bias", "A", "D", "chunk_
               "seq_idx=seq_idx", "rmsnorm_weight=norm_weight", "rmsnorm_eps=eps", "headdim=headdim",
               "ngroups=ngroups", "norm_before_gate=norm_before_gate")
 LAYER_FWD = ("causal_conv1d_fwd", *FWD_STAGES, "gated_rmsnorm_fwd")
-LAYER_FWD_BWD = (*LAYER_FWD, "causal_conv1d_bwd", *SSD_CALL_STAGES[len(FWD_STAGES):], "gated_rmsnorm_bwd")
+LAYER_FWD_BWD = (*LAYER_FWD, "causal_conv1d_bwd", *BWD_STAGES, "gated_rmsnorm_bwd")
 SPLIT = f"{mamba_ssm.SSD_COMBINED}:mamba_split_conv1d_scan_combined"
 LAYER_GRADS = ("dzxbcdt", "dconv_weight", "dconv_bias", "ddt_bias", "dA", "dD", "dnorm_weight")
 

@@ -140,6 +140,13 @@ def inputs_bwd_with_states(s, seed, device):
     return base
 
 
+def inputs_db_dc(s, seed, device):
+    """The fused dB and dC pass: the states and their gradient, and dCB."""
+    base = inputs_bwd_with_states(s, seed, device)
+    base["dcb"] = _cb(s, base["g"], device) * 0.01
+    return base
+
+
 def inputs_bmm_chunk_bwd(s, seed, device):
     base = _ssd_base(s, seed, device)
     base["dcb"] = _cb(s, base["g"], device) * 0.01

@@ -17,6 +17,7 @@ from mamba2_kernels.registry.inputs import (
     inputs_chunk_state,
     inputs_chunk_state_passing_bwd,
     inputs_chunk_state_varlen,
+    inputs_db_dc,
     inputs_state_passing,
     inputs_state_passing_bwd,
 )
@@ -189,6 +190,18 @@ ENTRIES: tuple[KernelEntry, ...] = (
         bytes_moved=traffic(lambda z: z["bc"] + z["cb"] + 2 * z["bc32"]),
         flops=flops_of(lambda b, L, h, p, G, n, Q, c: 2 * b * c * G * Q * Q * n),
         helion="mamba2_kernels.ssd.bmm_chunk_bwd:bmm_chunk_bwd"),
+    # The db and dC kernels and both bmm_chunk_bwd launches in one pass (the backward's fused path where a GPU's
+    # rule picks it), against mamba-ssm's four kernels.
+    KernelEntry(
+        name="chunk_bwd_db_dc", family="ssd", phase="bwd_9_12",
+        replaces="_chunk_state_bwd_db_kernel + _chunk_scan_bwd_dc_kernel + 2 x _bmm_chunk_bwd_kernel",
+        make_inputs=inputs_db_dc,
+        args=("x", "dt", "dA_cumsum", "B", "C", "dout", "prev_states", "dstates", "dcb", "seq_idx"),
+        outputs=("dB", "dC", "ddA_next", "ddA_prev"), reference=f"{REFERENCE}:chunk_bwd_db_dc",
+        baseline="mamba2_kernels._mamba_ssm:chunk_bwd_db_dc",
+        bytes_moved=traffic(lambda z: 2 * z["x"] + 4 * z["dt"] + 2 * z["states"] + 4 * z["bc"] + z["cb"]),
+        flops=flops_of(lambda b, L, h, p, G, n, Q, c: 4 * b * L * h * p * n + 4 * b * c * G * Q * Q * n),
+        helion="mamba2_kernels.ssd.chunk_bwd_db_dc:chunk_bwd_db_dc"),
     KernelEntry(
         name="chunk_scan_bwd_ddAcs_stable", family="ssd", phase="bwd_14",
         replaces="_chunk_scan_bwd_ddAcs_stable_kernel", make_inputs=inputs_bwd_with_states,

@@ -53,6 +53,12 @@ def tiles_mn_whole_k(headdim_block: int = 64, tiles: tuple[tuple[int, int], ...]
     return [_config([m, n, headdim_block]) for m, n in tiles]
 
 
+def tiles_db_dc() -> list[dict[str, Any]]:
+    """The fused dB and dC kernel: the db and dC kernels' (M, N) tiles and whole head dimension, and a chunk block
+    of 32 for its dCB loop (the two accumulators and two state products it holds per tile leave less room)."""
+    return [_config([m, n, 64, 32]) for m, n in _TILES_MN]
+
+
 def tiles_dcb() -> list[dict[str, Any]]:
     return tiles_mn_whole_k(tiles=_TILES_DCB)
 

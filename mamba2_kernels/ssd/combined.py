@@ -1,7 +1,7 @@
 """``mamba_chunk_scan_combined``: the drop-in for mamba-ssm 2.3.2.post1's function of the same name,
 composed from the Helion SSD stages (chunk_cumsum -> chunk_state_passing (chunk_state and state_passing in
 one pass) -> bmm_chunk -> chunk_scan, where bmm_chunk and chunk_scan run as one kernel and the state pass as two
-where the GPU's rules say so: ``mamba2_kernels.ssd.fused_paths``).
+where the GPU's rules say so, as do the backward's gradients of B and C: ``mamba2_kernels.ssd.fused_paths``).
 
 Autograd: gradients for x, dt, A, B, C, D, z, dt_bias and initial_states (and through final_states)
 with mamba-ssm's recomputation policy: the forward saves its inputs and the output (pre-gate output
@@ -35,18 +35,17 @@ from mamba2_kernels._ops import placed, present
 from mamba2_kernels.ssd import compose, naive
 from mamba2_kernels.ssd._keys import dtype_name
 from mamba2_kernels.ssd.bmm_chunk import bmm_chunk_fwd
-from mamba2_kernels.ssd.bmm_chunk_bwd import bmm_chunk_bwd
 from mamba2_kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
 from mamba2_kernels.ssd.chunk_cumsum_bwd import chunk_cumsum_bwd_of_terms
-from mamba2_kernels.ssd.chunk_scan_bwd import (
-    chunk_scan_bwd_dC,
-    chunk_scan_bwd_dcb,
-    chunk_scan_bwd_dz,
-)
+from mamba2_kernels.ssd.chunk_scan_bwd import chunk_scan_bwd_dcb, chunk_scan_bwd_dz
 from mamba2_kernels.ssd.chunk_scan_chunk_state_bwd import chunk_scan_chunk_state_bwd_dx
-from mamba2_kernels.ssd.chunk_state_bwd import chunk_state_bwd_db
 from mamba2_kernels.ssd.chunk_state_varlen import chunk_state_varlen
-from mamba2_kernels.ssd.fused_paths import bmm_chunk_scan_fwd, chunk_state_passing_bwd, chunk_state_passing_fwd
+from mamba2_kernels.ssd.fused_paths import (
+    bmm_chunk_scan_fwd,
+    chunk_bwd_db_dc,
+    chunk_state_passing_bwd,
+    chunk_state_passing_fwd,
+)
 
 INF = float("inf")
 
@@ -183,10 +182,8 @@ HELION_STAGES = types.SimpleNamespace(
     chunk_cumsum_fwd=chunk_cumsum_fwd, chunk_state_passing_fwd=chunk_state_passing_fwd,
     bmm_chunk_fwd=bmm_chunk_fwd, bmm_chunk_scan_fwd=bmm_chunk_scan_fwd, chunk_scan_bwd_dz=chunk_scan_bwd_dz,
     chunk_state_passing_bwd=chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx=chunk_scan_chunk_state_bwd_dx,
-    chunk_state_bwd_db=functools.partial(chunk_state_bwd_db, unfinished=True),
-    chunk_scan_bwd_dC=functools.partial(chunk_scan_bwd_dC, unfinished=True),
-    chunk_scan_bwd_dcb=functools.partial(chunk_scan_bwd_dcb, unfinished=True),
-    bmm_chunk_bwd=bmm_chunk_bwd, chunk_cumsum_bwd_of_terms=chunk_cumsum_bwd_of_terms,
+    chunk_scan_bwd_dcb=functools.partial(chunk_scan_bwd_dcb, unfinished=True), chunk_bwd_db_dc=chunk_bwd_db_dc,
+    chunk_cumsum_bwd_of_terms=chunk_cumsum_bwd_of_terms,
     chunk_state_varlen=chunk_state_varlen, chunk_state_varlen_bwd=naive.chunk_state_varlen_bwd,
 )
 ssd_forward = functools.partial(compose.forward, HELION_STAGES)

@@ -9,6 +9,8 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
     (mamba-ssm: chunk_scan_bwd_dstates then state_passing_bwd);
   * bmm_chunk_scan_fwd: the forward's outputs, with each chunk's C B^T made where it is used (mamba-ssm:
     bmm_chunk_fwd then chunk_scan_fwd, which stores it and reads it back);
+  * chunk_bwd_db_dc: the gradients of B and C, their state terms and their intra-chunk (dCB) terms, in one
+    pass (mamba-ssm: chunk_state_bwd_db, chunk_scan_bwd_dC, then bmm_chunk_bwd twice on their fp32 results);
   * the intra-chunk ddA comes from the dCB stage (its ``CB=`` form), which has the same products in hand,
     not from a separate pass (``chunk_scan_bwd_ddAcs_stable``) that recomputes them;
   * the three ddA terms are combined by the last stage, ``chunk_cumsum_bwd_of_terms``, in whatever form the
@@ -16,8 +18,8 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
 
 ``stages`` is any object with the stage functions as attributes, named as in ``mamba2_kernels.ssd.naive``:
 chunk_cumsum_fwd, chunk_state_passing_fwd, bmm_chunk_fwd, bmm_chunk_scan_fwd, chunk_scan_bwd_dz,
-chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_state_bwd_db, chunk_scan_bwd_dC,
-chunk_scan_bwd_dcb, bmm_chunk_bwd, chunk_cumsum_bwd_of_terms; and chunk_state_varlen, which the forward
+chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_scan_bwd_dcb, chunk_bwd_db_dc,
+chunk_cumsum_bwd_of_terms; and chunk_state_varlen, which the forward
 calls only when given cu_seqlens, and chunk_state_varlen_bwd, which the backward calls only when given a
 gradient of the varlen states.
 """
@@ -80,6 +82,21 @@ def chain_bmm_chunk_scan(stages: Any, x, dt, dA_cumsum, B, C, states, D=None, z=
     across sequences) then ``stages.chunk_scan_fwd`` on it. Returns (out, out_x or None)."""
     cb = stages.bmm_chunk_fwd(C, B, dt.shape[-1], seq_idx=seq_idx, output_dtype=torch.float32)
     return stages.chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
+
+
+def chain_chunk_bwd_db_dc(stages: Any, x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=None, dB=None,
+                          dC=None):
+    """``chunk_bwd_db_dc`` as mamba-ssm computes it: ``stages.chunk_state_bwd_db`` and ``stages.chunk_scan_bwd_dC``
+    (the state terms, fp32, with ddA_next and ddA_prev), then ``stages.bmm_chunk_bwd`` twice, adding the
+    intra-chunk terms of ``dcb`` and storing in B's and C's dtype (or into the given buffers). Returns (dB, dC,
+    ddA_next, ddA_prev), the ddA terms in whatever form the two stages return them."""
+    ngroups = B.shape[2]
+    dB_state, ddA_next = stages.chunk_state_bwd_db(x, dt, dA_cumsum, dstates, seq_idx=seq_idx, B=B, ngroups=ngroups)
+    dC_state, ddA_prev = stages.chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C, ngroups=ngroups)
+    dB = stages.bmm_chunk_bwd(C, dcb, residual=dB_state, out=torch.empty_like(B) if dB is None else dB)
+    dC = stages.bmm_chunk_bwd(B, dcb.transpose(-1, -2), residual=dC_state,
+                              out=torch.empty_like(C) if dC is None else dC)
+    return dB, dC, ddA_next, ddA_prev
 
 
 def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -149,15 +166,9 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
         # reaches dt_out (with the varlen states' own) and A.
         ddA_varlen = ddA_cumsum_varlen.flip(-1).cumsum(-1).flip(-1)
         ddt_from_x = ddt_from_x + (ddt_varlen + ddA_varlen * A[:, None, None]).to(ddt_from_x.dtype)
-    dB_state, ddA_next = stages.chunk_state_bwd_db(x, dt_out, dA_cumsum, dstates, seq_idx=seq_idx, B=B,
-                                                   ngroups=ngroups)
-    dC_state, ddA_cumsum_prev = stages.chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C,
-                                                         ngroups=ngroups)
     dCB, ddA_intra = stages.chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, seq_idx=seq_idx, CB=CB, ngroups=ngroups)
-    # The intra-chunk (CB) terms are added to the state terms and stored in B's / C's dtype, as mamba-ssm does.
-    dB = stages.bmm_chunk_bwd(C, dCB, residual=dB_state, out=torch.empty_like(B) if dB is None else dB)
-    dC = stages.bmm_chunk_bwd(B, dCB.transpose(-1, -2), residual=dC_state,
-                              out=torch.empty_like(C) if dC is None else dC)
+    dB, dC, ddA_next, ddA_cumsum_prev = stages.chunk_bwd_db_dc(x, dt_out, dA_cumsum, B, C, dout, states, dstates, dCB,
+                                                               seq_idx=seq_idx, dB=dB, dC=dC)
     if z is None:
         dD = dD_from_x
     ddt, dA, ddt_bias = stages.chunk_cumsum_bwd_of_terms(ddA_intra, ddA_next, ddA_cumsum_prev, ddA_chunk_cumsum,

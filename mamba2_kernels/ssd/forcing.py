@@ -10,8 +10,11 @@ import os
 import threading
 from collections.abc import Iterator
 
-FWD, BWD, SCAN = "chunk_state_passing", "chunk_state_passing_bwd", "chunk_scan"  # the fused kernels: rules' keys
-STAGES = (FWD, BWD, SCAN)
+# The fused kernels, the rules' keys: the state passes (a chain rule: fused unless it says chain) and the
+# fusions of kernels that exist unfused (a fuse rule: the chain unless it says fused).
+FWD, BWD, SCAN, DB_DC = "chunk_state_passing", "chunk_state_passing_bwd", "chunk_scan", "chunk_bwd_db_dc"
+STAGES = (FWD, BWD, SCAN, DB_DC)
+FUSE_STAGES = (SCAN, DB_DC)
 PATHS = ("fused", "chain")
 PATHS_ENV = "MAMBA2_GUARD_PATHS"
 _forced = threading.local()

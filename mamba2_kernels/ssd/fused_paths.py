@@ -15,6 +15,12 @@ it and never stores cb (``mamba2_kernels.ssd.chunk_scan``); but it computes it o
 where bmm_chunk computes it once per group and every head of the group reads it back. Few heads per group
 favour the fusion, many favour the chain. It runs fused only where the GPU's file says so (a ``FuseRule``:
 ``selection.chunk_scan.fuse``); without a rule the chain runs, as it did before the fusion existed.
+
+The gradients of B and C (``chunk_bwd_db_dc``). Fused, one pass computes both with their intra-chunk terms and
+stores them in their dtypes (``mamba2_kernels.ssd.chunk_bwd_db_dc``); chained, the db and dC kernels write fp32
+partials that two bmm_chunk_bwd launches read back. The fused pass cannot split a group's heads over programs,
+as the db and dC kernels can: many heads per group favour the chain. Its rule is a ``FuseRule`` too
+(``selection.chunk_bwd_db_dc.fuse``); without one the chain runs.
 """
 
 from __future__ import annotations
@@ -28,19 +34,37 @@ from mamba2_kernels import config_store
 from mamba2_kernels._runtime import device_capability, device_slug
 from mamba2_kernels.ssd import compose
 from mamba2_kernels.ssd.bmm_chunk import bmm_chunk_fwd
+from mamba2_kernels.ssd.bmm_chunk_bwd import bmm_chunk_bwd
+from mamba2_kernels.ssd.chunk_bwd_db_dc import chunk_bwd_db_dc as fused_db_dc
 from mamba2_kernels.ssd.chunk_scan import bmm_chunk_scan_fwd as fused_scan
 from mamba2_kernels.ssd.chunk_scan import chunk_scan_fwd
+from mamba2_kernels.ssd.chunk_scan_bwd import chunk_scan_bwd_dC
+from mamba2_kernels.ssd.chunk_state_bwd import chunk_state_bwd_db
 from mamba2_kernels.ssd.chunk_state_passing import chunk_state_passing_fwd as fused_fwd
 from mamba2_kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd as fused_bwd
-from mamba2_kernels.ssd.forcing import BWD, FWD, PATHS, SCAN, STAGES, forced, forced_path  # noqa: F401 (re-exported)
+from mamba2_kernels.ssd.forcing import (  # noqa: F401 (re-exported)
+    BWD,
+    DB_DC,
+    FUSE_STAGES,
+    FWD,
+    PATHS,
+    SCAN,
+    STAGES,
+    forced,
+    forced_path,
+)
 from mamba2_kernels.ssd.parity.chunk_scan_bwd_dstates import chunk_scan_bwd_dstates
 from mamba2_kernels.ssd.parity.chunk_state import chunk_state_fwd
 from mamba2_kernels.ssd.parity.state_passing import state_passing_fwd
 from mamba2_kernels.ssd.parity.state_passing_bwd import state_passing_bwd
 
+# The kernels each chain runs; the db and dC kernels' ddA terms stay partials, as the fused kernel's do.
 CHAIN_STAGES = types.SimpleNamespace(chunk_state_fwd=chunk_state_fwd, state_passing_fwd=state_passing_fwd,
                                      chunk_scan_bwd_dstates=chunk_scan_bwd_dstates, state_passing_bwd=state_passing_bwd,
-                                     bmm_chunk_fwd=bmm_chunk_fwd, chunk_scan_fwd=chunk_scan_fwd)
+                                     bmm_chunk_fwd=bmm_chunk_fwd, chunk_scan_fwd=chunk_scan_fwd,
+                                     chunk_state_bwd_db=functools.partial(chunk_state_bwd_db, unfinished=True),
+                                     chunk_scan_bwd_dC=functools.partial(chunk_scan_bwd_dC, unfinished=True),
+                                     bmm_chunk_bwd=bmm_chunk_bwd)
 
 
 def state_elements(batch: int, nheads: int, headdim: int, dstate: int) -> int:
@@ -57,19 +81,18 @@ def chained(stage: str, x: torch.Tensor, dstate: int, chunk_size: int) -> bool:
     return cf is not None and chains_by_rule(cf, stage, batch, nheads, headdim, dstate, chunk_size)
 
 
-def scan_fused(x: torch.Tensor, ngroups: int) -> bool:
-    """Whether the forward's outputs run fused (cb made in chunk_scan) for a call with ``x``."""
-    path = forced_path(SCAN)
+def runs_fused(stage: str, x: torch.Tensor, ngroups: int) -> bool:
+    """Whether ``stage`` (one of ``FUSE_STAGES``) runs its fused kernel for a call with ``x``."""
+    path = forced_path(stage)
     if path is not None:
         return path == "fused"
     cf = config_store.serving_file(device_slug(x.device), device_capability(x.device))
-    return cf is not None and fuses_by_rule(cf, x.shape[2] // ngroups)
+    return cf is not None and fuses_by_rule(cf, stage, x.shape[2] // ngroups)
 
 
-def fuses_by_rule(cf: config_store.ConfigFile, heads_per_group: int) -> bool:
-    """Whether ``cf``'s fuse rule for the forward's outputs fuses a call with these heads per group (no rule:
-    the chain)."""
-    rule = cf.fuse_rule(SCAN)
+def fuses_by_rule(cf: config_store.ConfigFile, stage: str, heads_per_group: int) -> bool:
+    """Whether ``cf``'s fuse rule for ``stage`` fuses a call with these heads per group (no rule: the chain)."""
+    rule = cf.fuse_rule(stage)
     return rule is not None and rule.fuses(heads_per_group)
 
 
@@ -103,6 +126,15 @@ def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_
 
 def bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=None):
     """``mamba2_kernels.ssd.naive.bmm_chunk_scan_fwd``'s results, by the path the rule picks."""
-    if scan_fused(x, C.shape[2]):
+    if runs_fused(SCAN, x, C.shape[2]):
         return fused_scan(x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
     return compose.chain_bmm_chunk_scan(CHAIN_STAGES, x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
+
+
+def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=None, dB=None, dC=None):
+    """``mamba2_kernels.ssd.naive.chunk_bwd_db_dc``'s results, by the path the rule picks, with the ddA terms as
+    partials for ``chunk_cumsum_bwd_of_terms``."""
+    args = (x, dt, dA_cumsum, B, C, dout, states, dstates, dcb)
+    if runs_fused(DB_DC, x, B.shape[2]):
+        return fused_db_dc(*args, seq_idx=seq_idx, dB=dB, dC=dC, unfinished=True)
+    return compose.chain_chunk_bwd_db_dc(CHAIN_STAGES, *args, seq_idx=seq_idx, dB=dB, dC=dC)

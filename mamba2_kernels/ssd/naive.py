@@ -41,6 +41,7 @@ __all__ = [
     "chunk_scan_bwd_dC",
     "chunk_scan_bwd_dcb",
     "bmm_chunk_bwd",
+    "chunk_bwd_db_dc",
     "chunk_scan_bwd_ddAcs_stable",
     "chunk_cumsum_bwd",
     "combine_ddA_terms",
@@ -608,6 +609,13 @@ def bmm_chunk_bwd(a, dout, residual=None, out=None):
     if residual is not None:
         db = db + residual.to(cd)
     return db.to(_odtype(a.dtype if out is None else out.dtype, cd))
+
+
+def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=None, dB=None, dC=None):
+    """``chunk_state_bwd_db``, ``chunk_scan_bwd_dC``, then ``bmm_chunk_bwd`` twice (``compose.chain_chunk_bwd_db_dc``):
+    (dB, dC, ddA_next, ddA_prev). The buffers dB and dC are ignored, as ``bmm_chunk_bwd`` ignores ``out``."""
+    return compose.chain_chunk_bwd_db_dc(sys.modules[__name__], x, dt, dA_cumsum, B, C, dout, states, dstates, dcb,
+                                         seq_idx=seq_idx, dB=dB, dC=dC)
 
 
 def chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb):

@@ -35,6 +35,10 @@ def test_the_whole_call_is_tuned_costliest_shape_first_and_borrowing_only_where_
     assert by_name["suite"].kernels == ("k1", "k2") and by_name["suite"].missing_only
     assert by_name["grid"].shapes == ("grid-only", "unknown")  # the calls' shapes are reached already
     assert by_name["fit"].search == bringup.FITTED and by_name["fit"].shapes == ("mid", "grid-only", "unknown")
+    tuned = {s.name: s for s in bringup.plan(whole_call="call", suite_kernels=["k1"], suite_shapes=["small"],
+                                             zoo_shapes=["big"], grid_shapes=[], weight=weight, other_files=True,
+                                             tuned_before=True)}
+    assert tuned["hot"].missing_only and "only launches without a config" in tuned["hot"].why  # a kernel added
     alone = bringup.plan(whole_call="call", suite_kernels=["k1"], suite_shapes=["small"], zoo_shapes=[],
                          grid_shapes=[], weight=weight, other_files=False)
     assert alone[0].jobs == 0 and "no other GPU" in alone[0].why

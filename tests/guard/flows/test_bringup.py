@@ -26,10 +26,10 @@ BASE = [1.00 + 0.001 * (i % 7) for i in range(30)]  # Helion's default config, a
 FASTER = [0.9 * x for x in BASE]
 
 
-def stages(other_files: bool = True, shapes=("smoke", "mamba2-default")) -> list[bringup.Stage]:
+def stages(other_files: bool = True, shapes=("smoke", "mamba2-default"), tuned: bool = False) -> list[bringup.Stage]:
     plan = bringup.plan(whole_call="ssd_combined_fwd_bwd", suite_kernels=["chunk_cumsum"], suite_shapes=shapes,
                         zoo_shapes=[], grid_shapes=shapes, weight={"mamba2-default": 2.0, "smoke": 1.0},
-                        other_files=other_files)
+                        other_files=other_files, tuned_before=tuned)
     return [s for s in plan if s.name != bringup.FIT]  # the fit stage has its own test
 
 
@@ -200,6 +200,35 @@ def test_the_withheld_file_mode_runs_as_a_new_gpu_that_borrows_nothing(monkeypat
     assert flow.missing(config_store.path_for(slug))  # no file of its own: a bring-up is due
 
 
+def _hot_plan(outcome: flow.BringUpOutcome) -> dict:
+    hot = next(run for run in outcome.runs if run["stage"] == "hot")
+    return json.loads(Path(hot["run_dir"], "plan.json").read_text())
+
+
+def test_a_gpu_whose_file_held_configs_searches_only_the_launches_without_one(tmp_path, monkeypatch):
+    """A kernel added after a GPU was tuned makes a bring-up due there (its file lacks the kernel); the hot stage
+    then searches only the launches without a config, not the whole call again, and the state keeps that."""
+    out = tmp_path / f"{SLUG}.yaml"
+    config_store.save(out, config_store.ConfigFile(kernels={"chunk_cumsum": {"k=1": {"block_sizes": [8]}}}))
+    assert flow.missing(out) and flow.tuned_before(tmp_path / "state", SLUG, out)
+    monkeypatch.setattr(flow, "stages_for", lambda slug, tuned=False: stages(other_files=False, tuned=tuned))
+    outcome = flow.run_bring_up(options(tmp_path, stages=None, until="hot"), lambda m: None)
+    assert _hot_plan(outcome).get("missing_only") is True and outcome.state["tuned_before"] is True
+
+
+def test_a_new_gpu_searches_the_whole_call_on_every_night_of_its_bring_up(tmp_path, monkeypatch):
+    """No file at the start: the hot stage searches every launch, and still does on the nights after the first
+    wrote configs (the state recorded how the bring-up began)."""
+    monkeypatch.setattr(flow, "stages_for", lambda slug, tuned=False: stages(other_files=False, tuned=tuned))
+    first = flow.run_bring_up(options(tmp_path, stages=None, until="borrow"), lambda m: None)
+    assert first.state["tuned_before"] is False
+    out = tmp_path / f"{SLUG}.yaml"
+    config_store.save(out, config_store.ConfigFile(kernels={"chunk_cumsum": {"k=1": {"block_sizes": [8]}}}))
+    assert not flow.tuned_before(tmp_path / "state", SLUG, out)
+    later = flow.run_bring_up(options(tmp_path, stages=None, until="hot"), lambda m: None)
+    assert "missing_only" not in _hot_plan(later)
+
+
 def test_the_console_script_runs_the_bring_up_and_says_where_it_stands(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAMBA2_GUARD")}
     env.update(MAMBA2_GUARD_TUNER=FAKE, FAKE_TUNE_EXTRA=json.dumps({"default": {"launches": []}}),
@@ -224,7 +253,7 @@ def test_a_nightly_on_a_gpu_without_configs_brings_it_up_and_proposes_them(tmp_p
     bare, root = checkout_and_origin(tmp_path, "autotune: {total_budget_seconds: 600, bringup_job_seconds: 1}\n")
     state = tmp_path / "state"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(flow, "stages_for", lambda slug: stages(other_files=False))
+    monkeypatch.setattr(flow, "stages_for", lambda slug, tuned=False: stages(other_files=False))
     monkeypatch.setenv("MAMBA2_GUARD_TUNER", FAKE)
     fp = fingerprint.collect()
     report = tmp_path / "report.md"

@@ -18,7 +18,7 @@ from mamba2_kernels.config_store import ConfigFile
 from mamba2_kernels.testing import execution_mode
 
 TILES = {"block_sizes": [16, 16, 16], "num_warps": 4}
-STAGES = ("chunk_state_passing", "chunk_state_passing_bwd", "chunk_scan")  # the fused stages, in measured order
+STAGES = ("chunk_state_passing", "chunk_state_passing_bwd", "chunk_scan", "chunk_bwd_db_dc")  # in measured order
 WIDER = {"block_sizes": [32, 32, 16], "num_warps": 4}
 
 
@@ -69,7 +69,7 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     out, timer = tmp_path / "m.jsonl", CallingTimer()
     records = _measure(config, out, timer)
     launched = selection_measure.captured_launches("smoke", 0, "cpu")
-    launch_record, kernel_records, path_records = records[0], records[1:-3], records[-3:]
+    launch_record, kernel_records, path_records = records[0], records[1:-len(STAGES)], records[-len(STAGES):]
     keys = [[k.name, str(k.shape_key(*a))] for k, a in launched]
     assert launch_record == {"shape": "smoke", "launches": keys}
     assert [[r["kernel"], r["key"]] for r in kernel_records] == keys
@@ -82,7 +82,7 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     # The whole call, each fused stage forced both ways: smoke is b1 h4 g2 p16 n16 at chunk 32.
     assert [(r["stage"], r["chunk_size"], r["state"], r["heads_per_group"], r["ms"]) for r in path_records] == [
         (stage, 32, 1 * 4 * 16 * 16, 2, {"chain": 1.0, "fused": 2.0}) for stage in STAGES]
-    assert len(timer.ran) == 8 and timer.ran[2:] == ["chain", "fused"] * 3
+    assert len(timer.ran) == 2 + 2 * len(STAGES) and timer.ran[2:] == ["chain", "fused"] * len(STAGES)
     # A rerun (a device call cut short, then called again) measures nothing twice, and does not capture a shape
     # whose recorded launches are all measured: on a GPU that capture compiles the whole call.
     lines = out.read_text()
@@ -92,7 +92,7 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
 
     monkeypatch.setattr(selection_measure, "captured_launches", no_capture)
     assert _measure(config, out, timer) == []
-    assert out.read_text() == lines and len(timer.ran) == 8
+    assert out.read_text() == lines and len(timer.ran) == 2 + 2 * len(STAGES)
     assert "smoke: measured by an earlier run" in capsys.readouterr().out
 
 
@@ -100,7 +100,7 @@ def test_paths_only_times_the_fused_stages_and_no_stored_config(tmp_path):
     config, out, timer = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl", CallingTimer()
     records = _measure(config, out, timer, paths_only=True)
     assert [r["stage"] for r in records] == list(STAGES)
-    assert timer.ran == ["chain", "fused"] * 3
+    assert timer.ran == ["chain", "fused"] * len(STAGES)
     # The candidates a later full run measures are still missing from the file, so it times them then.
     full = _measure(config, out, timer)
     assert full[0]["launches"] and full[1:] and all("kernel" in r for r in full[1:])
@@ -110,9 +110,10 @@ def test_a_shape_cut_short_is_captured_again_for_what_is_missing(tmp_path):
     config, out, timer = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl", CallingTimer()
     records = _measure(config, out, timer)
     lines = out.read_text().splitlines()
-    out.write_text("\n".join(lines[:-4]) + "\n")  # the call ended before the last kernel and the fused stages
+    cut = len(STAGES) + 1
+    out.write_text("\n".join(lines[:-cut]) + "\n")  # the call ended before the last kernel and the fused stages
     again = _measure(config, out, timer)
-    assert [r.get("kernel", r.get("stage")) for r in again] == [records[-4]["kernel"], *STAGES]  # no launches record
+    assert [r.get("kernel", r.get("stage")) for r in again] == [records[-cut]["kernel"], *STAGES]  # no launches
 
 
 # The measure in a child whose file size limit falls inside its second record's write: cut short there, as by a

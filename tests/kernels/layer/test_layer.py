@@ -133,7 +133,7 @@ def test_state_dtype_reaches_the_ssd_forward_and_backward(monkeypatch):
     with execution_mode("ref"):
         outs, grads = _run(mamba2_kernels.mamba_split_conv1d_scan_combined, leaves,
                            {**static, "state_dtype": torch.float16}, torch.float32)
-    assert got == {"bmm_chunk_scan_fwd": torch.float16, "chunk_scan_bwd_dC": torch.float16}
+    assert got == {"bmm_chunk_scan_fwd": torch.float16, "chunk_bwd_db_dc": torch.float16}
     ref_outs, ref_grads = _run(layer_ref, leaves, static, torch.float64)
     for name, mine, ref in [*(("out", o, r) for o, r in zip(outs, ref_outs, strict=True)),
                             *((f"d{k}", grads[k], ref_grads[k]) for k in grads)]:

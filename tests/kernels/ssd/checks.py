@@ -153,11 +153,11 @@ def assert_gpu_matches_mamba_ssm(name: str, shape_name: str) -> None:
 
 def spy_states_dtypes(monkeypatch) -> dict:
     """Spies on the whole call's stages that read the inter-chunk states (``state_dtype``): the dtype each got,
-    forward (``bmm_chunk_scan_fwd``) and backward (``chunk_scan_bwd_dC``)."""
+    forward (``bmm_chunk_scan_fwd``) and backward (``chunk_bwd_db_dc``)."""
     from mamba2_kernels.ssd import combined
 
     got = {}
-    for stage, where in (("bmm_chunk_scan_fwd", 5), ("chunk_scan_bwd_dC", 0)):
+    for stage, where in (("bmm_chunk_scan_fwd", 5), ("chunk_bwd_db_dc", 6)):
         real = getattr(combined.HELION_STAGES, stage)
 
         def spy(*args, _real=real, _stage=stage, _where=where, **kwargs):

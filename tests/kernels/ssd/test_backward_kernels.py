@@ -24,6 +24,7 @@ from mamba2_kernels import registry, suites
 from mamba2_kernels._runtime import pinned_config
 from mamba2_kernels.ssd import (
     bmm_chunk_bwd,
+    chunk_bwd_db_dc,
     chunk_cumsum_bwd,
     chunk_scan_bwd,
     chunk_scan_chunk_state_bwd,
@@ -38,6 +39,7 @@ from .checks import (
     SMOKE,
     TILED,
     assert_gpu_matches_mamba_ssm,
+    assert_interpreter_matches_mamba_ssm,
     assert_interpreter_matches_reference,
     assert_ref_mode_matches_reference,
     close,
@@ -48,7 +50,7 @@ from .checks import (
 )
 
 MODULES = (chunk_scan_bwd, chunk_state_passing_bwd, chunk_scan_chunk_state_bwd, chunk_state_bwd, bmm_chunk_bwd,
-           chunk_cumsum_bwd)
+           chunk_bwd_db_dc, chunk_cumsum_bwd)
 KERNELS = entries_of(MODULES)
 SMALL: dict = {  # block sizes (in register_block_size order) below every dimension they tile, one head/program
     "chunk_scan_bwd_dz": {"block_sizes": [16, 16]},
@@ -58,6 +60,7 @@ SMALL: dict = {  # block sizes (in register_block_size order) below every dimens
     "chunk_scan_chunk_state_bwd_dx": {"block_sizes": [16, 16, 16, 8]},
     "chunk_state_bwd_db": {"block_sizes": [16, 8, 16], "heads_per_program": 1},
     "bmm_chunk_bwd": {"block_sizes": [16, 8, 16]},
+    "chunk_bwd_db_dc": {"block_sizes": [16, 8, 16, 16]},  # rows, dstate, headdim, the dCB loop's chunk
     "chunk_cumsum_bwd": {"block_sizes": [2]},
 }
 SMALL["chunk_scan_bwd_dcb_ddA"] = SMALL["chunk_scan_bwd_dcb"]  # the same kernel, with CB (configs go by kernel)
@@ -118,6 +121,38 @@ def test_seq_idx_db_dC_dcb():
               (inp["prev_states"], inp["dA_cumsum"], inp["dout"]), seq_idx=seq_idx, C=C, ngroups=1)
     _both(chunk_scan_bwd.chunk_scan_bwd_dcb, naive.chunk_scan_bwd_dcb,
           (inp["x"], inp["dt"], inp["dA_cumsum"], inp["dout"]), seq_idx=seq_idx, ngroups=1)
+
+
+@pytest.mark.parametrize("mode", ["ref", "triton"])
+def test_db_dc_in_one_pass_with_seq_idx_into_strided_buffers(mode):
+    """The fused dB and dC pass against the fp64 chain (naive), with packed documents at a ragged last chunk,
+    writing into slices of one gradient buffer as the layer hands them; its ``unfinished`` ddA terms finish to
+    the same. The interpreter runs blocks below every dimension (two dstate blocks of partials)."""
+    shape = TILED.replace(dstate=32)
+    inp = registry.get("chunk_bwd_db_dc").inputs(shape, 5)
+    seq_idx = seq_idx_rows(shape.batch, shape.seqlen)
+    args = [inp[k] for k in ("x", "dt", "dA_cumsum", "B", "C", "dout", "prev_states", "dstates", "dcb")]
+    n = shape.ngroups * shape.dstate
+    grad = torch.full((shape.batch, shape.seqlen, 2 * n + 8), float("nan"))
+    dB = grad[..., 4:4 + n].unflatten(-1, (shape.ngroups, shape.dstate))
+    dC = grad[..., 4 + n:4 + 2 * n].unflatten(-1, (shape.ngroups, shape.dstate))
+    config = {**SMALL["chunk_bwd_db_dc"], "block_sizes": [16, 16, 16, 16]}
+    with execution_mode(mode), pinned_config(chunk_bwd_db_dc.chunk_bwd_db_dc_kernel, config):
+        ours = chunk_bwd_db_dc.chunk_bwd_db_dc(*args, seq_idx=seq_idx, dB=dB, dC=dC)
+        partials = chunk_bwd_db_dc.chunk_bwd_db_dc(*args, seq_idx=seq_idx, unfinished=True)
+    assert ours[0] is dB and ours[1] is dC
+    assert grad[..., :4].isnan().all() and grad[..., -4:].isnan().all()  # nothing written outside the slices
+    ref = naive.chunk_bwd_db_dc(*(f64(a) for a in args), seq_idx=seq_idx)
+    close(ours, ref, 1e-4, 1e-4, "chunk_bwd_db_dc")
+    assert partials[2].shape[-1] == partials[3].shape[-1] == (2 if mode == "triton" else 1)  # ref: whole tiles
+    close(naive.finish_ddA_terms(torch.zeros_like(partials[2]), partials[2], partials[3])[1:], ref[2:], 1e-4, 1e-4,
+          "finished partials")
+
+
+def test_db_dc_in_one_pass_gives_mamba_ssms_four_kernels_results():
+    """Its default config against mamba-ssm's db and dC kernels and two bmm_chunk_bwd launches, both in Triton's
+    interpreter: the same values and dtypes."""
+    assert_interpreter_matches_mamba_ssm(("chunk_bwd_db_dc",), (chunk_bwd_db_dc,))
 
 
 def test_unfinished_ddA_terms_are_the_partials_of_the_finished_ones():

@@ -188,7 +188,7 @@ def _relative_errors(dtype, state_dtype):
 def test_state_dtype_is_the_states_dtype_forward_and_backward(monkeypatch, dtype, state_dtype, expected, tolerance):
     got = spy_states_dtypes(monkeypatch)
     errors = _relative_errors(dtype, state_dtype)
-    assert got == {"bmm_chunk_scan_fwd": expected, "chunk_scan_bwd_dC": expected}
+    assert got == {"bmm_chunk_scan_fwd": expected, "chunk_bwd_db_dc": expected}
     assert max(errors.values()) < tolerance, errors
 
 

@@ -135,15 +135,37 @@ def test_the_fuse_rule_makes_cb_in_chunk_scan_at_few_heads_per_group(rule_file, 
     assert "chunk_scan" in launched and ("bmm_chunk" not in launched) == fused
 
 
-def test_chunk_scan_making_cb_gives_the_chains_results_forward_and_backward():
+@pytest.mark.parametrize(("rule", "fused"), [
+    (None, False),  # no rule: the db and dC kernels, then bmm_chunk_bwd twice, as before the fusion
+    ({"max_heads_per_group": 2}, True),
+    ({"max_heads_per_group": 1}, False),
+])
+def test_the_fuse_rule_runs_db_and_dc_in_one_pass_at_few_heads_per_group(rule_file, rule, fused):
+    rule_file({} if rule is None else {"chunk_bwd_db_dc": rule}, kind="fuse")
+    tensors, options = _call()
+    launched = _launched_kernels(tensors, options)
+    assert ("chunk_bwd_db_dc" in launched) == fused
+    assert launched.isdisjoint(DB_DC_CHAIN) == fused and (launched >= DB_DC_CHAIN) != fused
+
+
+DB_DC_CHAIN = {"chunk_state_bwd_db", "chunk_scan_bwd_dC", "bmm_chunk_bwd"}
+
+
+@pytest.mark.parametrize(("stage", "fused_kernel", "chain_kernels", "launched_by"), [
+    ("chunk_scan", "chunk_scan", {"bmm_chunk"}, _forward_kernels),  # the backward recomputes cb by bmm_chunk
+    ("chunk_bwd_db_dc", "chunk_bwd_db_dc", DB_DC_CHAIN, _launched_kernels),
+])
+def test_each_fusion_gives_the_chains_results_forward_and_backward(stage, fused_kernel, chain_kernels, launched_by):
     """z, D per head dim, packed documents, initial and final states: every output and gradient agrees."""
     tensors, options = _call()
     tensors = {**tensors, "z": torch.randn(tensors["x"].shape, generator=torch.Generator().manual_seed(3)),
                "D": torch.randn(4, 16, generator=torch.Generator().manual_seed(4))}
-    with fused_paths.forced(fused_paths.SCAN, "fused"):
-        assert "bmm_chunk" not in _forward_kernels(tensors, options)
+    with fused_paths.forced(stage, "fused"):
+        launched = set(launched_by(tensors, options))
+        assert fused_kernel in launched and launched.isdisjoint(chain_kernels)
         fused = _results(tensors, options)
-    with fused_paths.forced(fused_paths.SCAN, "chain"):
+    with fused_paths.forced(stage, "chain"):
+        assert chain_kernels <= set(launched_by(tensors, options))
         chain = _results(tensors, options)
     for name in fused:
         torch.testing.assert_close(fused[name], chain[name], atol=1e-4, rtol=1e-4, msg=name)
