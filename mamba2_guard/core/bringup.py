@@ -57,11 +57,19 @@ def missing_kernels(own: Mapping[str, Mapping[str, Any]] | None, needed: Iterabl
 
 def due(missing: Sequence[str], state: Mapping[str, Any] | None) -> bool:
     """A bring-up is due while one that started has stages left, or, before any started, while the file lacks
-    kernels. Once one is complete, kernels it left without a config (a search that failed) go to the warm
-    re-tune and the seen-keys tuning like any other GPU's, not to another bring-up."""
+    kernels; and again once one is complete, for kernels added since it began (``added_since``). Kernels a
+    complete one left without a config (a search that failed) go to the warm re-tune and the seen-keys tuning
+    like any other GPU's, not to another bring-up."""
     if state:
-        return not complete(state)
+        return not complete(state) or bool(added_since(missing, state))
     return bool(missing)
+
+
+def added_since(missing: Sequence[str], state: Mapping[str, Any]) -> list[str]:
+    """The kernels of ``missing`` that did not exist when ``state``'s bring-up began (none for a state that did
+    not record them), sorted."""
+    known = state.get("kernels")
+    return [] if known is None else sorted(set(missing) - set(known))
 
 
 def by_value(shapes: Sequence[str], weight: Mapping[str, float]) -> list[str]:
@@ -99,9 +107,13 @@ def stage_state(stage: Stage) -> dict[str, Any]:
             "why": stage.why}
 
 
-def new_state(gpu_slug: str, stages: Sequence[Stage], now: str, tuned_before: bool = False) -> dict[str, Any]:
+def new_state(gpu_slug: str, stages: Sequence[Stage], now: str, tuned_before: bool = False,
+              kernels: Iterable[str] | None = None) -> dict[str, Any]:
+    """A bring-up not started; ``kernels``: every kernel that exists as it begins (None: not recorded, so none
+    counts as added since)."""
+    known = {} if kernels is None else {"kernels": sorted(kernels)}
     return {"gpu_slug": gpu_slug, "started": now, "updated": now, "seconds": 0.0, "tuned_before": tuned_before,
-            "stages": {s.name: stage_state(s) for s in stages}}
+            **known, "stages": {s.name: stage_state(s) for s in stages}}
 
 
 def record(state: Mapping[str, Any], stage: str, *, status: str, done: int, seconds: float, now: str,

@@ -74,12 +74,17 @@ def withhold_configs() -> str:
     return gpu_slug
 
 
-def missing(config_path: Path) -> list[str]:
-    """The suite's Helion kernels that a GPU's own file holds no config of (all of them: no file)."""
+def known_kernels() -> set[str]:
+    """Every Helion kernel the registry's entries launch."""
     from mamba2_kernels import registry
 
+    return registry.tuned_kernel_names()
+
+
+def missing(config_path: Path) -> list[str]:
+    """The suite's Helion kernels that a GPU's own file holds no config of (all of them: no file)."""
     own = config_store.load(config_path) if Path(config_path).is_file() else None
-    return bringup.missing_kernels(own.kernels if own else None, registry.tuned_kernel_names())
+    return bringup.missing_kernels(own.kernels if own else None, known_kernels())
 
 
 def is_due(state_dir: Path, gpu_slug: str, config_path: Path) -> bool:
@@ -92,13 +97,28 @@ def roofline_ms(entry: Any, shape: Any) -> float:
     return 1e3 * max(entry.bytes_moved(shape) / NOMINAL_BANDWIDTH, entry.flops(shape) / NOMINAL_FLOPS)
 
 
+def current_state(state_dir: Path, gpu_slug: str, config_path: Path) -> dict[str, Any] | None:
+    """The state the next run resumes: None before a bring-up began, and after a complete one whose GPU lacks
+    kernels added since it began (a new bring-up for them starts)."""
+    state = load_state(state_dir, gpu_slug)
+    if state and bringup.complete(state) and bringup.added_since(missing(config_path), state):
+        return None
+    return state
+
+
 def tuned_before(state_dir: Path, gpu_slug: str, config_path: Path) -> bool:
     """Whether ``gpu_slug``'s own file held configs when its bring-up began: as its state recorded it, or, before
     one began, as the file is now."""
-    state = load_state(state_dir, gpu_slug)
+    state = current_state(state_dir, gpu_slug, config_path)
     if state:
         return bool(state.get("tuned_before"))
     return Path(config_path).is_file() and bool(config_store.load(config_path).kernels)
+
+
+def _set_aside(path: Path, state: dict[str, Any]) -> None:
+    """Keep a complete bring-up's state beside the new one's, as ``<slug>.<started>.json`` (a rename: atomic)."""
+    started = "".join(ch for ch in str(state.get("started", "")) if ch.isalnum())[:15] or "earlier"
+    path.rename(path.with_name(f"{path.stem}.{started}.json"))
 
 
 def stages_for(gpu_slug: str, tuned: bool = False) -> list[bringup.Stage]:
@@ -188,10 +208,14 @@ def run_bring_up(opts: BringUpOptions, progress: Progress,
     """Run the stages due, in order, within ``opts.budget_seconds``; resumable (module docstring).
     ``on_configs`` gets the progress (with ``speedups``, the whole calls' latest against mamba-ssm) after
     every stage run that changed the config file."""
+    path = state_path(opts.state_dir, opts.gpu_slug)
+    earlier = load_state(opts.state_dir, opts.gpu_slug)
+    if earlier and current_state(opts.state_dir, opts.gpu_slug, opts.config_path) is None:
+        _set_aside(path, earlier)  # complete, and kernels were added since: a bring-up of its own for them
     tuned = tuned_before(opts.state_dir, opts.gpu_slug, opts.config_path)
     stages = list(opts.stages) if opts.stages is not None else stages_for(opts.gpu_slug, tuned)
-    path = state_path(opts.state_dir, opts.gpu_slug)
-    state = load_state(opts.state_dir, opts.gpu_slug) or bringup.new_state(opts.gpu_slug, stages, _now(), tuned)
+    state = (load_state(opts.state_dir, opts.gpu_slug)
+             or bringup.new_state(opts.gpu_slug, stages, _now(), tuned, known_kernels()))
     state.setdefault("stages", {})
     for stage in stages:  # a plan grown since the state was written (a new zoo shape) gets its new stages
         state["stages"].setdefault(stage.name, bringup.stage_state(stage))

@@ -20,6 +20,10 @@ def test_a_bring_up_is_due_for_a_missing_file_a_missing_kernel_or_an_unfinished_
         finished = bringup.record(finished, stage.name, status=bringup.DONE, done=stage.jobs, seconds=1.0, now="t1")
     assert not bringup.due([], finished) and bringup.complete(finished)
     assert not bringup.due(["dx"], finished)  # a finished bring-up is not run again; the re-tune takes over
+    # ... unless the kernel did not exist when it began: a kernel added since gets a bring-up of its own
+    knew = {**finished, "kernels": ["scan"]}
+    assert bringup.added_since(["dx", "scan"], knew) == ["dx"] and bringup.due(["dx"], knew)
+    assert not bringup.due(["scan"], knew)  # known then, left without a config: the re-tune's
 
 
 def test_the_whole_call_is_tuned_costliest_shape_first_and_borrowing_only_where_files_exist():

@@ -229,6 +229,27 @@ def test_a_new_gpu_searches_the_whole_call_on_every_night_of_its_bring_up(tmp_pa
     assert "missing_only" not in _hot_plan(later)
 
 
+def test_a_kernel_added_after_a_complete_bring_up_gets_one_of_its_own(tmp_path, monkeypatch):
+    """The bring-up finished before a kernel existed (its state lists the kernels it knew); once the registry
+    has one the GPU's file lacks, a bring-up is due again: a new one, searching only what has no config, with
+    the finished one's state kept beside it."""
+    monkeypatch.setattr(flow, "stages_for", lambda slug, tuned=False: stages(other_files=False, tuned=tuned))
+    state_dir, out = tmp_path / "state", tmp_path / f"{SLUG}.yaml"
+    first = flow.run_bring_up(options(tmp_path, stages=None), lambda m: None)
+    assert first.complete and set(first.state["kernels"]) == flow.known_kernels()
+    config_store.save(out, config_store.ConfigFile(kernels={name: {"k=1": {"block_sizes": [8]}}
+                                                             for name in sorted(flow.known_kernels())[1:]}))
+    assert not flow.is_due(state_dir, SLUG, out)  # a kernel it knew, left without a config: the re-tune's
+    path = flow.state_path(state_dir, SLUG)
+    path.write_text(json.dumps({**first.state, "kernels": sorted(flow.known_kernels())[1:]}))
+    assert flow.is_due(state_dir, SLUG, out) and flow.tuned_before(state_dir, SLUG, out)
+    again = flow.run_bring_up(options(tmp_path, stages=None, until="hot"), lambda m: None)
+    assert again.state["stages"]["suite"]["status"] == "pending" and again.state["tuned_before"] is True  # anew
+    assert _hot_plan(again).get("missing_only") is True
+    (kept,) = [p for p in path.parent.glob(f"{SLUG}.*.json")]
+    assert json.loads(kept.read_text())["stages"] == first.state["stages"]
+
+
 def test_the_console_script_runs_the_bring_up_and_says_where_it_stands(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAMBA2_GUARD")}
     env.update(MAMBA2_GUARD_TUNER=FAKE, FAKE_TUNE_EXTRA=json.dumps({"default": {"launches": []}}),
