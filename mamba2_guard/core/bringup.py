@@ -10,9 +10,9 @@ below, each started only once those before it are done or skipped:
             tried on this GPU: a config that generates code, passes precision and beats Helion's default
             is stored as this GPU's own; one that fails here is never stored (the default is).
 ``hot``     Helion's search, seeded from what ``borrow`` stored, on the whole SSD call at the suite's and the
-            zoo's shapes, the calls of most device time first: the first night fixes most of the time. On a
-            GPU whose file held configs when the bring-up began (a kernel added since), only the launches
-            without a config of their own: what the file holds was tuned already.
+            zoo's shapes, the calls of most device time first: the first night fixes most of the time.
+            Skipped on a GPU whose file held configs when the bring-up began (a kernel added since): its calls
+            are tuned, and the new kernel is the suite stage's.
 ``suite``   every kernel of the suite at the suite's shapes, searching only the launches still without a config.
 ``grid``    the whole call at the selection grid's shapes not reached yet.
 ``fit``     ``measure-selection`` over the grid, then the selection rule's fit, into the same file.
@@ -90,9 +90,9 @@ def plan(*, whole_call: str, suite_kernels: Sequence[str], suite_shapes: Sequenc
     return [
         Stage(BORROW, (whole_call,), calls if other_files else (), BORROWED, True,
               "other GPUs' configs, validated here" if other_files else "no other GPU's config file"),
-        Stage(HOT, (whole_call,), calls, SEARCH, tuned_before,
-              "the whole call at the suite and zoo shapes, costliest first"
-              + (", only launches without a config" if tuned_before else "")),
+        Stage(HOT, (whole_call,), () if tuned_before else calls, SEARCH, False,
+              "the file held configs when the bring-up began: its calls are tuned" if tuned_before
+              else "the whole call at the suite and zoo shapes, costliest first"),
         Stage(SUITE, tuple(dict.fromkeys(suite_kernels)), tuple(suite_shapes), SEARCH, True,
               "every suite kernel's launches still without a config"),
         Stage(GRID, (whole_call,), grid, SEARCH, True, "the selection grid's shapes not reached yet"),

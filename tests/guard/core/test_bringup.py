@@ -42,7 +42,8 @@ def test_the_whole_call_is_tuned_costliest_shape_first_and_borrowing_only_where_
     tuned = {s.name: s for s in bringup.plan(whole_call="call", suite_kernels=["k1"], suite_shapes=["small"],
                                              zoo_shapes=["big"], grid_shapes=[], weight=weight, other_files=True,
                                              tuned_before=True)}
-    assert tuned["hot"].missing_only and "only launches without a config" in tuned["hot"].why  # a kernel added
+    assert tuned["hot"].jobs == 0 and "its calls are tuned" in tuned["hot"].why  # a kernel added: the suite's
+    assert tuned["suite"].jobs and tuned["suite"].missing_only
     alone = bringup.plan(whole_call="call", suite_kernels=["k1"], suite_shapes=["small"], zoo_shapes=[],
                          grid_shapes=[], weight=weight, other_files=False)
     assert alone[0].jobs == 0 and "no other GPU" in alone[0].why

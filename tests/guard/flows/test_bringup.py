@@ -200,24 +200,27 @@ def test_the_withheld_file_mode_runs_as_a_new_gpu_that_borrows_nothing(monkeypat
     assert flow.missing(config_store.path_for(slug))  # no file of its own: a bring-up is due
 
 
-def _hot_plan(outcome: flow.BringUpOutcome) -> dict:
-    hot = next(run for run in outcome.runs if run["stage"] == "hot")
-    return json.loads(Path(hot["run_dir"], "plan.json").read_text())
+def _searched(outcome: flow.BringUpOutcome) -> dict[str, dict]:
+    """Each stage run's autotune plan, by stage."""
+    return {run["stage"]: json.loads(Path(run["run_dir"], "plan.json").read_text())
+            for run in outcome.runs if run.get("run_dir")}
 
 
-def test_a_gpu_whose_file_held_configs_searches_only_the_launches_without_one(tmp_path, monkeypatch):
-    """A kernel added after a GPU was tuned makes a bring-up due there (its file lacks the kernel); the hot stage
-    then searches only the launches without a config, not the whole call again, and the state keeps that."""
+def test_a_gpu_whose_file_held_configs_goes_straight_to_the_kernels_without_one(tmp_path, monkeypatch):
+    """A kernel added after a GPU was tuned makes a bring-up due there (its file lacks the kernel); the hot stage,
+    a search of the whole call, is skipped (its calls are tuned) and the suite stage searches what has no
+    config; the state keeps how the bring-up began."""
     out = tmp_path / f"{SLUG}.yaml"
     config_store.save(out, config_store.ConfigFile(kernels={"chunk_cumsum": {"k=1": {"block_sizes": [8]}}}))
     assert flow.missing(out) and flow.tuned_before(tmp_path / "state", SLUG, out)
     monkeypatch.setattr(flow, "stages_for", lambda slug, tuned=False: stages(other_files=False, tuned=tuned))
-    outcome = flow.run_bring_up(options(tmp_path, stages=None, until="hot"), lambda m: None)
-    assert _hot_plan(outcome).get("missing_only") is True and outcome.state["tuned_before"] is True
+    outcome = flow.run_bring_up(options(tmp_path, stages=None, until="suite"), lambda m: None)
+    assert outcome.state["stages"]["hot"]["status"] == "skipped" and outcome.state["tuned_before"] is True
+    assert set(_searched(outcome)) == {"suite"} and _searched(outcome)["suite"]["missing_only"] is True
 
 
 def test_a_new_gpu_searches_the_whole_call_on_every_night_of_its_bring_up(tmp_path, monkeypatch):
-    """No file at the start: the hot stage searches every launch, and still does on the nights after the first
+    """No file at the start: the hot stage searches the whole call, and still does on the nights after the first
     wrote configs (the state recorded how the bring-up began)."""
     monkeypatch.setattr(flow, "stages_for", lambda slug, tuned=False: stages(other_files=False, tuned=tuned))
     first = flow.run_bring_up(options(tmp_path, stages=None, until="borrow"), lambda m: None)
@@ -226,7 +229,7 @@ def test_a_new_gpu_searches_the_whole_call_on_every_night_of_its_bring_up(tmp_pa
     config_store.save(out, config_store.ConfigFile(kernels={"chunk_cumsum": {"k=1": {"block_sizes": [8]}}}))
     assert not flow.tuned_before(tmp_path / "state", SLUG, out)
     later = flow.run_bring_up(options(tmp_path, stages=None, until="hot"), lambda m: None)
-    assert "missing_only" not in _hot_plan(later)
+    assert later.state["stages"]["hot"]["status"] == "done" and "missing_only" not in _searched(later)["hot"]
 
 
 def test_a_kernel_added_after_a_complete_bring_up_gets_one_of_its_own(tmp_path, monkeypatch):
@@ -243,9 +246,9 @@ def test_a_kernel_added_after_a_complete_bring_up_gets_one_of_its_own(tmp_path, 
     path = flow.state_path(state_dir, SLUG)
     path.write_text(json.dumps({**first.state, "kernels": sorted(flow.known_kernels())[1:]}))
     assert flow.is_due(state_dir, SLUG, out) and flow.tuned_before(state_dir, SLUG, out)
-    again = flow.run_bring_up(options(tmp_path, stages=None, until="hot"), lambda m: None)
-    assert again.state["stages"]["suite"]["status"] == "pending" and again.state["tuned_before"] is True  # anew
-    assert _hot_plan(again).get("missing_only") is True
+    again = flow.run_bring_up(options(tmp_path, stages=None, until="suite"), lambda m: None)
+    assert again.state["tuned_before"] is True and again.state["stages"]["hot"]["status"] == "skipped"  # anew
+    assert set(_searched(again)) == {"suite"}
     (kept,) = [p for p in path.parent.glob(f"{SLUG}.*.json")]
     assert json.loads(kept.read_text())["stages"] == first.state["stages"]
 
