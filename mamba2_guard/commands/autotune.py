@@ -23,8 +23,9 @@ def register(commands) -> None:
                    help="Helion's search per kernel x shape job (default: 10, a warm re-tune; a new GPU gets "
                         "`mamba2-guard bring-up`)")
     p.add_argument("--total-budget-seconds", type=flags.seconds(), metavar="N",
-                   help="whole run (default: 1800): a job starts only while its --budget-seconds still fit (it "
-                        "then runs to its own timeout); rerun to resume the rest")
+                   help="whole run (default: 1800): a job starts only while the time its kernel's jobs took on "
+                        "this GPU, at least --budget-seconds, still fits (it then runs to its own timeout); rerun "
+                        "to resume the rest")
     p.add_argument("--job-timeout", type=flags.seconds(), metavar="S",
                    help="hard kill of a job (default: 2 x budget + 120)")
     p.add_argument("--workers", type=flags.integer(1), metavar="N",

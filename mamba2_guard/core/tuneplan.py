@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -243,6 +244,19 @@ def job_seconds(journals: Iterable[Iterable[Mapping[str, Any]]]) -> dict[str, fl
             if entry.get("status") == OK and isinstance(seconds, int | float) and seconds > 0:
                 out[str(entry["job"])] = float(seconds)
     return out
+
+
+def expected_seconds(job: Job, cost: Mapping[str, float], budget_seconds: float) -> float:
+    """How long ``job`` can be expected to run: its own time in an earlier run on this GPU (``cost``, from
+    ``job_seconds``), else the median of its kernel's other jobs there, else its search budget; never less
+    than the budget. A whole call's job searches a dozen launches and checks each, so it runs well past its
+    search budget, often more than twice as long: started on the budget alone near a hard limit (a runner's
+    job timeout), it is killed there with nothing kept, and a night's soft budget is overrun by as much."""
+    own = cost.get(job.id)
+    if own is None:
+        same_kernel = [seconds for job_id, seconds in cost.items() if job_id.split("@", 1)[0] == job.kernel]
+        own = statistics.median(same_kernel) if same_kernel else 0.0
+    return max(float(budget_seconds), float(own))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ class AutotuneOptions:
     effort: str = "quick"
     seed: int = 1234
     budget_seconds: float = 300.0  # per job (Helion's budget, split over the job's launches)
-    total_budget_seconds: float | None = None  # a job starts only while its budget_seconds still fit
+    total_budget_seconds: float | None = None  # a job starts only while its expected time still fits
     job_timeout_seconds: float | None = None  # hard kill; default 2 x budget + 120 s (compile, validation)
     rounds: int = 30
     max_attempts: int = 2
@@ -477,12 +477,16 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
         try:
             for job in jobs:
                 while True:
-                    # A job starts only with its whole tuning budget still inside the overall one, and then
-                    # runs to its own timeout: a job cut short would be killed mid-search and leave nothing.
-                    if deadline is not None and deadline - time.monotonic() < opts.budget_seconds:
+                    # A job starts only while the time it can be expected to take (its kernel's jobs' on this
+                    # GPU, at least its tuning budget) still fits the overall budget, and then runs to its own
+                    # timeout: a job cut short would be killed mid-search and leave nothing.
+                    expected = tuneplan.expected_seconds(job, cost, opts.budget_seconds)
+                    if deadline is not None and deadline - time.monotonic() < expected:
                         skipped.append(job.id)
                         break
                     entry = run_job(run, job, process, index, opts.job_timeout)
+                    if entry.get("status") == tuneplan.OK and float(entry.get("seconds") or 0) > 0:
+                        cost[job.id] = float(entry["seconds"])  # the run's later jobs of the kernel expect it
                     run.append(entry)
                     run.save()
                     progress(describe(entry))

@@ -139,7 +139,7 @@ def stages_for(gpu_slug: str, tuned: bool = False) -> list[bringup.Stage]:
 class BringUpOptions:
     state_dir: Path
     gpu_slug: str
-    budget_seconds: float  # this run's (a night's): a stage's job starts only while its budget still fits
+    budget_seconds: float  # this run's (a night's): a stage's job starts only while its expected time fits
     fingerprint: dict[str, Any] = field(default_factory=dict)
     fingerprint_digest: str = ""
     out: Path | None = None  # the config file (default: the GPU's in the config store)

@@ -327,6 +327,17 @@ def test_overall_budget_starts_no_job_it_cannot_hold_and_cuts_none_short(tmp_pat
     assert outcome.skipped == ["chunk_cumsum@mamba2-default"] and not outcome.complete
 
 
+def test_a_job_starts_only_while_the_time_its_kernels_jobs_took_still_fits(tmp_path):
+    # Each job sleeps 2.5 s with a 1 s tuning budget, inside a 4 s overall budget: the first starts (no job time
+    # known yet: its budget fits), the second does not, though 1.5 s left holds its budget: a job of its kernel
+    # just took 2.5 s. Started, it would run past the overall budget (a hard limit would kill it).
+    extra = {"default": {"sleep": 2.5}}
+    outcome = run_autotune(options(tmp_path, kernels=KERNELS[:1], extra=extra, budget_seconds=1,
+                                   total_budget_seconds=4.0, job_timeout_seconds=20), quiet)
+    assert [e["job"] for e in outcome.entries] == ["chunk_cumsum@smoke"]
+    assert outcome.skipped == ["chunk_cumsum@mamba2-default"]
+
+
 def test_a_later_job_skips_launches_an_earlier_job_tuned(tmp_path):
     # Like a whole call after the per-kernel jobs: job 2 launches the Helion kernel job 1 already tuned.
     shared = {"kernel": "shared_k", "key": "shape=smoke", "config": {"block_sizes": [32], "num_warps": 4},

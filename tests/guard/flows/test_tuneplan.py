@@ -306,3 +306,13 @@ def test_every_autotune_setting_has_one_range_wherever_it_is_given(tmp_path):
         AutotuneOptions(**base, budget_seconds=float("inf"))
     with pytest.raises(ValueError, match=r"job_budget_seconds: expected a finite number > 0, got 0"):
         BringUpOptions(state_dir=tmp_path, gpu_slug="g", budget_seconds=60, job_budget_seconds=0)
+
+
+def test_a_jobs_expected_time_is_its_own_else_its_kernels_never_below_its_budget():
+    job = tuneplan.Job(0, "ssd_combined_fwd_bwd", "nemotron-h-47b")
+    cost = {"ssd_combined_fwd_bwd@long-context": 325.0, "ssd_combined_fwd_bwd@bamba-9b": 200.0,
+            "chunk_scan@nemotron-h-47b": 900.0}
+    assert tuneplan.expected_seconds(job, cost, 120) == 262.5  # the median of the kernel's other jobs
+    assert tuneplan.expected_seconds(job, {**cost, job.id: 150.0}, 120) == 150.0  # its own time first
+    assert tuneplan.expected_seconds(job, {"chunk_scan@long-context": 900.0}, 120) == 120  # no job of its kernel
+    assert tuneplan.expected_seconds(job, {job.id: 30.0}, 120) == 120  # never less than the budget
