@@ -17,6 +17,7 @@ CHAINS = {"chunk_state_passing": {"chunk_state", "state_passing"},
           "chunk_state_passing_bwd": {"chunk_scan_bwd_dstates", "state_passing_bwd"}}
 FUSED_KERNELS = set(CHAINS)
 CHAIN_KERNELS = set().union(*CHAINS.values())
+DB_DC_CHAIN = {"chunk_state_bwd_db", "chunk_scan_bwd_dC", "bmm_chunk_bwd"}  # the kernels chunk_bwd_db_dc fuses
 
 
 def _call(b=2, L=80, h=4, p=16, g=2, n=16, chunk_size=32, seed=0):
@@ -147,8 +148,6 @@ def test_the_fuse_rule_runs_db_and_dc_in_one_pass_at_few_heads_per_group(rule_fi
     assert ("chunk_bwd_db_dc" in launched) == fused
     assert launched.isdisjoint(DB_DC_CHAIN) == fused and (launched >= DB_DC_CHAIN) != fused
 
-
-DB_DC_CHAIN = {"chunk_state_bwd_db", "chunk_scan_bwd_dC", "bmm_chunk_bwd"}
 
 
 @pytest.mark.parametrize(("stage", "fused_kernel", "chain_kernels", "launched_by"), [
