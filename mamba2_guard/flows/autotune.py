@@ -485,8 +485,7 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
                         skipped.append(job.id)
                         break
                     entry = run_job(run, job, process, index, opts.job_timeout)
-                    if entry.get("status") == tuneplan.OK and float(entry.get("seconds") or 0) > 0:
-                        cost[job.id] = float(entry["seconds"])  # the run's later jobs of the kernel expect it
+                    cost.update(tuneplan.job_seconds([[entry]]))  # the run's later jobs of the kernel expect it
                     run.append(entry)
                     run.save()
                     progress(describe(entry))

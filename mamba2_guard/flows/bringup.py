@@ -97,22 +97,30 @@ def roofline_ms(entry: Any, shape: Any) -> float:
     return 1e3 * max(entry.bytes_moved(shape) / NOMINAL_BANDWIDTH, entry.flops(shape) / NOMINAL_FLOPS)
 
 
-def current_state(state_dir: Path, gpu_slug: str, config_path: Path) -> dict[str, Any] | None:
-    """The state the next run resumes: None before a bring-up began, and after a complete one whose GPU lacks
-    kernels added since it began (a new bring-up for them starts)."""
-    state = load_state(state_dir, gpu_slug)
+def _resumable(state: dict[str, Any] | None, config_path: Path) -> dict[str, Any] | None:
+    """``state`` (as loaded), unless it is complete and its GPU lacks kernels added since it began: then None,
+    a new bring-up for them starts."""
     if state and bringup.complete(state) and bringup.added_since(missing(config_path), state):
         return None
     return state
 
 
-def tuned_before(state_dir: Path, gpu_slug: str, config_path: Path) -> bool:
-    """Whether ``gpu_slug``'s own file held configs when its bring-up began: as its state recorded it, or, before
-    one began, as the file is now."""
-    state = current_state(state_dir, gpu_slug, config_path)
+def current_state(state_dir: Path, gpu_slug: str, config_path: Path) -> dict[str, Any] | None:
+    """The state the next run resumes: None before a bring-up began, and after a complete one whose GPU lacks
+    kernels added since it began."""
+    return _resumable(load_state(state_dir, gpu_slug), config_path)
+
+
+def _tuned_before(state: dict[str, Any] | None, config_path: Path) -> bool:
     if state:
         return bool(state.get("tuned_before"))
     return Path(config_path).is_file() and bool(config_store.load(config_path).kernels)
+
+
+def tuned_before(state_dir: Path, gpu_slug: str, config_path: Path) -> bool:
+    """Whether ``gpu_slug``'s own file held configs when its bring-up began: as its state recorded it, or, before
+    one began, as the file is now."""
+    return _tuned_before(current_state(state_dir, gpu_slug, config_path), config_path)
 
 
 def _set_aside(path: Path, state: dict[str, Any]) -> None:
@@ -210,12 +218,12 @@ def run_bring_up(opts: BringUpOptions, progress: Progress,
     every stage run that changed the config file."""
     path = state_path(opts.state_dir, opts.gpu_slug)
     earlier = load_state(opts.state_dir, opts.gpu_slug)
-    if earlier and current_state(opts.state_dir, opts.gpu_slug, opts.config_path) is None:
+    state = _resumable(earlier, opts.config_path)
+    if earlier and state is None:
         _set_aside(path, earlier)  # complete, and kernels were added since: a bring-up of its own for them
-    tuned = tuned_before(opts.state_dir, opts.gpu_slug, opts.config_path)
+    tuned = _tuned_before(state, opts.config_path)
     stages = list(opts.stages) if opts.stages is not None else stages_for(opts.gpu_slug, tuned)
-    state = (load_state(opts.state_dir, opts.gpu_slug)
-             or bringup.new_state(opts.gpu_slug, stages, _now(), tuned, known_kernels()))
+    state = state or bringup.new_state(opts.gpu_slug, stages, _now(), tuned, known_kernels())
     state.setdefault("stages", {})
     for stage in stages:  # a plan grown since the state was written (a new zoo shape) gets its new stages
         state["stages"].setdefault(stage.name, bringup.stage_state(stage))
