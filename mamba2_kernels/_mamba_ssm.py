@@ -115,6 +115,8 @@ def chunk_cumsum_bwd_of_terms(intra_steps, next_steps, prev_parts, chunk_grad, d
 def _stages() -> types.SimpleNamespace:
     """mamba-ssm's stage wrappers that ``mamba2_kernels.ssd.compose``'s chains call, under the stage names."""
     return types.SimpleNamespace(
+        chunk_cumsum_fwd=resolve(f"{SSD_CHUNK_STATE}:_chunk_cumsum_fwd"),
+        chunk_state_passing_fwd=chunk_state_passing_fwd,
         chunk_state_fwd=resolve(f"{SSD_CHUNK_STATE}:_chunk_state_fwd"),
         state_passing_fwd=resolve(f"{SSD_STATE_PASSING}:_state_passing_fwd"),
         chunk_scan_bwd_dstates=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_bwd_dstates"),
@@ -129,6 +131,16 @@ def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=No
     """mamba-ssm's chunk_state then state_passing kernels, as its combined forward runs them: the
     counterpart of ``mamba2_kernels.ssd.chunk_state_passing``."""
     return compose.chain_chunk_state_passing(_stages(), B, x, dt, dA_cumsum, initial_states, seq_idx, out_dtype)
+
+
+def chunk_cumsum_state_passing_fwd(dt, A, B, x, chunk_size, dt_bias=None, dt_softplus=False,
+                                   dt_limit=(0.0, float("inf")), initial_states=None, seq_idx=None, out_dtype=None):
+    """mamba-ssm's chunk_cumsum, chunk_state and state_passing kernels, as its combined forward runs them: the
+    counterpart of ``mamba2_kernels.ssd.chunk_state_passing.chunk_cumsum_state_passing_fwd``."""
+    return compose.chain_chunk_cumsum_state_passing(_stages(), dt, A, B, x, chunk_size, dt_bias=dt_bias,
+                                                    dt_softplus=dt_softplus, dt_limit=dt_limit,
+                                                    initial_states=initial_states, seq_idx=seq_idx,
+                                                    out_dtype=out_dtype)
 
 
 def bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=None):

@@ -40,7 +40,8 @@ A fused state pass's ``chain`` rule (``ChainRule``) says at which calls the stag
 it fuses instead (``mamba2_kernels.ssd.fused_paths``); without one, the fused kernel runs everywhere. The
 forward's outputs and the backward's gradients of B and C go the other way round: the ``fuse`` rule
 (``FuseRule``) of chunk_scan says at which calls it makes cb itself, that of chunk_bwd_db_dc at which calls one
-pass computes dB and dC; without one, each runs as the kernels it fuses everywhere.
+pass computes dB and dC, that of chunk_cumsum_state_passing at which calls the fused state pass makes dt and
+dA_cumsum itself; without one, each runs as the kernels it fuses everywhere.
 """
 
 from __future__ import annotations
@@ -188,7 +189,9 @@ class ChainRule:
 class FuseRule:
     """When a fusion of kernels runs instead of its chain: at most ``max_heads_per_group`` heads per group.
     chunk_scan making cb itself recomputes a group's cb for each head, which the chain computes once per group;
-    the one pass of chunk_bwd_db_dc walks all of a group's heads in each program, which the chain splits."""
+    the one pass of chunk_bwd_db_dc walks all of a group's heads in each program, which the chain splits. (The
+    state pass that makes dt itself has no such trade in heads: its rule, fitted the same way, fuses everywhere
+    or nowhere where the evidence does.)"""
 
     max_heads_per_group: int
 

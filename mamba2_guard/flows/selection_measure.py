@@ -7,11 +7,12 @@ to the call, as the runtime adapts it). Compiles dominate: they run first in par
 launching the configs once on arguments of the launch's layout so that Triton's on-disk cache holds them,
 and the timing process then only loads them (on a CPU, where nothing compiles, there is no pool).
 
-It then times the whole call at the shape with each fused state pass forced fused and forced chained
-(``mamba2_kernels.ssd.fused_paths``), by CUDA-graph replays: the evidence of the stages' chain rules.
+It then times the whole call at the shape with each fused stage (``mamba2_kernels.ssd.forcing.STAGES``) forced
+fused and forced chained (``mamba2_kernels.ssd.fused_paths``), by CUDA-graph replays: the evidence of the
+stages' chain and fuse rules.
 
 ``fit_into`` turns a measurement file into the config file's entries: the best config at each grid key, each
-kernel's fitted weights and each state pass's chain rule. All are reviewed in the config PR like tuned configs.
+kernel's fitted weights and each fused stage's rule. All are reviewed in the config PR like tuned configs.
 """
 
 from __future__ import annotations
@@ -436,8 +437,8 @@ def first_call_seconds(shapes: Sequence[str], entries: Sequence[str], sides: Seq
 def apply_fit(cf: config_store.ConfigFile, records: list[dict]) -> tuple[config_store.ConfigFile, list[fitting.Fit]]:
     """``cf`` with, per kernel measured: the best config at each grid key (unless a tuned one is stored there)
     and the fitted weights; per state pass measured: its chain rule (none: the fused kernel everywhere); for
-    chunk_scan and chunk_bwd_db_dc measured: their fuse rules (none: the chain everywhere). Returns the new file
-    and the fits."""
+    each fusion of ``forcing.FUSE_STAGES`` measured: its fuse rule (none: the chain everywhere). Returns the new
+    file and the fits."""
     kernels = dict((name, dict(by_key)) for name, by_key in cf.kernels.items())
     selection = {name: dict(rule) for name, rule in cf.selection.items()}
     fits: list[fitting.Fit | fitting.ChainFit | fitting.FuseFit] = []

@@ -27,15 +27,18 @@ def total(names: Sequence[str], model: str) -> Callable[[ShapeSpec], int]:
 CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "z=z_call", "dt_bias=dt_bias",
              "initial_states=initial_states", "seq_idx=seq_idx", "dt_softplus=dt_softplus")
 FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk", "chunk_scan")
-# The forward where a GPU's rule fuses bmm_chunk into chunk_scan (mamba2_kernels.ssd.fused_paths).
-FUSED_FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk_scan")
+# The forward where a GPU's rules fuse chunk_cumsum into the state pass and bmm_chunk into chunk_scan
+# (mamba2_kernels.ssd.fused_paths).
+FUSED_FWD_STAGES = ("chunk_cumsum_state_passing", "bmm_chunk_scan")
 # The entries whose kernels the whole call (forward + backward) launches, in launch order.
 BWD_STAGES = ("chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
               "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx", "chunk_scan_bwd_dcb_ddA",
               "chunk_state_bwd_db", "chunk_scan_bwd_dC", "bmm_chunk_bwd", "bmm_chunk_bwd", "chunk_cumsum_bwd_terms")
 SSD_CALL_STAGES = (*FWD_STAGES, *BWD_STAGES)
-# The backward where a GPU's rule runs the gradients of B and C as one pass.
-FUSED_BWD_STAGES = (*BWD_STAGES[:6], "chunk_bwd_db_dc", BWD_STAGES[-1])
+# The backward where a GPU's rules fuse chunk_cumsum into the recompute's state pass and run the gradients of B
+# and C as one pass.
+FUSED_BWD_STAGES = ("chunk_cumsum_state_passing_fp32", "bmm_chunk", *BWD_STAGES[3:6], "chunk_bwd_db_dc",
+                    BWD_STAGES[-1])
 COMBINED = f"{mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined"
 # mamba-ssm's launches for the same call (_mamba_chunk_scan_combined_fwd, then _bwd, which recomputes the
 # forward's stages), modelled by the same entries: the other side of the launches-and-bytes table.
@@ -49,9 +52,9 @@ MAMBA_SSM_CALL_STAGES = (*MAMBA_SSM_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "ch
 @dataclass(frozen=True)
 class CallTraffic:
     """One call's launches and modelled HBM bytes (each stage's compulsory traffic, summed): ours as the
-    committed files run it, ours with every fusion that a rule can pick (bmm_chunk into chunk_scan, the
-    gradients of B and C in one pass), and mamba-ssm's; and the call's own compulsory bytes: what a single pass
-    over its inputs and outputs moves."""
+    committed files run it, ours with every fusion that a rule can pick (chunk_cumsum into the state pass,
+    bmm_chunk into chunk_scan, the gradients of B and C in one pass), and mamba-ssm's; and the call's own
+    compulsory bytes: what a single pass over its inputs and outputs moves."""
     launches: int
     bytes: int
     fused_launches: int

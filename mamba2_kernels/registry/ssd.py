@@ -28,6 +28,8 @@ SCAN = mamba_ssm.SSD_CHUNK_SCAN
 STATE = mamba_ssm.SSD_CHUNK_STATE
 PASSING = mamba_ssm.SSD_STATE_PASSING
 BMM = mamba_ssm.SSD_BMM
+# chunk_cumsum then the state pass, on the call's dt with dt_bias and softplus; the out dtype follows.
+CUMSUM_STATE_ARGS = ("dt_raw", "A", "B", "x", "chunk_size", "dt_bias", "true", "dt_limit", "none", "seq_idx")
 
 ENTRIES: tuple[KernelEntry, ...] = (
     KernelEntry(
@@ -86,6 +88,27 @@ ENTRIES: tuple[KernelEntry, ...] = (
         bytes_moved=traffic(lambda z: z["bc"] + z["x"] + 2 * z["dt"] + z["states"] + z["final"]),
         flops=flops_of(lambda b, L, h, p, G, n, Q, c: 2 * b * L * h * p * n + 2 * b * c * h * p * n),
         helion="mamba2_kernels.ssd.chunk_state_passing:chunk_state_passing_fwd"),
+    # chunk_cumsum in that pass as well (the forward's fused path where a GPU's rule picks it), against
+    # mamba-ssm's three kernels; and the same for the backward's recompute of the states in fp32.
+    KernelEntry(
+        name="chunk_cumsum_state_passing", family="ssd", phase="fwd_1_3",
+        replaces="_chunk_cumsum_fwd_kernel + _chunk_state_fwd_kernel + _state_passing_fwd_kernel",
+        make_inputs=inputs_chunk_cumsum, args=CUMSUM_STATE_ARGS + ("io_dtype",),
+        outputs=("dA_cumsum", "dt", "states", "final_states"), reference=f"{REFERENCE}:chunk_cumsum_state_passing_fwd",
+        baseline="mamba2_kernels._mamba_ssm:chunk_cumsum_state_passing_fwd",
+        bytes_moved=traffic(lambda z: z["dt_raw"] + 2 * z["dt"] + z["bc"] + z["x"] + z["states"] + z["final"]),
+        flops=flops_of(lambda b, L, h, p, G, n, Q, c: 8 * b * L * h + 2 * b * L * h * p * n + 2 * b * c * h * p * n),
+        helion="mamba2_kernels.ssd.chunk_state_passing:chunk_cumsum_state_passing_fwd"),
+    KernelEntry(
+        name="chunk_cumsum_state_passing_fp32", family="ssd", phase="bwd_1_3",
+        replaces="_chunk_cumsum_fwd_kernel + _chunk_state_fwd_kernel + _state_passing_fwd_kernel (backward "
+                 "recompute, fp32 out)",
+        make_inputs=inputs_chunk_cumsum, args=CUMSUM_STATE_ARGS, outputs=("dA_cumsum", "dt", "states", "final_states"),
+        reference=f"{REFERENCE}:chunk_cumsum_state_passing_fwd",
+        baseline="mamba2_kernels._mamba_ssm:chunk_cumsum_state_passing_fwd",
+        bytes_moved=traffic(lambda z: z["dt_raw"] + 2 * z["dt"] + z["bc"] + z["x"] + z["states32"] + z["final"]),
+        flops=flops_of(lambda b, L, h, p, G, n, Q, c: 8 * b * L * h + 2 * b * L * h * p * n + 2 * b * c * h * p * n),
+        helion="mamba2_kernels.ssd.chunk_state_passing:chunk_cumsum_state_passing_fwd"),
     # The state at the end of each sequence of a packed input (return_varlen_states=True), after chunk_scan.
     KernelEntry(
         name="chunk_state_varlen", family="ssd", phase="fwd_6", replaces="_chunk_state_varlen_kernel",

@@ -5,6 +5,8 @@ imports no kernel implementation itself. Changes from mamba-ssm's order, each a 
 spares a round trip through memory (``chain_*`` below are their unfused forms, the references):
   * chunk_state_passing_fwd: the chunk states and their passing in one pass (mamba-ssm: chunk_state_fwd then
     state_passing_fwd), in the forward and in the backward's recompute;
+  * chunk_cumsum_state_passing_fwd: chunk_cumsum in that pass as well (mamba-ssm: chunk_cumsum_fwd before
+    them), so that the forward is two launches;
   * chunk_state_passing_bwd: the states' gradient from the outputs and its passing back in one pass
     (mamba-ssm: chunk_scan_bwd_dstates then state_passing_bwd);
   * bmm_chunk_scan_fwd: the forward's outputs, with each chunk's C B^T made where it is used (mamba-ssm:
@@ -17,7 +19,7 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
     dB, dC and dCB stages return them (finished in naive; partials that its kernel sums, for Helion).
 
 ``stages`` is any object with the stage functions as attributes, named as in ``mamba2_kernels.ssd.naive``:
-chunk_cumsum_fwd, chunk_state_passing_fwd, bmm_chunk_fwd, bmm_chunk_scan_fwd, chunk_scan_bwd_dz,
+chunk_cumsum_state_passing_fwd, bmm_chunk_fwd, bmm_chunk_scan_fwd, chunk_scan_bwd_dz,
 chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_scan_bwd_dcb, chunk_bwd_db_dc,
 chunk_cumsum_bwd_of_terms; and chunk_state_varlen, which the forward
 calls only when given cu_seqlens, and chunk_state_varlen_bwd, which the backward calls only when given a
@@ -54,6 +56,18 @@ def chain_chunk_state_passing(stages: Any, B, x, dt, dA_cumsum, initial_states=N
         _flat(states), dA_cumsum[:, :, :, -1], initial_states=_flat(initial_states), seq_idx=seq_idx,
         chunk_size=dt.shape[-1], out_dtype=out_dtype)
     return _unflat(states, dstate), _unflat(final_states, dstate)
+
+
+def chain_chunk_cumsum_state_passing(stages: Any, dt, A, B, x, chunk_size, dt_bias=None, dt_softplus=False,
+                                     dt_limit=(0.0, INF), initial_states=None, seq_idx=None, out_dtype=None):
+    """``chunk_cumsum_state_passing_fwd`` as mamba-ssm computes it: ``stages.chunk_cumsum_fwd``, then
+    ``stages.chunk_state_passing_fwd`` on its results. Returns (dA_cumsum, dt_out (b, h, c, Q) fp32, the states
+    entering each chunk (b, c, h, p, n) in out_dtype (default fp32), final_states (b, h, p, n) fp32)."""
+    dA_cumsum, dt_out = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                                dt_limit=dt_limit)
+    states, final_states = stages.chunk_state_passing_fwd(B, x, dt_out, dA_cumsum, initial_states=initial_states,
+                                                          seq_idx=seq_idx, out_dtype=out_dtype)
+    return dA_cumsum, dt_out, states, final_states
 
 
 def chain_chunk_state_passing_bwd(stages: Any, C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None,
@@ -106,10 +120,9 @@ def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=Non
     ``stages.chunk_state_varlen`` over the states entering each chunk, as mamba-ssm does. The states entering
     each chunk are kept in ``state_dtype`` (default C's dtype), as mamba-ssm's main branch does (its #972);
     final_states are fp32 either way."""
-    dA_cumsum, dt = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                            dt_limit=dt_limit)
-    states, final_states = stages.chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=initial_states,
-                                                          seq_idx=seq_idx, out_dtype=state_dtype or C.dtype)
+    dA_cumsum, dt, states, final_states = stages.chunk_cumsum_state_passing_fwd(
+        dt, A, B, x, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+        initial_states=initial_states, seq_idx=seq_idx, out_dtype=state_dtype or C.dtype)
     out, out_x = stages.bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
     if cu_seqlens is None:
         return out, out_x, dt, dA_cumsum, states, final_states
@@ -141,11 +154,10 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
             raise ValueError("dz: given without z")
         check_out("dz", dz, z.shape, z.dtype)
     ngroups = B.shape[2]
-    dA_cumsum, dt_out = stages.chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
-                                                dt_limit=dt_limit)
+    dA_cumsum, dt_out, states, _ = stages.chunk_cumsum_state_passing_fwd(
+        dt, A, B, x, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+        initial_states=initial_states, seq_idx=seq_idx)
     CB = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
-    states, _ = stages.chunk_state_passing_fwd(B, x, dt_out, dA_cumsum, initial_states=initial_states,
-                                               seq_idx=seq_idx)
     varlen = None
     if dvarlen_states is not None:  # the forward's chunk_state_varlen, on the states in the dtype it kept them in
         varlen = stages.chunk_state_varlen_bwd(B[0], x[0], dt_out[0], dA_cumsum[0], cu_seqlens,

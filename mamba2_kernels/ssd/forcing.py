@@ -11,10 +11,12 @@ import threading
 from collections.abc import Iterator
 
 # The fused kernels, the rules' keys: the state passes (a chain rule: fused unless it says chain) and the
-# fusions of kernels that exist unfused (a fuse rule: the chain unless it says fused).
+# fusions of kernels that exist unfused (a fuse rule: the chain unless it says fused). CUMSUM is chunk_cumsum
+# fused into the forward's state pass, which it can join only where that pass runs fused.
 FWD, BWD, SCAN, DB_DC = "chunk_state_passing", "chunk_state_passing_bwd", "chunk_scan", "chunk_bwd_db_dc"
-STAGES = (FWD, BWD, SCAN, DB_DC)
-FUSE_STAGES = (SCAN, DB_DC)
+CUMSUM = "chunk_cumsum_state_passing"
+STAGES = (FWD, BWD, SCAN, DB_DC, CUMSUM)
+FUSE_STAGES = (SCAN, DB_DC, CUMSUM)
 PATHS = ("fused", "chain")
 PATHS_ENV = "MAMBA2_GUARD_PATHS"
 _forced = threading.local()

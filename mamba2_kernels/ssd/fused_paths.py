@@ -16,6 +16,12 @@ where bmm_chunk computes it once per group and every head of the group reads it 
 favour the fusion, many favour the chain. It runs fused only where the GPU's file says so (a ``FuseRule``:
 ``selection.chunk_scan.fuse``); without a rule the chain runs, as it did before the fusion existed.
 
+The cumsum of dt in the forward's state pass (``chunk_cumsum_state_passing_fwd``). Fused, the state pass makes
+dt_out and dA_cumsum from the call's dt itself (``mamba2_kernels.ssd.chunk_state_passing``): one launch and a
+round trip of both through memory fewer, for a scan that every program of a head repeats. It can join the
+state pass only where that pass runs fused (its chain rule); where the fuse rule
+(``selection.chunk_cumsum_state_passing.fuse``) says so, the forward is two launches. Without a rule, the chain.
+
 The gradients of B and C (``chunk_bwd_db_dc``). Fused, one pass computes both with their intra-chunk terms and
 stores them in their dtypes (``mamba2_kernels.ssd.chunk_bwd_db_dc``); chained, the db and dC kernels write fp32
 partials that two bmm_chunk_bwd launches read back. The fused pass cannot split a group's heads over programs,
@@ -36,14 +42,17 @@ from mamba2_kernels.ssd import compose
 from mamba2_kernels.ssd.bmm_chunk import bmm_chunk_fwd
 from mamba2_kernels.ssd.bmm_chunk_bwd import bmm_chunk_bwd
 from mamba2_kernels.ssd.chunk_bwd_db_dc import chunk_bwd_db_dc as fused_db_dc
+from mamba2_kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
 from mamba2_kernels.ssd.chunk_scan import bmm_chunk_scan_fwd as fused_scan
 from mamba2_kernels.ssd.chunk_scan import chunk_scan_fwd
 from mamba2_kernels.ssd.chunk_scan_bwd import chunk_scan_bwd_dC
 from mamba2_kernels.ssd.chunk_state_bwd import chunk_state_bwd_db
+from mamba2_kernels.ssd.chunk_state_passing import chunk_cumsum_state_passing_fwd as fused_cumsum_fwd
 from mamba2_kernels.ssd.chunk_state_passing import chunk_state_passing_fwd as fused_fwd
 from mamba2_kernels.ssd.chunk_state_passing_bwd import chunk_state_passing_bwd as fused_bwd
 from mamba2_kernels.ssd.forcing import (  # noqa: F401 (re-exported)
     BWD,
+    CUMSUM,
     DB_DC,
     FUSE_STAGES,
     FWD,
@@ -111,6 +120,17 @@ def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=No
     return run(B, x, dt, dA_cumsum, initial_states=initial_states, seq_idx=seq_idx, out_dtype=out_dtype)
 
 
+def chunk_cumsum_state_passing_fwd(dt, A, B, x, chunk_size, dt_bias=None, dt_softplus=False,
+                                   dt_limit=(0.0, float("inf")), initial_states=None, seq_idx=None, out_dtype=None):
+    """``mamba2_kernels.ssd.naive.chunk_cumsum_state_passing_fwd``'s results: one kernel where the state pass runs
+    fused and the cumsum's rule fuses it in, else chunk_cumsum and then the state pass by its own rule."""
+    options = {"dt_bias": dt_bias, "dt_softplus": dt_softplus, "dt_limit": dt_limit,
+               "initial_states": initial_states, "seq_idx": seq_idx, "out_dtype": out_dtype}
+    if runs_fused(CUMSUM, x, B.shape[2]) and not chained(FWD, x, B.shape[-1], chunk_size):
+        return fused_cumsum_fwd(dt, A, B, x, chunk_size, **options)
+    return compose.chain_chunk_cumsum_state_passing(CUMSUM_CHAIN_STAGES, dt, A, B, x, chunk_size, **options)
+
+
 def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,
                             dstates_dtype=None, states_dtype=None, dstates_in=None):
     """``mamba2_kernels.ssd.chunk_state_passing_bwd.chunk_state_passing_bwd``, by the path the rule picks; with
@@ -138,3 +158,8 @@ def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=
     if runs_fused(DB_DC, x, B.shape[2]):
         return fused_db_dc(*args, seq_idx=seq_idx, dB=dB, dC=dC, unfinished=True)
     return compose.chain_chunk_bwd_db_dc(CHAIN_STAGES, *args, seq_idx=seq_idx, dB=dB, dC=dC)
+
+
+# chunk_cumsum's chain: its own kernel, then the state pass by that pass's rule.
+CUMSUM_CHAIN_STAGES = types.SimpleNamespace(chunk_cumsum_fwd=chunk_cumsum_fwd,
+                                            chunk_state_passing_fwd=chunk_state_passing_fwd)

@@ -27,6 +27,7 @@ __all__ = [
     "chunk_state_fwd",
     "state_passing_fwd",
     "chunk_state_passing_fwd",
+    "chunk_cumsum_state_passing_fwd",
     "chunk_state_varlen",
     "chunk_state_varlen_bwd",
     "bmm_chunk_fwd",
@@ -225,6 +226,17 @@ def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=No
     entering each chunk (b,c,h,p,n) in out_dtype (default fp32), final_states (b,h,p,n) fp32)."""
     return compose.chain_chunk_state_passing(sys.modules[__name__], B, x, dt, dA_cumsum, initial_states, seq_idx,
                                              out_dtype)
+
+
+def chunk_cumsum_state_passing_fwd(dt, A, B, x, chunk_size, dt_bias=None, dt_softplus=False,
+                                   dt_limit=(0.0, float("inf")), initial_states=None, seq_idx=None, out_dtype=None):
+    """``chunk_cumsum_fwd`` then ``chunk_state_passing_fwd`` (``compose.chain_chunk_cumsum_state_passing``):
+    (dA_cumsum, dt_out (b,h,c,Q) fp32, the states entering each chunk (b,c,h,p,n) in out_dtype (default fp32),
+    final_states (b,h,p,n) fp32)."""
+    return compose.chain_chunk_cumsum_state_passing(sys.modules[__name__], dt, A, B, x, chunk_size, dt_bias=dt_bias,
+                                                    dt_softplus=dt_softplus, dt_limit=dt_limit,
+                                                    initial_states=initial_states, seq_idx=seq_idx,
+                                                    out_dtype=out_dtype)
 
 
 def _last_chunk_spans(cu_seqlens, chunk_size: int):

@@ -142,6 +142,34 @@ def test_chunk_state_passing_seq_idx_initial_states(mode):
     torch.testing.assert_close(final.double(), ref_final, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("mode", "options"), [("ref", set()), ("ref", {"bias", "limit", "init"}),
+                                                ("triton", {"bias", "limit", "init", "seq_idx"})],
+                         ids=["ref-plain", "ref-bias-limit-init", "triton-all"])
+def test_state_pass_that_makes_dt_itself_gives_the_chain_of_cumsum_and_state_pass(mode, options):
+    """The call's raw dt in, dt_out and dA_cumsum made in the pass (bias, softplus, limits, 0 past a ragged
+    last chunk) against chunk_cumsum then the state pass (fp64 references): both of those and the states, with
+    sequences that start inside a chunk and on its border; the interpreter with blocks below every dimension."""
+    shape = SMOKE.replace(seqlen=90, batch=2, headdim=32)
+    inp = registry.get("chunk_cumsum_state_passing").inputs(shape, 8)
+    g = torch.Generator().manual_seed(9)
+    kwargs = {"dt_softplus": True, "dt_bias": inp["dt_bias"] + 3.0 if "bias" in options else None,
+              "dt_limit": (0.03, 0.6) if "limit" in options else (0.0, float("inf")),
+              "initial_states": torch.randn(shape.batch, shape.nheads, shape.headdim, shape.dstate, generator=g)
+              if "init" in options else None,
+              "seq_idx": seq_idx_rows(shape.batch, shape.seqlen) if "seq_idx" in options else None}
+    args = (inp["dt_raw"], inp["A"], inp["B"], inp["x"], shape.chunk_size)
+    config = {"block_sizes": SMALL_BLOCKS["chunk_state_passing"], "num_warps": 4}
+    with execution_mode(mode), pinned_config(chunk_state_passing.chunk_state_passing_kernel, config):
+        ours = chunk_state_passing.chunk_cumsum_state_passing_fwd(*args, out_dtype=torch.float16, **kwargs)
+    ref = naive.chunk_cumsum_state_passing_fwd(*(a.double() if torch.is_tensor(a) else a for a in args),
+                                               **{k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+                                                  for k, v in kwargs.items()})
+    assert [t.dtype for t in ours] == [torch.float32, torch.float32, torch.float16, torch.float32]
+    for name, got, want, tol in zip(("dA_cumsum", "dt_out", "states", "final_states"), ours, ref,
+                                    (1e-5, 1e-6, 2e-3, 1e-5), strict=True):
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol, msg=name)
+
+
 @pytest.mark.parametrize(("mode", "options"), [("ref", {"seq_idx"}), ("ref", {"D_hp", "z"}),
                                                 ("triton", {"seq_idx", "D_hp", "z"})],
                          ids=["ref-seq_idx", "ref-D_hp-z", "triton-all"])

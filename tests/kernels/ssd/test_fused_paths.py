@@ -149,16 +149,36 @@ def test_the_fuse_rule_runs_db_and_dc_in_one_pass_at_few_heads_per_group(rule_fi
     assert launched.isdisjoint(DB_DC_CHAIN) == fused and (launched >= DB_DC_CHAIN) != fused
 
 
+@pytest.mark.parametrize(("rules", "fused"), [
+    ({}, False),  # no rule: chunk_cumsum, then the state pass, as before the fusion
+    ({"chunk_cumsum_state_passing": {"fuse": {"max_heads_per_group": 2}}}, True),
+    ({"chunk_cumsum_state_passing": {"fuse": {"max_heads_per_group": 1}}}, False),
+    # the state pass chained (its two kernels): the cumsum has no pass to join
+    ({"chunk_cumsum_state_passing": {"fuse": {"max_heads_per_group": 2}},
+      "chunk_state_passing": {"chain": {"min_chunk": 32, "max_state": 2048}}}, False),
+])
+def test_the_fuse_rule_makes_dt_in_the_state_pass_where_that_pass_runs_fused(rule_file, tmp_path, rules, fused):
+    config_store.save(tmp_path / "cpu.yaml", config_store.ConfigFile(selection=rules))
+    config_store._cache.clear()
+    tensors, options = _call()
+    launched = _launched_kernels(tensors, options)  # forward and the backward's recompute
+    assert ("chunk_cumsum" not in launched) == fused
+
+
 
 @pytest.mark.parametrize(("stage", "fused_kernel", "chain_kernels", "launched_by"), [
     ("chunk_scan", "chunk_scan", {"bmm_chunk"}, _forward_kernels),  # the backward recomputes cb by bmm_chunk
     ("chunk_bwd_db_dc", "chunk_bwd_db_dc", DB_DC_CHAIN, _launched_kernels),
+    ("chunk_cumsum_state_passing", "chunk_state_passing", {"chunk_cumsum"}, _launched_kernels),
 ])
 def test_each_fusion_gives_the_chains_results_forward_and_backward(stage, fused_kernel, chain_kernels, launched_by):
-    """z, D per head dim, packed documents, initial and final states: every output and gradient agrees."""
+    """z, D per head dim, dt_bias with softplus and limits, packed documents, initial and final states: every
+    output and gradient agrees."""
     tensors, options = _call()
-    tensors = {**tensors, "z": torch.randn(tensors["x"].shape, generator=torch.Generator().manual_seed(3)),
-               "D": torch.randn(4, 16, generator=torch.Generator().manual_seed(4))}
+    gen = torch.Generator().manual_seed(3)
+    tensors = {**tensors, "z": torch.randn(tensors["x"].shape, generator=gen), "D": torch.randn(4, 16, generator=gen),
+               "dt_bias": torch.randn(4, generator=gen)}
+    options = {**options, "dt_softplus": True, "dt_limit": (0.02, 0.5)}
     with fused_paths.forced(stage, "fused"):
         launched = set(launched_by(tensors, options))
         assert fused_kernel in launched and launched.isdisjoint(chain_kernels)
