@@ -189,9 +189,9 @@ class ChainRule:
 class FuseRule:
     """When a fusion of kernels runs instead of its chain: at most ``max_heads_per_group`` heads per group.
     chunk_scan making cb itself recomputes a group's cb for each head, which the chain computes once per group;
-    the one pass of chunk_bwd_db_dc walks all of a group's heads in each program, which the chain splits. (The
-    state pass that makes dt itself has no such trade in heads: its rule, fitted the same way, fuses everywhere
-    or nowhere where the evidence does.)"""
+    the one pass of chunk_bwd_db_dc walks all of a group's heads in each program, which the chain splits. The
+    state pass that makes dt itself trades nothing in heads; its rule, fitted the same way, comes out fusing at
+    every count of heads per group measured, or at none, as the evidence says."""
 
     max_heads_per_group: int
 
