@@ -19,7 +19,9 @@ from torch._dynamo.backends.debugging import aot_eager
 
 import mamba2_kernels
 from mamba2_kernels import _mamba_ssm
+from mamba2_kernels._runtime import capture_launches
 from mamba2_kernels.layer_naive import mamba_split_conv1d_scan_ref as layer_ref
+from mamba2_kernels.ssd import forcing
 from mamba2_kernels.testing import execution_mode
 
 INF = float("inf")
@@ -121,6 +123,19 @@ OPTIONS = [
 def test_matches_fp64_composition(options, g):
     leaves, static = _problem(g=g, options=options)
     _compare(leaves, static)
+
+
+def test_every_fusion_forced_matches_fp64_composition():
+    """The SSD's dt is a strided slice of zxbcdt here and its last chunk ragged: with every fusion a GPU's rule
+    can pick forced on, forward and backward, the layer still gives the fp64 composition."""
+    leaves, static = _problem(g=2, options=("rmsnorm", "outproj", "dt_limit", "initial_states", "seq_idx"))
+    with contextlib.ExitStack() as stack:
+        for stage in forcing.FUSE_STAGES:
+            stack.enter_context(forcing.forced(stage, "fused"))
+        launches = stack.enter_context(capture_launches())
+        _compare(leaves, static)
+    launched = {kernel.name for kernel, _ in launches}
+    assert "chunk_bwd_db_dc" in launched and not launched & {"chunk_cumsum", "chunk_state_bwd_db", "chunk_scan_bwd_dC"}
 
 
 def test_state_dtype_reaches_the_ssd_forward_and_backward(monkeypatch):
