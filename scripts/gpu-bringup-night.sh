@@ -2,6 +2,8 @@
 # One "night" of a bring-up measured from zero on a GPU that has configs of its own (issue 50's measurement):
 # the bring-up runs with the GPU's file withheld (`bring-up --withhold-configs`), between two benches of the
 # whole SSD call against mamba-ssm with the same withheld file, which give two points of the anytime curve.
+# WITHHOLD=0 runs the GPU's own bring-up on its own file instead, as its nightly would: what a GPU whose file
+# lacks configs of kernels added since (the fused ones) does, and the file it ends with.
 # Made for a device machine that starts bare on every call: the state of earlier nights comes in as a tarball
 # and the new state goes out as one, so calls of at most 10 minutes resume each other as nights do.
 #
@@ -27,7 +29,11 @@ if [[ -n "$restore" ]]; then tar xzf "$restore" || exit 2; fi
 night=$(( $(cat .gpu/state/nights 2>/dev/null || echo 0) + 1 ))
 echo "$night" > .gpu/state/nights
 slug=$(python3 -c 'from mamba2_guard.adapters import fingerprint as f; print(f.gpu_slug(f.collect()))') || exit 2
-export MAMBA2_GUARD_GPU_SLUG=$slug-withheld MAMBA2_GUARD_BORROW=0
+file=$slug withhold=()
+if [[ ${WITHHOLD:-1} != 0 ]]; then
+  file=$slug-withheld withhold=(--withhold-configs)
+  export MAMBA2_GUARD_GPU_SLUG=$file MAMBA2_GUARD_BORROW=0
+fi
 echo "night $night on $slug, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader
 python3 -c 'from importlib.metadata import version as v; print(*(f"{p} {v(p)}" for p in ("torch", "triton", "helion", "mamba-ssm")))'
@@ -43,11 +49,11 @@ left=$(( limit - SECONDS - 20 ))
 [[ " $bench_at " == *" after "* ]] && left=$(( left - bench_limit ))
 echo "bring-up: $left s of this call left for it"
 if (( left > 60 )); then
-  timeout "$left" python3 -m mamba2_guard bring-up --withhold-configs --budget-minutes "$(( left / 60 ))" \
+  timeout "$left" python3 -m mamba2_guard bring-up "${withhold[@]}" --budget-minutes "$(( left / 60 ))" \
     --state-dir .gpu/state --json | tee "$out/bringup-$night.txt"
   echo "bring-up exit ${PIPESTATUS[0]}"
 fi
 bench after
-tar czf "$out/state.tgz" .gpu/state "mamba2_kernels/configs/$slug-withheld.yaml" 2>/dev/null \
+tar czf "$out/state.tgz" .gpu/state "mamba2_kernels/configs/$file.yaml" 2>/dev/null \
   || tar czf "$out/state.tgz" .gpu/state
 echo "night $night done after $SECONDS s"
