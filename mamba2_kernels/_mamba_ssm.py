@@ -122,6 +122,7 @@ def _stages() -> types.SimpleNamespace:
         chunk_scan_bwd_dstates=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_bwd_dstates"),
         state_passing_bwd=resolve(f"{SSD_STATE_PASSING}:_state_passing_bwd"),
         bmm_chunk_fwd=resolve(f"{SSD_BMM}:_bmm_chunk_fwd"), chunk_scan_fwd=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_fwd"),
+        chunk_scan_bwd_dcb=dcb_and_intra_ddA,
         chunk_state_bwd_db=resolve(f"{SSD_CHUNK_STATE}:_chunk_state_bwd_db"),
         chunk_scan_bwd_dC=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_bwd_dC"),
         bmm_chunk_bwd=resolve(f"{SSD_BMM}:_bmm_chunk_bwd"))
@@ -155,6 +156,13 @@ def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_
     counterpart of ``mamba2_kernels.ssd.chunk_state_passing_bwd``."""
     return compose.chain_chunk_state_passing_bwd(_stages(), C, dA_cumsum, dout, states, dfinal_states, seq_idx,
                                                  has_initial_states, dstates_dtype, states_dtype)
+
+
+def bmm_chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, B, C, seq_idx=None, ngroups=1):
+    """mamba-ssm's bmm_chunk kernel, then its dCB and stable ddA kernels, as its combined backward runs them: the
+    counterpart of ``mamba2_kernels.ssd.chunk_scan_bwd.bmm_chunk_scan_bwd_dcb``."""
+    return compose.chain_bmm_chunk_scan_bwd_dcb(_stages(), x, dt, dA_cumsum, dout, B, C, seq_idx=seq_idx,
+                                                ngroups=ngroups)
 
 
 def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=None, dB=None, dC=None):

@@ -41,7 +41,8 @@ it fuses instead (``mamba2_kernels.ssd.fused_paths``); without one, the fused ke
 forward's outputs and the backward's gradients of B and C go the other way round: the ``fuse`` rule
 (``FuseRule``) of chunk_scan says at which calls it makes cb itself, that of chunk_bwd_db_dc at which calls one
 pass computes dB and dC, that of chunk_cumsum_state_passing at which calls the fused state pass makes dt and
-dA_cumsum itself; without one, each runs as the kernels it fuses everywhere.
+dA_cumsum itself, that of chunk_scan_bwd_dcb at which calls the backward's dCB stage makes C B^T itself;
+without one, each runs as the kernels it fuses everywhere.
 """
 
 from __future__ import annotations

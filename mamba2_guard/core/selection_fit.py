@@ -13,8 +13,8 @@ Ties keep the default weights, so a kernel whose configs all transfer equally ke
 
 It also fits each fused state pass's chain rule (``mamba2_kernels.config_store.ChainRule``) to whole calls timed
 with the stage forced fused and forced chained at every grid shape: the rule with the least regret, fused
-everywhere on a tie; and the fuse rules (``FuseRule``) of chunk_scan, chunk_bwd_db_dc and
-chunk_cumsum_state_passing the same way, the chain everywhere on a tie.
+everywhere on a tie; and the fuse rule (``FuseRule``) of each fusion
+(``mamba2_kernels.ssd.forcing.FUSE_STAGES``) the same way, the chain everywhere on a tie.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ def render(rows: Sequence[Mapping[str, Any]], source: str) -> str:
            "the bytes they move through HBM, from the registry's traffic model (each stage reads its inputs once "
            "and writes its outputs once; caches can only lower it): mamba-ssm 2.3.2's, ours as the committed "
            "config files run it, and ours with every fusion a GPU's rule can pick: chunk_cumsum into the state "
-           "pass (forward and the backward's recompute), bmm_chunk into chunk_scan, and the backward's gradients of "
-           "B and C in one pass. "
+           "pass (forward and the backward's recompute), bmm_chunk into chunk_scan and into the backward's dCB stage, "
+           "and the backward's gradients of B and C in one pass. "
            "Compulsory: one pass over the call's own inputs and outputs, the floor a fused call can reach. "
            "The forward + backward is two calls: the backward reads the inputs again.", ""]
     for call in CALLS:

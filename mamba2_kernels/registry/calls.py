@@ -35,10 +35,10 @@ BWD_STAGES = ("chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomp
               "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx", "chunk_scan_bwd_dcb_ddA",
               "chunk_state_bwd_db", "chunk_scan_bwd_dC", "bmm_chunk_bwd", "bmm_chunk_bwd", "chunk_cumsum_bwd_terms")
 SSD_CALL_STAGES = (*FWD_STAGES, *BWD_STAGES)
-# The backward where a GPU's rules fuse chunk_cumsum into the recompute's state pass and run the gradients of B
-# and C as one pass.
-FUSED_BWD_STAGES = ("chunk_cumsum_state_passing_fp32", "bmm_chunk", *BWD_STAGES[3:6], "chunk_bwd_db_dc",
-                    BWD_STAGES[-1])
+# The backward where a GPU's rules fuse chunk_cumsum into the recompute's state pass and bmm_chunk into the dCB
+# stage, and run the gradients of B and C as one pass.
+FUSED_BWD_STAGES = ("chunk_cumsum_state_passing_fp32", "chunk_state_passing_bwd", "bmm_chunk_scan_bwd_dcb",
+                    "chunk_scan_chunk_state_bwd_dx", "chunk_bwd_db_dc", BWD_STAGES[-1])
 COMBINED = f"{mamba_ssm.SSD_COMBINED}:mamba_chunk_scan_combined"
 # mamba-ssm's launches for the same call (_mamba_chunk_scan_combined_fwd, then _bwd, which recomputes the
 # forward's stages), modelled by the same entries: the other side of the launches-and-bytes table.
@@ -53,8 +53,8 @@ MAMBA_SSM_CALL_STAGES = (*MAMBA_SSM_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "ch
 class CallTraffic:
     """One call's launches and modelled HBM bytes (each stage's compulsory traffic, summed): ours as the
     committed files run it, ours with every fusion that a rule can pick (chunk_cumsum into the state pass,
-    bmm_chunk into chunk_scan, the gradients of B and C in one pass), and mamba-ssm's; and the call's own
-    compulsory bytes: what a single pass over its inputs and outputs moves."""
+    bmm_chunk into chunk_scan and into the dCB stage, the gradients of B and C in one pass), and mamba-ssm's; and
+    the call's own compulsory bytes: what a single pass over its inputs and outputs moves."""
     launches: int
     bytes: int
     fused_launches: int

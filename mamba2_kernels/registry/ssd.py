@@ -206,6 +206,17 @@ ENTRIES: tuple[KernelEntry, ...] = (
         bytes_moved=traffic(lambda z: 2 * z["x"] + 2 * z["dt"] + 2 * z["cb"]),
         flops=flops_of(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p),
         helion="mamba2_kernels.ssd.chunk_scan_bwd:chunk_scan_bwd_dcb"),
+    # bmm_chunk in that pass as well, which stores C B^T for the dx kernel (the backward's fused path where a GPU's
+    # rule picks it), against mamba-ssm's bmm_chunk, dCB and stable ddA kernels.
+    KernelEntry(
+        name="bmm_chunk_scan_bwd_dcb", family="ssd", phase="bwd_4_11_14",
+        replaces="_bmm_chunk_fwd_kernel + _chunk_scan_bwd_dcb_kernel + _chunk_scan_bwd_ddAcs_stable_kernel",
+        make_inputs=inputs_bwd_with_states, args=("x", "dt", "dA_cumsum", "dout", "B", "C", "seq_idx", "ngroups"),
+        outputs=("cb", "dcb", "ddA"), reference=f"{REFERENCE}:bmm_chunk_scan_bwd_dcb",
+        baseline="mamba2_kernels._mamba_ssm:bmm_chunk_scan_bwd_dcb",
+        bytes_moved=traffic(lambda z: 2 * z["x"] + 2 * z["dt"] + 2 * z["bc"] + 2 * z["cb"]),
+        flops=flops_of(lambda b, L, h, p, G, n, Q, c: b * c * h * Q * Q * p + 2 * b * c * G * Q * Q * n),
+        helion="mamba2_kernels.ssd.chunk_scan_bwd:bmm_chunk_scan_bwd_dcb"),
     KernelEntry(
         name="bmm_chunk_bwd", family="ssd", phase="bwd_12", replaces="_bmm_chunk_bwd_kernel",
         make_inputs=inputs_bmm_chunk_bwd, args=("C", "dcb", "residual"), outputs=("dB",),

@@ -1,7 +1,10 @@
 """Helion backward kernels of the chunk_scan stage: drop-ins for mamba-ssm's ``_chunk_scan_bwd_dz``,
 ``_chunk_scan_bwd_dC`` and ``_chunk_scan_bwd_dcb`` (same arguments, outputs and dtypes as mamba2_kernels/ssd/naive.py).
 dCB's ``CB=`` form also gives the intra-chunk ddA from the same products (mamba-ssm: a separate
-``_chunk_scan_bwd_ddAcs_stable`` pass); the SSD backward uses that form. mamba-ssm's dstates kernel runs
+``_chunk_scan_bwd_ddAcs_stable`` pass); the SSD backward uses that form. Given C and B instead of CB
+(``bmm_chunk_scan_bwd_dcb``), the kernel makes each CB tile itself, as bmm_chunk does (every block, zero across
+sequences: one C x B^T product over the whole state per tile, in each head split of the group), uses it, and the
+first split stores it for the dx kernel: bmm_chunk's launch and the read of CB fewer. mamba-ssm's dstates kernel runs
 fused into ``mamba2_kernels.ssd.chunk_state_passing_bwd``; the unfused dstates and stable ddA kernels are in
 ``mamba2_kernels.ssd.parity``.
 
@@ -11,7 +14,8 @@ Tunables: block sizes (mamba-ssm's autotune lists), warps, stages, indexing, and
 of heads one program handles (``heads_per_program``: a divisor of nheads // ngroups, default all of them,
 no split; mamba-ssm derives it from the SM count).
 Shape keys: ``dtype`` (x's or dout's), ``headdim``, ``dstate``, ``chunk_size``, ``hpg`` (heads per
-group), flags for optional arguments, ``tokens`` = tokens_bucket(batch * seqlen).
+group), flags for optional arguments, ``tokens`` = tokens_bucket(batch * seqlen); dCB making CB adds ``cb=0``
+and ``dstate`` (absent otherwise, so that the other forms keep their keys).
 """
 
 from __future__ import annotations
@@ -24,7 +28,15 @@ from mamba2_kernels._buffers import check_out
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
-from mamba2_kernels.ssd._keys import dtype_name, exclusive_cumsum, heads_per_program, seq_prev, sum_partials, tokens
+from mamba2_kernels.ssd._keys import (
+    by_chunk,
+    dtype_name,
+    exclusive_cumsum,
+    heads_per_program,
+    seq_prev,
+    sum_partials,
+    tokens,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # dz: backward of the silu(z) gate
@@ -220,10 +232,12 @@ def chunk_scan_bwd_dC(prev_states, dA_cumsum, dout, seq_idx=None, C=None, ngroup
 # dCB: gradient of C B^T within each chunk, and (given CB) the intra-chunk ddA in the same pass
 
 
-def _dcb_key(x, dt, dA_cumsum, dout, seq_idx, cb, ngroups, hpg) -> ShapeKey:
+def _dcb_key(x, dt, dA_cumsum, dout, seq_idx, cb, ngroups, hpg, B=None, C=None, cb_out=None) -> ShapeKey:
     batch, seqlen, nheads, headdim = x.shape
+    fused = {} if C is None else {"cb": 0, "dstate": C.shape[4]}
     return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, chunk_size=dA_cumsum.shape[3], hpg=hpg,
-                       seq=int(seq_idx is not None), ddA=int(cb is not None), tokens=tokens(batch, seqlen))
+                       seq=int(seq_idx is not None), ddA=int(cb is not None or C is not None),
+                       tokens=tokens(batch, seqlen), **fused)
 
 
 def dcb_sums(dcb_part: torch.Tensor, ddA_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -247,10 +261,14 @@ def chunk_scan_bwd_dcb_kernel(
     cb: torch.Tensor | None,
     ngroups: int,
     hpg: hl.constexpr,
+    B: torch.Tensor | None = None,  # (b, c, Q, g, n) by_chunk views: given (cb None), cb is made here ...
+    C: torch.Tensor | None = None,
+    cb_out: torch.Tensor | None = None,  # ... and stored in this (b, c, g, Q, Q) fp32 for the dx kernel
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dA_cumsum.shape
     chunk_size = hl.specialize(chunk_size)
+    with_ddA = cb is not None or C is not None
     hpp = hl.register_tunable("heads_per_program", heads_per_program(hpg))
     nsplits = hpg // hpp
     block_m = hl.register_block_size(chunk_size)
@@ -261,7 +279,7 @@ def chunk_scan_bwd_dcb_kernel(
     # The fused ddA as partials of its steps (column sums minus row sums of W), in slots that no two programs
     # share: [.., t, i] row block i's column sums at columns t, [.., t, row_blocks + j] minus column block j's
     # row sums at rows t; zeros where a tile adds nothing.
-    fused = [batch, nheads, nchunks, chunk_size] if cb is not None else [0, 0, 0, 0]
+    fused = [batch, nheads, nchunks, chunk_size] if with_ddA else [0, 0, 0, 0]
     row_blocks = (chunk_size + block_m - 1) // block_m
     col_blocks = (chunk_size + block_n - 1) // block_n
     ddA_steps = torch.zeros([*fused, row_blocks + col_blocks], dtype=torch.float32, device=x.device)
@@ -277,6 +295,14 @@ def chunk_scan_bwd_dcb_kernel(
         valid_m = pos_m < seqlen
         valid_n = pos_n < seqlen
         acc_cb = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        if C is not None:  # bmm_chunk's tile, every block of it, as the dx kernel reads it; the first split stores it
+            cb_mn = hl.dot(C[b, c, tile_m, g, :], B[b, c, tile_n, g, :].T, out_dtype=torch.float32)
+            if seq_idx is not None:
+                s_cm = hl.load(seq_idx, [b, pos_m], extra_mask=valid_m)
+                s_cn = hl.load(seq_idx, [b, pos_n], extra_mask=valid_n)
+                cb_mn = torch.where(s_cm[:, None] == s_cn[None, :], cb_mn, 0.0)
+            if split == 0:
+                cb_out[b, c, g, tile_m, tile_n] = cb_mn
         # A block wholly above the diagonal is zero: skip its products, as mamba-ssm does (without the skip,
         # well below mamba-ssm's speed at chunk 256).
         if tile_n.begin < tile_m.end:
@@ -295,7 +321,7 @@ def chunk_scan_bwd_dcb_kernel(
                 decay = fastmath.exp(torch.where(seg < 0.0, seg, 0.0))
                 acc = acc * decay * dt[b, h, c, tile_n].to(torch.float32)[None, :]
                 acc_cb = acc_cb + acc
-                if cb is not None:
+                if with_ddA:
                     # W[l, s] for l > s; a 1D scan of its column and row sums on the host gives ddA, where the
                     # stable kernel scans each tile in 2D.
                     w = torch.where(tile_m.index[:, None] > tile_n.index[None, :], acc * cb_mn, 0.0)
@@ -324,7 +350,30 @@ def chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1,
         assert CB.shape == (batch, nchunks, ngroups, chunk_size, chunk_size)
     dcb_part, ddA_steps = chunk_scan_bwd_dcb_kernel(x, dt, dA_cumsum, dout, seq_idx, CB, int(ngroups),
                                                     nheads // ngroups)
-    if unfinished and CB is not None:
+    if CB is None:
+        return dcb_sums(dcb_part, ddA_steps)[0]
+    return _dcb_and_ddA(dcb_part, ddA_steps, unfinished)
+
+
+def bmm_chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, B, C, seq_idx=None, ngroups=1, unfinished=False):
+    """bmm_chunk_fwd and chunk_scan_bwd_dcb's ``CB=`` form in one launch: the dCB kernel makes each C B^T tile
+    itself (zero across sequences) and stores it for the dx kernel. Returns (CB (b, c, g, Q, Q) fp32, as
+    bmm_chunk_fwd gives it, dCB, ddA), as ``mamba2_kernels.ssd.naive.bmm_chunk_scan_bwd_dcb``; ``unfinished``
+    as ``chunk_scan_bwd_dcb``."""
+    batch, seqlen, nheads, headdim = x.shape
+    _, _, nchunks, chunk_size = dt.shape
+    assert nheads % ngroups == 0 and B.shape == C.shape == (batch, seqlen, ngroups, C.shape[3])
+    if seq_idx is not None:
+        assert seq_idx.shape == (batch, seqlen)
+    cb = torch.empty((batch, nchunks, ngroups, chunk_size, chunk_size), device=x.device, dtype=torch.float32)
+    dcb_part, ddA_steps = chunk_scan_bwd_dcb_kernel(x, dt, dA_cumsum, dout, seq_idx, None, int(ngroups),
+                                                    nheads // ngroups, by_chunk(B, chunk_size),
+                                                    by_chunk(C, chunk_size), cb)
+    return (cb, *_dcb_and_ddA(dcb_part, ddA_steps, unfinished))
+
+
+def _dcb_and_ddA(dcb_part, ddA_steps, unfinished):
+    """(dCB, ddA) from the kernel's partials; ``unfinished``: ddA as its steps' partials."""
+    if unfinished:
         return sum_partials(dcb_part, 2), ddA_steps
-    dcb, ddA = dcb_sums(dcb_part, ddA_steps)
-    return dcb if CB is None else (dcb, ddA)
+    return dcb_sums(dcb_part, ddA_steps)

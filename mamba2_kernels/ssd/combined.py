@@ -1,8 +1,8 @@
 """``mamba_chunk_scan_combined``: the drop-in for mamba-ssm 2.3.2.post1's function of the same name,
 composed from the Helion SSD stages (chunk_cumsum -> chunk_state_passing (chunk_state and state_passing in
 one pass) -> bmm_chunk -> chunk_scan, where chunk_cumsum joins the state pass, bmm_chunk and chunk_scan run as
-one kernel and the state pass as two where the GPU's rules say so, as do the backward's gradients of B and C:
-``mamba2_kernels.ssd.fused_paths``).
+one kernel and the state pass as two where the GPU's rules say so, as do the backward's bmm_chunk and dCB, and
+its gradients of B and C: ``mamba2_kernels.ssd.fused_paths``).
 
 Autograd: gradients for x, dt, A, B, C, D, z, dt_bias and initial_states (and through final_states)
 with mamba-ssm's recomputation policy: the forward saves its inputs and the output (pre-gate output
@@ -35,12 +35,12 @@ from mamba2_kernels import seen
 from mamba2_kernels._ops import placed, present
 from mamba2_kernels.ssd import compose, naive
 from mamba2_kernels.ssd._keys import dtype_name
-from mamba2_kernels.ssd.bmm_chunk import bmm_chunk_fwd
 from mamba2_kernels.ssd.chunk_cumsum_bwd import chunk_cumsum_bwd_of_terms
-from mamba2_kernels.ssd.chunk_scan_bwd import chunk_scan_bwd_dcb, chunk_scan_bwd_dz
+from mamba2_kernels.ssd.chunk_scan_bwd import chunk_scan_bwd_dz
 from mamba2_kernels.ssd.chunk_scan_chunk_state_bwd import chunk_scan_chunk_state_bwd_dx
 from mamba2_kernels.ssd.chunk_state_varlen import chunk_state_varlen
 from mamba2_kernels.ssd.fused_paths import (
+    bmm_chunk_scan_bwd_dcb,
     bmm_chunk_scan_fwd,
     chunk_bwd_db_dc,
     chunk_cumsum_state_passing_fwd,
@@ -179,10 +179,10 @@ def check_cu_seqlens_values(cu_seqlens: torch.Tensor, seqlen: int) -> None:
 # The Helion stages, named as compose.forward/backward expect them; the ddA terms stay partials until the
 # last stage sums them.
 HELION_STAGES = types.SimpleNamespace(
-    chunk_cumsum_state_passing_fwd=chunk_cumsum_state_passing_fwd, bmm_chunk_fwd=bmm_chunk_fwd,
-    bmm_chunk_scan_fwd=bmm_chunk_scan_fwd, chunk_scan_bwd_dz=chunk_scan_bwd_dz,
+    chunk_cumsum_state_passing_fwd=chunk_cumsum_state_passing_fwd, bmm_chunk_scan_fwd=bmm_chunk_scan_fwd,
+    chunk_scan_bwd_dz=chunk_scan_bwd_dz, bmm_chunk_scan_bwd_dcb=bmm_chunk_scan_bwd_dcb,
     chunk_state_passing_bwd=chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx=chunk_scan_chunk_state_bwd_dx,
-    chunk_scan_bwd_dcb=functools.partial(chunk_scan_bwd_dcb, unfinished=True), chunk_bwd_db_dc=chunk_bwd_db_dc,
+    chunk_bwd_db_dc=chunk_bwd_db_dc,
     chunk_cumsum_bwd_of_terms=chunk_cumsum_bwd_of_terms,
     chunk_state_varlen=chunk_state_varlen, chunk_state_varlen_bwd=naive.chunk_state_varlen_bwd,
 )

@@ -11,6 +11,8 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
     (mamba-ssm: chunk_scan_bwd_dstates then state_passing_bwd);
   * bmm_chunk_scan_fwd: the forward's outputs, with each chunk's C B^T made where it is used (mamba-ssm:
     bmm_chunk_fwd then chunk_scan_fwd, which stores it and reads it back);
+  * bmm_chunk_scan_bwd_dcb: the backward's C B^T made by the dCB stage, which stores it for the dx stage
+    (mamba-ssm: bmm_chunk_fwd, whose result the dCB stage reads back);
   * chunk_bwd_db_dc: the gradients of B and C, their state terms and their intra-chunk (dCB) terms, in one
     pass (mamba-ssm: chunk_state_bwd_db, chunk_scan_bwd_dC, then bmm_chunk_bwd twice on their fp32 results);
   * the intra-chunk ddA comes from the dCB stage (its ``CB=`` form), which has the same products in hand,
@@ -19,8 +21,8 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
     dB, dC and dCB stages return them (finished in naive; partials that its kernel sums, for Helion).
 
 ``stages`` is any object with the stage functions as attributes, named as in ``mamba2_kernels.ssd.naive``:
-chunk_cumsum_state_passing_fwd, bmm_chunk_fwd, bmm_chunk_scan_fwd, chunk_scan_bwd_dz,
-chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx, chunk_scan_bwd_dcb, chunk_bwd_db_dc,
+chunk_cumsum_state_passing_fwd, bmm_chunk_scan_fwd, chunk_scan_bwd_dz, chunk_state_passing_bwd,
+bmm_chunk_scan_bwd_dcb, chunk_scan_chunk_state_bwd_dx, chunk_bwd_db_dc,
 chunk_cumsum_bwd_of_terms; and chunk_state_varlen, which the forward
 calls only when given cu_seqlens, and chunk_state_varlen_bwd, which the backward calls only when given a
 gradient of the varlen states.
@@ -98,6 +100,14 @@ def chain_bmm_chunk_scan(stages: Any, x, dt, dA_cumsum, B, C, states, D=None, z=
     return stages.chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=D, z=z, seq_idx=seq_idx)
 
 
+def chain_bmm_chunk_scan_bwd_dcb(stages: Any, x, dt, dA_cumsum, dout, B, C, seq_idx=None, ngroups=1):
+    """``bmm_chunk_scan_bwd_dcb`` as mamba-ssm computes it: ``stages.bmm_chunk_fwd`` (C B^T per chunk, fp32, zero
+    across sequences), then ``stages.chunk_scan_bwd_dcb`` with it. Returns (CB, dCB, the intra-chunk ddA in
+    whatever form that stage returns it)."""
+    cb = stages.bmm_chunk_fwd(C, B, dt.shape[-1], seq_idx=seq_idx, output_dtype=torch.float32)
+    return (cb, *stages.chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=seq_idx, CB=cb, ngroups=ngroups))
+
+
 def chain_chunk_bwd_db_dc(stages: Any, x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=None, dB=None,
                           dC=None):
     """``chunk_bwd_db_dc`` as mamba-ssm computes it: ``stages.chunk_state_bwd_db`` and ``stages.chunk_scan_bwd_dC``
@@ -157,7 +167,6 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
     dA_cumsum, dt_out, states, _ = stages.chunk_cumsum_state_passing_fwd(
         dt, A, B, x, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
         initial_states=initial_states, seq_idx=seq_idx)
-    CB = stages.bmm_chunk_fwd(C, B, chunk_size, seq_idx=seq_idx, output_dtype=torch.float32)
     varlen = None
     if dvarlen_states is not None:  # the forward's chunk_state_varlen, on the states in the dtype it kept them in
         varlen = stages.chunk_state_varlen_bwd(B[0], x[0], dt_out[0], dA_cumsum[0], cu_seqlens,
@@ -169,6 +178,8 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
         C, dA_cumsum, dout, states, dfinal_states=dfinal_states, seq_idx=seq_idx,
         has_initial_states=initial_states is not None, dstates_dtype=state_dtype or x.dtype,
         states_dtype=state_dtype or x.dtype, dstates_in=None if varlen is None else varlen[4][None])
+    CB, dCB, ddA_intra = stages.bmm_chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, B, C, seq_idx=seq_idx,
+                                                       ngroups=ngroups)
     dx, ddt_from_x, dD_from_x = stages.chunk_scan_chunk_state_bwd_dx(x, dt_out, dA_cumsum, B, CB, dout, dstates,
                                                                      D=D, seq_idx=seq_idx, dx=dx)
     if varlen is not None:
@@ -178,7 +189,6 @@ def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None,
         # reaches dt_out (with the varlen states' own) and A.
         ddA_varlen = ddA_cumsum_varlen.flip(-1).cumsum(-1).flip(-1)
         ddt_from_x = ddt_from_x + (ddt_varlen + ddA_varlen * A[:, None, None]).to(ddt_from_x.dtype)
-    dCB, ddA_intra = stages.chunk_scan_bwd_dcb(x, dt_out, dA_cumsum, dout, seq_idx=seq_idx, CB=CB, ngroups=ngroups)
     dB, dC, ddA_next, ddA_cumsum_prev = stages.chunk_bwd_db_dc(x, dt_out, dA_cumsum, B, C, dout, states, dstates, dCB,
                                                                seq_idx=seq_idx, dB=dB, dC=dC)
     if z is None:

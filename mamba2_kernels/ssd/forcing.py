@@ -12,11 +12,12 @@ from collections.abc import Iterator
 
 # The fused kernels, the rules' keys: the state passes (a chain rule: fused unless it says chain) and the
 # fusions of kernels that exist unfused (a fuse rule: the chain unless it says fused). CUMSUM is chunk_cumsum
-# fused into the forward's state pass, which it can join only where that pass runs fused.
+# fused into the forward's state pass, which it can join only where that pass runs fused; DCB the backward's
+# bmm_chunk fused into its dCB stage.
 FWD, BWD, SCAN, DB_DC = "chunk_state_passing", "chunk_state_passing_bwd", "chunk_scan", "chunk_bwd_db_dc"
-CUMSUM = "chunk_cumsum_state_passing"
-STAGES = (FWD, BWD, SCAN, DB_DC, CUMSUM)
-FUSE_STAGES = (SCAN, DB_DC, CUMSUM)
+CUMSUM, DCB = "chunk_cumsum_state_passing", "chunk_scan_bwd_dcb"
+STAGES = (FWD, BWD, SCAN, DB_DC, CUMSUM, DCB)
+FUSE_STAGES = (SCAN, DB_DC, CUMSUM, DCB)
 PATHS = ("fused", "chain")
 PATHS_ENV = "MAMBA2_GUARD_PATHS"
 _forced = threading.local()

@@ -22,6 +22,11 @@ round trip of both through memory fewer, for a scan that every program of a head
 state pass only where that pass runs fused (its chain rule); where the fuse rule
 (``selection.chunk_cumsum_state_passing.fuse``) says so, the forward is two launches. Without a rule, the chain.
 
+The backward's C B^T (``bmm_chunk_scan_bwd_dcb``). Fused, the dCB kernel makes each tile of it, which it uses
+for the intra-chunk ddA, and stores it for the dx kernel (``mamba2_kernels.ssd.chunk_scan_bwd``): bmm_chunk's
+launch and the dCB stage's read of it fewer, for tiles that each head split of a group makes again (up to
+four). Its rule is a ``FuseRule`` (``selection.chunk_scan_bwd_dcb.fuse``); without one, the chain.
+
 The gradients of B and C (``chunk_bwd_db_dc``). Fused, one pass computes both with their intra-chunk terms and
 stores them in their dtypes (``mamba2_kernels.ssd.chunk_bwd_db_dc``); chained, the db and dC kernels write fp32
 partials that two bmm_chunk_bwd launches read back. The fused pass cannot split a group's heads over programs,
@@ -45,7 +50,8 @@ from mamba2_kernels.ssd.chunk_bwd_db_dc import chunk_bwd_db_dc as fused_db_dc
 from mamba2_kernels.ssd.chunk_cumsum import chunk_cumsum_fwd
 from mamba2_kernels.ssd.chunk_scan import bmm_chunk_scan_fwd as fused_scan
 from mamba2_kernels.ssd.chunk_scan import chunk_scan_fwd
-from mamba2_kernels.ssd.chunk_scan_bwd import chunk_scan_bwd_dC
+from mamba2_kernels.ssd.chunk_scan_bwd import bmm_chunk_scan_bwd_dcb as fused_dcb
+from mamba2_kernels.ssd.chunk_scan_bwd import chunk_scan_bwd_dC, chunk_scan_bwd_dcb
 from mamba2_kernels.ssd.chunk_state_bwd import chunk_state_bwd_db
 from mamba2_kernels.ssd.chunk_state_passing import chunk_cumsum_state_passing_fwd as fused_cumsum_fwd
 from mamba2_kernels.ssd.chunk_state_passing import chunk_state_passing_fwd as fused_fwd
@@ -54,6 +60,7 @@ from mamba2_kernels.ssd.forcing import (  # noqa: F401 (re-exported)
     BWD,
     CUMSUM,
     DB_DC,
+    DCB,
     FUSE_STAGES,
     FWD,
     PATHS,
@@ -67,10 +74,11 @@ from mamba2_kernels.ssd.parity.chunk_state import chunk_state_fwd
 from mamba2_kernels.ssd.parity.state_passing import state_passing_fwd
 from mamba2_kernels.ssd.parity.state_passing_bwd import state_passing_bwd
 
-# The kernels each chain runs; the db and dC kernels' ddA terms stay partials, as the fused kernel's do.
+# The kernels each chain runs; the ddA terms of the dCB, db and dC kernels stay partials, as the fused kernels' do.
 CHAIN_STAGES = types.SimpleNamespace(chunk_state_fwd=chunk_state_fwd, state_passing_fwd=state_passing_fwd,
                                      chunk_scan_bwd_dstates=chunk_scan_bwd_dstates, state_passing_bwd=state_passing_bwd,
                                      bmm_chunk_fwd=bmm_chunk_fwd, chunk_scan_fwd=chunk_scan_fwd,
+                                     chunk_scan_bwd_dcb=functools.partial(chunk_scan_bwd_dcb, unfinished=True),
                                      chunk_state_bwd_db=functools.partial(chunk_state_bwd_db, unfinished=True),
                                      chunk_scan_bwd_dC=functools.partial(chunk_scan_bwd_dC, unfinished=True),
                                      bmm_chunk_bwd=bmm_chunk_bwd)
@@ -149,6 +157,15 @@ def bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=N
     if runs_fused(SCAN, x, C.shape[2]):
         return fused_scan(x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
     return compose.chain_bmm_chunk_scan(CHAIN_STAGES, x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
+
+
+def bmm_chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, B, C, seq_idx=None, ngroups=1):
+    """``mamba2_kernels.ssd.naive.bmm_chunk_scan_bwd_dcb``'s results, by the path the rule picks, with the ddA as
+    partials for ``chunk_cumsum_bwd_of_terms``."""
+    if runs_fused(DCB, x, ngroups):
+        return fused_dcb(x, dt, dA_cumsum, dout, B, C, seq_idx=seq_idx, ngroups=ngroups, unfinished=True)
+    return compose.chain_bmm_chunk_scan_bwd_dcb(CHAIN_STAGES, x, dt, dA_cumsum, dout, B, C, seq_idx=seq_idx,
+                                                ngroups=ngroups)
 
 
 def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=None, dB=None, dC=None):

@@ -41,6 +41,7 @@ __all__ = [
     "chunk_state_bwd_db",
     "chunk_scan_bwd_dC",
     "chunk_scan_bwd_dcb",
+    "bmm_chunk_scan_bwd_dcb",
     "bmm_chunk_bwd",
     "chunk_bwd_db_dc",
     "chunk_scan_bwd_ddAcs_stable",
@@ -602,6 +603,13 @@ def chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, seq_idx=None, CB=None, ngroups=1)
         return dcb
     cb_h = CB.to(cd).repeat_interleave(nheads // ngroups, dim=2).transpose(1, 2)
     return dcb, _intra_ddA(dcb_h * cb_h, chunk_size).to(_odtype(torch.float32, cd))
+
+
+def bmm_chunk_scan_bwd_dcb(x, dt, dA_cumsum, dout, B, C, seq_idx=None, ngroups=1):
+    """``bmm_chunk_fwd`` then ``chunk_scan_bwd_dcb`` with its CB (``compose.chain_bmm_chunk_scan_bwd_dcb``):
+    (CB (b,c,g,Q,Q), dCB, ddA (b,h,c,Q))."""
+    return compose.chain_bmm_chunk_scan_bwd_dcb(sys.modules[__name__], x, dt, dA_cumsum, dout, B, C, seq_idx=seq_idx,
+                                                ngroups=ngroups)
 
 
 def bmm_chunk_bwd(a, dout, residual=None, out=None):

@@ -64,6 +64,7 @@ SMALL: dict = {  # block sizes (in register_block_size order) below every dimens
     "chunk_cumsum_bwd": {"block_sizes": [2]},
 }
 SMALL["chunk_scan_bwd_dcb_ddA"] = SMALL["chunk_scan_bwd_dcb"]  # the same kernel, with CB (configs go by kernel)
+SMALL["bmm_chunk_scan_bwd_dcb"] = SMALL["chunk_scan_bwd_dcb"]  # ... and making CB itself
 SMALL["chunk_cumsum_bwd_terms"] = SMALL["chunk_cumsum_bwd"]
 
 
@@ -147,6 +148,22 @@ def test_db_dc_in_one_pass_with_seq_idx_into_strided_buffers(mode):
     assert partials[2].shape[-1] == partials[3].shape[-1] == (2 if mode == "triton" else 1)  # ref: whole tiles
     close(naive.finish_ddA_terms(torch.zeros_like(partials[2]), partials[2], partials[3])[1:], ref[2:], 1e-4, 1e-4,
           "finished partials")
+
+
+@pytest.mark.parametrize("mode", ["ref", "triton"])
+def test_dcb_stage_that_makes_cb_itself_gives_bmm_chunk_then_dcb(mode):
+    """CB made in the dCB kernel against bmm_chunk then dCB with that CB (fp64 references): CB whole (every
+    block, zero across sequences), dCB and the intra-chunk ddA, with packed documents at a ragged last chunk and
+    a group's heads split over programs (the first split stores CB); the interpreter with blocks below every
+    dimension."""
+    shape = TILED.replace(seqlen=90, ngroups=2)
+    inp = registry.get("bmm_chunk_scan_bwd_dcb").inputs(shape, 6)
+    args = [inp[k] for k in ("x", "dt", "dA_cumsum", "dout", "B", "C")]
+    seq_idx = seq_idx_rows(shape.batch, shape.seqlen)
+    with execution_mode(mode), pinned_config(chunk_scan_bwd.chunk_scan_bwd_dcb_kernel, SMALL["chunk_scan_bwd_dcb"]):
+        ours = chunk_scan_bwd.bmm_chunk_scan_bwd_dcb(*args, seq_idx=seq_idx, ngroups=shape.ngroups)
+    ref = naive.bmm_chunk_scan_bwd_dcb(*(f64(a) for a in args), seq_idx=seq_idx, ngroups=shape.ngroups)
+    close(ours, ref, 1e-4, 1e-4, "bmm_chunk_scan_bwd_dcb")
 
 
 def test_db_dc_in_one_pass_gives_mamba_ssms_four_kernels_results():

@@ -124,29 +124,32 @@ def _forward_kernels(tensors, options) -> list[str]:
     return [kernel.name for kernel, _ in launches]
 
 
+def _backward_kernels(tensors, options) -> list[str]:
+    """The kernels the backward alone launches."""
+    leaves = {name: t.clone().requires_grad_(True) for name, t in tensors.items()}
+    with execution_mode("ref"):
+        out, final = mamba2_kernels.mamba_chunk_scan_combined(**leaves, **options)
+        with capture_launches() as launches:
+            (out.sum() + final.sum()).backward()
+    return [kernel.name for kernel, _ in launches]
+
+
 @pytest.mark.parametrize(("rule", "fused"), [
-    (None, False),  # no rule: bmm_chunk and chunk_scan, as before the fusion
+    (None, False),  # no rule: the chain, as before the fusion
     ({"max_heads_per_group": 2}, True),  # the call: 4 heads in 2 groups
     ({"max_heads_per_group": 1}, False),
 ])
-def test_the_fuse_rule_makes_cb_in_chunk_scan_at_few_heads_per_group(rule_file, rule, fused):
-    rule_file({} if rule is None else {"chunk_scan": rule}, kind="fuse")
-    tensors, options = _call()
-    launched = _forward_kernels(tensors, options)
-    assert "chunk_scan" in launched and ("bmm_chunk" not in launched) == fused
-
-
-@pytest.mark.parametrize(("rule", "fused"), [
-    (None, False),  # no rule: the db and dC kernels, then bmm_chunk_bwd twice, as before the fusion
-    ({"max_heads_per_group": 2}, True),
-    ({"max_heads_per_group": 1}, False),
-])
-def test_the_fuse_rule_runs_db_and_dc_in_one_pass_at_few_heads_per_group(rule_file, rule, fused):
-    rule_file({} if rule is None else {"chunk_bwd_db_dc": rule}, kind="fuse")
-    tensors, options = _call()
-    launched = _launched_kernels(tensors, options)
-    assert ("chunk_bwd_db_dc" in launched) == fused
-    assert launched.isdisjoint(DB_DC_CHAIN) == fused and (launched >= DB_DC_CHAIN) != fused
+@pytest.mark.parametrize(("stage", "fused_kernels", "chain_kernels", "launched_by"), [
+    ("chunk_scan", set(), {"bmm_chunk"}, _forward_kernels),  # chunk_scan makes cb itself
+    ("chunk_bwd_db_dc", {"chunk_bwd_db_dc"}, DB_DC_CHAIN, _launched_kernels),  # dB and dC in one pass
+    ("chunk_scan_bwd_dcb", set(), {"bmm_chunk"}, _backward_kernels),  # the backward's dCB stage makes cb
+], ids=["chunk_scan", "chunk_bwd_db_dc", "chunk_scan_bwd_dcb"])
+def test_each_fuse_rule_fuses_at_few_heads_per_group(rule_file, stage, fused_kernels, chain_kernels, launched_by,
+                                                     rule, fused):
+    rule_file({} if rule is None else {stage: rule}, kind="fuse")
+    launched = set(launched_by(*_call()))
+    assert launched.isdisjoint(chain_kernels) == fused
+    assert launched >= (fused_kernels if fused else chain_kernels)
 
 
 @pytest.mark.parametrize(("rules", "fused"), [
@@ -170,6 +173,7 @@ def test_the_fuse_rule_makes_dt_in_the_state_pass_where_that_pass_runs_fused(rul
     ("chunk_scan", "chunk_scan", {"bmm_chunk"}, _forward_kernels),  # the backward recomputes cb by bmm_chunk
     ("chunk_bwd_db_dc", "chunk_bwd_db_dc", DB_DC_CHAIN, _launched_kernels),
     ("chunk_cumsum_state_passing", "chunk_state_passing", {"chunk_cumsum"}, _launched_kernels),
+    ("chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb", {"bmm_chunk"}, _backward_kernels),
 ])
 def test_each_fusion_gives_the_chains_results_forward_and_backward(stage, fused_kernel, chain_kernels, launched_by):
     """z, D per head dim, dt_bias with softplus and limits, packed documents, initial and final states: every
