@@ -120,23 +120,31 @@ def chains_by_rule(cf: config_store.ConfigFile, stage: str, batch: int, nheads: 
     return rule is not None and rule.chains(chunk_size, state_elements(batch, nheads, headdim, dstate))
 
 
+def _state_pass_fwd(x: torch.Tensor, dstate: int, chunk_size: int):
+    """The forward state pass the rule picks for a call with ``x``: the fused kernel, or its chain."""
+    if chained(FWD, x, dstate, chunk_size):
+        return functools.partial(compose.chain_chunk_state_passing, CHAIN_STAGES)
+    return fused_fwd
+
+
 def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, out_dtype=None):
     """``mamba2_kernels.ssd.chunk_state_passing.chunk_state_passing_fwd``, by the path the rule picks."""
-    run = fused_fwd
-    if chained(FWD, x, B.shape[-1], dt.shape[-1]):
-        run = functools.partial(compose.chain_chunk_state_passing, CHAIN_STAGES)
+    run = _state_pass_fwd(x, B.shape[-1], dt.shape[-1])
     return run(B, x, dt, dA_cumsum, initial_states=initial_states, seq_idx=seq_idx, out_dtype=out_dtype)
 
 
 def chunk_cumsum_state_passing_fwd(dt, A, B, x, chunk_size, dt_bias=None, dt_softplus=False,
                                    dt_limit=(0.0, float("inf")), initial_states=None, seq_idx=None, out_dtype=None):
     """``mamba2_kernels.ssd.naive.chunk_cumsum_state_passing_fwd``'s results: one kernel where the state pass runs
-    fused and the cumsum's rule fuses it in, else chunk_cumsum and then the state pass by its own rule."""
+    fused and the cumsum's rule fuses it in, else chunk_cumsum and then the state pass by its own rule (looked
+    up once for both)."""
     options = {"dt_bias": dt_bias, "dt_softplus": dt_softplus, "dt_limit": dt_limit,
                "initial_states": initial_states, "seq_idx": seq_idx, "out_dtype": out_dtype}
-    if runs_fused(CUMSUM, x, B.shape[2]) and not chained(FWD, x, B.shape[-1], chunk_size):
+    state_pass = _state_pass_fwd(x, B.shape[-1], chunk_size)
+    if state_pass is fused_fwd and runs_fused(CUMSUM, x, B.shape[2]):
         return fused_cumsum_fwd(dt, A, B, x, chunk_size, **options)
-    return compose.chain_chunk_cumsum_state_passing(CUMSUM_CHAIN_STAGES, dt, A, B, x, chunk_size, **options)
+    stages = types.SimpleNamespace(chunk_cumsum_fwd=chunk_cumsum_fwd, chunk_state_passing_fwd=state_pass)
+    return compose.chain_chunk_cumsum_state_passing(stages, dt, A, B, x, chunk_size, **options)
 
 
 def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,
@@ -175,8 +183,3 @@ def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=
     if runs_fused(DB_DC, x, B.shape[2]):
         return fused_db_dc(*args, seq_idx=seq_idx, dB=dB, dC=dC, unfinished=True)
     return compose.chain_chunk_bwd_db_dc(CHAIN_STAGES, *args, seq_idx=seq_idx, dB=dB, dC=dC)
-
-
-# chunk_cumsum's chain: its own kernel, then the state pass by that pass's rule.
-CUMSUM_CHAIN_STAGES = types.SimpleNamespace(chunk_cumsum_fwd=chunk_cumsum_fwd,
-                                            chunk_state_passing_fwd=chunk_state_passing_fwd)
