@@ -10,7 +10,9 @@ below, each started only once those before it are done or skipped:
             tried on this GPU: a config that generates code, passes precision and beats Helion's default
             is stored as this GPU's own; one that fails here is never stored (the default is).
 ``hot``     Helion's search, seeded from what ``borrow`` stored, on the whole SSD call at the suite's and the
-            zoo's shapes, the calls of most device time first: the first night fixes most of the time.
+            zoo's shapes in the order of their reach (``by_reach``): the call of most device time first, then
+            each time the call whose time the calls before it serve least, so that the first nights fix
+            most of the time at every kind of shape, not only at the costliest kind.
             Skipped on a GPU whose file held configs when the bring-up began (a kernel added since): its calls
             are tuned, and the new kernel is the suite stage's.
 ``suite``   every kernel of the suite at the suite's shapes, searching only the launches still without a config.
@@ -21,7 +23,7 @@ below, each started only once those before it are done or skipped:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,27 +74,48 @@ def added_since(missing: Sequence[str], state: Mapping[str, Any]) -> list[str]:
     return [] if known is None else sorted(set(missing) - set(known))
 
 
-def by_value(shapes: Sequence[str], weight: Mapping[str, float]) -> list[str]:
-    """``shapes`` (duplicates dropped), those with the most device time per call first; equal or unknown
-    weights keep the given order."""
-    unique = list(dict.fromkeys(shapes))
-    return sorted(unique, key=lambda s: (-weight.get(s, 0.0), unique.index(s)))
+def by_reach(shapes: Sequence[str], weight: Mapping[str, float],
+             distance: Callable[[str, str], float] | None = None) -> list[str]:
+    """``shapes`` (duplicates dropped) in the order a search of each serves the most time: the costliest
+    first, then each time the one of most ``weight`` x ``distance`` to the nearest shape before it.
+
+    A config tuned at one shape serves every other shape whose launches have no config of their own, as the
+    nearest or a related key (``mamba2_kernels.config_store``), and serves it the worse the farther its key
+    is: ``distance(a, b)`` is the config store's distance between the keys of the two shapes' calls (0: the
+    same code). Ordered by weight alone, the calls of one kind of shape, the costliest, would all come first,
+    and every other kind would run on their configs for as many nights. Shapes no farther than 0 from one
+    before them come last, the costliest first. Without ``distance`` every two shapes are equally far: the
+    costliest first all along. Equal or unknown weights keep the given order."""
+    left = list(dict.fromkeys(shapes))
+    order: list[str] = []
+
+    def reach(shape: str) -> tuple[float, float, int]:
+        nearest = min((distance(shape, before) if distance else 1.0 for before in order), default=1.0)
+        own = weight.get(shape, 0.0)
+        return own * nearest, own, -left.index(shape)
+
+    while left:
+        best = max(left, key=reach)
+        order.append(best)
+        left.remove(best)
+    return order
 
 
 def plan(*, whole_call: str, suite_kernels: Sequence[str], suite_shapes: Sequence[str], zoo_shapes: Sequence[str],
          grid_shapes: Sequence[str], weight: Mapping[str, float], other_files: bool,
-         tuned_before: bool = False) -> list[Stage]:
+         distance: Callable[[str, str], float] | None = None, tuned_before: bool = False) -> list[Stage]:
     """The stages of a bring-up (module docstring). ``weight``: estimated device ms of the whole call per shape;
-    ``other_files``: whether any other GPU's config file exists to borrow from; ``tuned_before``: whether this
+    ``other_files``: whether any other GPU's config file exists to borrow from; ``distance``: how far apart two
+    shapes' calls are in the config store's terms (``by_reach``); ``tuned_before``: whether this
     GPU's own file held configs when the bring-up began."""
-    calls = tuple(by_value([*suite_shapes, *zoo_shapes], weight))
-    grid = tuple(by_value([s for s in grid_shapes if s not in calls], weight))
+    calls = tuple(by_reach([*suite_shapes, *zoo_shapes], weight, distance))
+    grid = tuple(by_reach([s for s in grid_shapes if s not in calls], weight, distance))
     return [
         Stage(BORROW, (whole_call,), calls if other_files else (), BORROWED, True,
               "other GPUs' configs, validated here" if other_files else "no other GPU's config file"),
         Stage(HOT, (whole_call,), () if tuned_before else calls, SEARCH, False,
               "the file held configs when the bring-up began: its calls are tuned" if tuned_before
-              else "the whole call at the suite and zoo shapes, costliest first"),
+              else "the whole call at the suite and zoo shapes, in the order of their reach"),
         Stage(SUITE, tuple(dict.fromkeys(suite_kernels)), tuple(suite_shapes), SEARCH, True,
               "every suite kernel's launches still without a config"),
         Stage(GRID, (whole_call,), grid, SEARCH, True, "the selection grid's shapes not reached yet"),

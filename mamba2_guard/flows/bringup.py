@@ -92,6 +92,17 @@ def is_due(state_dir: Path, gpu_slug: str, config_path: Path) -> bool:
     return bringup.due(missing(config_path), load_state(state_dir, gpu_slug))
 
 
+def call_key(shape: Any) -> config_store.ShapeKey:
+    """The fields of ``shape`` (a suite's ``ShapeSpec``) that the whole call's launch keys are made of, as one
+    key in the config store's terms: the distance between two of them is how badly a config tuned at one
+    shape's launches is expected to serve the other's (``core.bringup.by_reach``)."""
+    return config_store.ShapeKey.of(
+        tokens=config_store.tokens_bucket(shape.batch * shape.seqlen), hpg=shape.nheads // shape.ngroups,
+        headdim=shape.headdim, dstate=shape.dstate, chunk_size=shape.chunk_size, dtype=shape.dtype,
+        dt=shape.dt_dtype or shape.dtype, z=int(shape.z), seq=int(shape.docs > 1), init=int(shape.initial_states),
+        D="hp" if shape.d_per_dim else "h")
+
+
 def roofline_ms(entry: Any, shape: Any) -> float:
     """The whole call's time at ``shape`` on the nominal device: what orders the shapes by value."""
     return 1e3 * max(entry.bytes_moved(shape) / NOMINAL_BANDWIDTH, entry.flops(shape) / NOMINAL_FLOPS)
@@ -137,9 +148,11 @@ def stages_for(gpu_slug: str, tuned: bool = False) -> list[bringup.Stage]:
     suite, zoo = loaded.suite(SUITE), [s for name in ZOO for s in loaded.suite(name)]
     grid = loaded.suite(GRID)
     weight = {s.name: roofline_ms(call, s) for s in [*suite, *zoo, *grid]}
+    keys = {s.name: call_key(s) for s in [*suite, *zoo, *grid]}
     return bringup.plan(whole_call=WHOLE_CALL, suite_kernels=[e.name for e in registry.select() if e.has_helion],
                         suite_shapes=[s.name for s in suite], zoo_shapes=[s.name for s in zoo],
                         grid_shapes=[s.name for s in grid], weight=weight,
+                        distance=lambda a, b: keys[a].distance(keys[b]),
                         other_files=bool(config_store.other_gpu_files(gpu_slug)), tuned_before=tuned)
 
 

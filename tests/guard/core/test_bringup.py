@@ -50,6 +50,26 @@ def test_the_whole_call_is_tuned_costliest_shape_first_and_borrowing_only_where_
     assert bringup.new_state("g", alone, "t")["stages"]["borrow"]["status"] == bringup.SKIPPED
 
 
+def test_the_calls_go_in_the_order_of_their_reach_not_of_their_weight_alone():
+    # Two kinds of shape: three costly ones of one kind ("a*", 0 apart but for their sizes) and two cheaper ones
+    # of another ("b*"). By weight alone every "a" would come first and the "b"s would run on their configs.
+    weight = {"a1": 10.0, "a2": 8.0, "a3": 6.0, "b1": 3.0, "b2": 2.0}
+    kind = {"a1": ("a", 1), "a2": ("a", 2), "a3": ("a", 1), "b1": ("b", 1), "b2": ("b", 1)}
+
+    def distance(x: str, y: str) -> float:
+        (kx, sx), (ky, sy) = kind[x], kind[y]
+        return (4.0 if kx != ky else 0.0) + (0.5 if sx != sy else 0.0)
+
+    assert bringup.by_reach(list(weight), weight) == ["a1", "a2", "a3", "b1", "b2"]
+    # b1 (3 x 4) before a2 (8 x 0.5); a3 is a1's twin and b2 b1's: they come last, the costlier first
+    assert bringup.by_reach(list(weight), weight, distance) == ["a1", "b1", "a2", "a3", "b2"]
+    stages = bringup.plan(whole_call="call", suite_kernels=["k"], suite_shapes=["a1", "b2"], zoo_shapes=list(weight),
+                          grid_shapes=[], weight=weight, other_files=False, distance=distance)
+    assert stages[1].shapes == ("a1", "b1", "a2", "a3", "b2")
+    # unknown weights and ties keep the given order, duplicates once
+    assert bringup.by_reach(["x", "y", "x", "z"], {}, distance=lambda a, b: 1.0) == ["x", "y", "z"]
+
+
 def test_progress_counts_jobs_estimates_the_time_left_and_the_speedup_so_far():
     stages = bringup.plan(whole_call="call", suite_kernels=["k1", "k2"], suite_shapes=["a", "b"], zoo_shapes=[],
                           grid_shapes=["a"], weight={}, other_files=False)
