@@ -54,6 +54,7 @@ import math
 import os
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -348,7 +349,9 @@ def dumps(cf: ConfigFile) -> str:
 
 
 def save(path: Path, cf: ConfigFile) -> None:
+    """Write ``cf`` to ``path`` atomically; this process's later lookups read it at once (``forget``)."""
     atomic_write(path, dumps(cf))
+    forget()
 
 
 WRITER_WAIT_S = 120.0
@@ -395,6 +398,19 @@ def find(cf: ConfigFile, kernel: str, key: ShapeKey) -> Lookup:
 
 
 _cache: dict[Path, tuple[float, ConfigFile | None]] = {}
+# How long the file that serves a GPU's selection rules stands before the files are looked at again. Each fused
+# stage asks for its rule at every call, eight times a training step, and the stat that finds a file unchanged
+# cost more host time than a small shape's kernels take. A file ``save`` writes here is read at once; one another
+# process writes, within this.
+RECHECK_SECONDS = 1.0
+_serving: dict[tuple[str, str | None, Path | str], tuple[float, ConfigFile | None]] = {}
+
+
+def forget() -> None:
+    """Drop every file this process has read: the next lookup reads the files again."""
+    with _lock:
+        _cache.clear()
+        _serving.clear()
 
 
 def load_cached(gpu_slug: str, config_dir: Path | None = None) -> ConfigFile | None:
@@ -481,13 +497,20 @@ def stored_candidates(kernel: str, key: ShapeKey, gpu_slug: str, config_dir: Pat
 
 
 def serving_file(gpu_slug: str, capability: str | None, config_dir: Path | None = None) -> ConfigFile | None:
-    """The file whose selection rules (the state passes' chain rules) a GPU follows: its own, else the first
-    of ``borrowable_files``, else None."""
-    own = load_cached(gpu_slug, config_dir)
-    if own is not None:
-        return own
-    borrowed = borrowable_files(gpu_slug, capability, config_dir)
-    return borrowed[0][1] if borrowed else None
+    """The file whose selection rules (the fused stages' chain and fuse rules) a GPU follows: its own, else the
+    first of ``borrowable_files``, else None; looked for again once ``RECHECK_SECONDS`` have passed."""
+    memo = (gpu_slug, capability, config_dir or CONFIG_DIR)
+    now = time.monotonic()
+    hit = _serving.get(memo)
+    if hit is not None and now - hit[0] < RECHECK_SECONDS:
+        return hit[1]
+    served = load_cached(gpu_slug, config_dir)
+    if served is None:
+        borrowed = borrowable_files(gpu_slug, capability, config_dir)
+        served = borrowed[0][1] if borrowed else None
+    with _lock:
+        _serving[memo] = (now, served)
+    return served
 
 
 def note_fallback(kernel: str, key: str, gpu_slug: str, source: str, used: str | None) -> None:

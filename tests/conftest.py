@@ -71,7 +71,7 @@ def seen_file(tmp_path, monkeypatch):
     file = tmp_path / "seen.json"
     monkeypatch.setenv("MAMBA2_GUARD_SEEN", str(file))
     monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path / "configs")
-    config_store._cache.clear()
+    config_store.forget()
     return file
 
 

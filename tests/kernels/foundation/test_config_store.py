@@ -185,7 +185,7 @@ def _gpu_file(config_dir, slug, capability, kernels):
 def test_a_gpu_without_configs_of_a_kernel_takes_a_same_architecture_gpus(tmp_path):
     """An H100 beside the H200's file: the H200's configs, marked other-gpu, rather than Helion's default;
     among several, the same compute capability first; another architecture's never; its own file first."""
-    config_store._cache.clear()
+    config_store.forget()
     key = ShapeKey.of(dtype="bfloat16", headdim=64, tokens=16384)
     _gpu_file(tmp_path, "a-gpu-90", "9.0", {"k": {str(key): {"num_warps": 4}}})
     _gpu_file(tmp_path, "b-gpu-9a", "9.1", {"k": {str(key): {"num_warps": 8}}})
@@ -202,12 +202,12 @@ def test_a_gpu_without_configs_of_a_kernel_takes_a_same_architecture_gpus(tmp_pa
     assert [slug for slug, _ in config_store.borrowable_files("new-gpu", "9.1", tmp_path)] == ["b-gpu-9a", "a-gpu-90"]
     assert served("9.0", slug="b-gpu-9a") == [("exact", None, str(key), 8)]  # its own file comes first
     _gpu_file(tmp_path, "new-gpu", "9.0", {"other": {str(key): {"num_warps": 1}}})
-    config_store._cache.clear()
+    config_store.forget()
     assert served("9.0") == [("other-gpu", "a-gpu-90", f"a-gpu-90:{key}", 4)]  # its file lacks the kernel
 
 
 def test_an_unreadable_file_of_another_gpu_is_skipped_with_a_warning(tmp_path, caplog):
-    config_store._cache.clear()
+    config_store.forget()
     key = ShapeKey.of(dtype="bfloat16", tokens=16384)
     (tmp_path / "broken-gpu.yaml").write_text("kernels: [not, a, mapping]\n")
     _gpu_file(tmp_path, "good-gpu", "9.0", {"k": {str(key): {"num_warps": 4}}})
@@ -309,3 +309,33 @@ def test_the_committed_config_files_name_only_kernels_that_exist():
     known = registry.tuned_kernel_names()
     for path in sorted(config_store.CONFIG_DIR.glob("*.yaml")):
         assert set(config_store.load(path).kernels) <= known, path
+
+
+def test_the_serving_file_is_looked_at_again_after_a_while_and_at_once_after_a_save_here(tmp_path, monkeypatch):
+    """The fused stages ask for their rule at every call; a stat of the file each time cost more host time than a
+    small shape's kernels. A file written by another process shows within RECHECK_SECONDS, one saved here at once."""
+    config_store.forget()
+    clock = [100.0]
+    monkeypatch.setattr(config_store.time, "monotonic", lambda: clock[0])
+    path = config_store.path_for("a-gpu", tmp_path)
+
+    def rule_file(heads: int) -> ConfigFile:
+        return ConfigFile(selection={"chunk_scan": {"fuse": {"max_heads_per_group": heads}}})
+
+    def served() -> int | None:
+        cf = config_store.serving_file("a-gpu", None, tmp_path)
+        return None if cf is None else cf.fuse_rule("chunk_scan").max_heads_per_group
+
+    config_store.save(path, rule_file(4))
+    assert served() == 4
+    path.write_text(config_store.dumps(rule_file(8)))  # another process's write
+    clock[0] += config_store.RECHECK_SECONDS / 2
+    assert served() == 4
+    clock[0] += config_store.RECHECK_SECONDS / 2
+    assert served() == 8
+    config_store.save(path, rule_file(16))
+    assert served() == 16
+    path.unlink()
+    clock[0] += config_store.RECHECK_SECONDS
+    assert served() is None
+    assert config_store.serving_file("a-gpu", None, tmp_path / "elsewhere") is None  # another directory, looked at

@@ -49,7 +49,7 @@ def _write(store, config):
     x = torch.zeros(100, 33)
     cf = ConfigFile(kernels={"toy_exp_add": {str(_key(x, x)): config}})
     config_store.save(config_store.path_for("test-gpu", store), cf)
-    config_store._cache.clear()
+    config_store.forget()
 
 
 @pytest.mark.parametrize("mode", ["ref", "triton"])
@@ -90,7 +90,7 @@ def test_tensor_descriptor_config_runs_in_the_backward_thread(store):
     cf = ConfigFile(kernels={"toy_exp_add": {str(_key(grad, grad)): {
         "block_sizes": [32, 32], "indexing": ["tensor_descriptor"] * 3, "num_warps": 4}}})
     config_store.save(config_store.path_for("test-gpu", store), cf)
-    config_store._cache.clear()
+    config_store.forget()
 
     class ExpAddBackward(torch.autograd.Function):
         @staticmethod
@@ -199,7 +199,7 @@ def test_config_written_before_a_tunable_existed_runs_with_its_default(store):
     x = torch.randn(100, 33)
     cf = ConfigFile(kernels={"toy_two_ways": {str(_key(x, x)): {"block_sizes": [16, 16], "num_warps": 4}}})
     config_store.save(config_store.path_for("test-gpu", store), cf)
-    config_store._cache.clear()
+    config_store.forget()
     toy_two_ways._dispatch.clear()
     before = dict(config_store.FALLBACKS)
     with execution_mode("triton"):
@@ -215,7 +215,7 @@ def test_config_missing_a_tunable_and_invalid_falls_back_to_the_default(store):
     stored = {"block_sizes": [16, 8, 4], "num_warps": 4}  # no "doubled", and one block size too many
     cf = ConfigFile(kernels={"toy_two_ways": {str(_key(x, x)): stored}})
     config_store.save(config_store.path_for("test-gpu", store), cf)
-    config_store._cache.clear()
+    config_store.forget()
     toy_two_ways._dispatch.clear()
     before = config_store.FALLBACKS[("toy_two_ways", "invalid")]
     with execution_mode("triton"):
@@ -279,7 +279,7 @@ def test_config_that_normalizes_but_fails_codegen_is_invalid_and_runs_on_the_def
 def _save(store, kernel: str, configs: dict[ShapeKey, dict]):
     cf = ConfigFile(kernels={kernel: {str(key): config for key, config in configs.items()}})
     config_store.save(config_store.path_for("test-gpu", store), cf)
-    config_store._cache.clear()
+    config_store.forget()
 
 
 def test_a_key_nobody_tuned_runs_on_a_related_config_not_the_default(store):
@@ -304,7 +304,7 @@ def test_a_gpu_nobody_tuned_runs_on_a_same_architecture_gpus_configs(store, monk
     cf = ConfigFile(fingerprint={"compute_capability": "9.0"},
                     kernels={"toy_exp_add": {str(_key(x, x)): {"block_sizes": [16, 8], "num_warps": 2}}})
     config_store.save(config_store.path_for("tuned-gpu", store), cf)
-    config_store._cache.clear()
+    config_store.forget()
     for capability, on_default_expected, source in (("9.0", False, "other-gpu"), ("8.0", True, "default")):
         monkeypatch.setattr(_runtime, "device_capability", lambda _device, c=capability: c)
         toy_exp_add._dispatch.clear()

@@ -51,15 +51,15 @@ def _results(tensors, options):
 def rule_file(tmp_path, monkeypatch):
     """Write the CPU's config file with the given chain rules, and point lookups at it."""
     monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path)
-    config_store._cache.clear()
+    config_store.forget()
 
     def write(rules: dict[str, dict[str, int]], kind: str = "chain") -> None:
         config_store.save(tmp_path / "cpu.yaml", config_store.ConfigFile(
             selection={stage: {kind: rule} for stage, rule in rules.items()}))
-        config_store._cache.clear()
+        config_store.forget()
 
     yield write
-    config_store._cache.clear()
+    config_store.forget()
 
 
 def test_without_a_rule_the_fused_kernels_run(rule_file):
@@ -91,7 +91,7 @@ def test_a_gpu_without_a_file_of_its_own_takes_the_chain_rule_of_the_gpu_serving
     config_store.save(tmp_path / "tuned-gpu.yaml", config_store.ConfigFile(
         fingerprint={"compute_capability": "9.0"},
         selection={"chunk_state_passing": {"chain": {"min_chunk": 32, "max_state": 2048}}}))
-    config_store._cache.clear()
+    config_store.forget()
     tensors, options = _call()
     monkeypatch.setattr(fused_paths, "device_capability", lambda _device: "9.0")
     assert _launched_kernels(tensors, options) & CHAIN_KERNELS == CHAINS["chunk_state_passing"]
@@ -162,7 +162,7 @@ def test_each_fuse_rule_fuses_at_few_heads_per_group(rule_file, stage, fused_ker
 ])
 def test_the_fuse_rule_makes_dt_in_the_state_pass_where_that_pass_runs_fused(rule_file, tmp_path, rules, fused):
     config_store.save(tmp_path / "cpu.yaml", config_store.ConfigFile(selection=rules))
-    config_store._cache.clear()
+    config_store.forget()
     tensors, options = _call()
     launched = _launched_kernels(tensors, options)  # forward and the backward's recompute
     assert ("chunk_cumsum" not in launched) == fused
