@@ -87,13 +87,23 @@ def device_capability(device: torch.device) -> str | None:
     return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _triton_allocator_unset() -> Callable[[], bool]:
+    """Whether this thread's context still has Triton's null allocator, as a function that only reads the
+    context variable: Helion's setter imports three names at every call, a few microseconds per launch."""
+    from triton.runtime._allocation import NullAllocator, _allocator
+
+    return lambda: isinstance(_allocator.get(), NullAllocator)
+
+
 def ensure_triton_allocator() -> None:
     """Give Triton its scratch allocator in this thread. A config with device-side tensor descriptors needs
     one; Triton keeps it in a context variable, which a new thread starts without (autograd runs the backward
     on its own). On the H200 the bench's whole call failed for the lack of it (baselines/runs/decisions.md)."""
-    import helion.runtime
+    if _triton_allocator_unset()():
+        import helion.runtime
 
-    helion.runtime.set_triton_allocator()
+        helion.runtime.set_triton_allocator()
 
 
 def _first_device(args: tuple[Any, ...]) -> torch.device:
