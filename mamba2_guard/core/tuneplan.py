@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,6 +272,28 @@ def search_order(device_ms: Sequence[float]) -> list[int]:
     known = [i for i, ms in enumerate(device_ms) if not math.isnan(ms)]
     unknown = [i for i, ms in enumerate(device_ms) if math.isnan(ms)]
     return sorted(known, key=lambda i: -device_ms[i]) + unknown  # sorted() is stable: ties keep launch order
+
+
+# A launch under this share of its job's device time is searched once per kernel and generated code in a run.
+MINOR_SHARE = 0.05
+
+
+def minor_launches(slots: Sequence[tuple[str, str]], device_ms: Sequence[float], searched: Iterable[Sequence[str]],
+                   code: Callable[[str], Hashable]) -> list[int]:
+    """The indices of a job's launches (``slots``: Helion kernel, key text) that it leaves to the config of a
+    nearby key rather than search: each under ``MINOR_SHARE`` of the launches' device time (``device_ms``; any
+    NaN: none is minor), of a kernel whose search at a key of the same ``code`` (the key's fields but its sizes:
+    the same generated code up to the grid) an earlier job of the run ran (``searched``: [kernel, key] pairs).
+    A search costs 20 s and more however small the launch (Helion compiles its whole seed population first),
+    in every whole-call job of a run, where a gain at such a launch moves the call by a fraction of its small
+    share; the key searched serves it as the nearest."""
+    times = [float(ms) for ms in device_ms]
+    total = sum(times)
+    if not total > 0 or any(math.isnan(ms) for ms in times):
+        return []
+    covered = {(kernel, code(key)) for kernel, key in searched}
+    return [i for i, ((kernel, key), ms) in enumerate(zip(slots, times, strict=True))
+            if ms < MINOR_SHARE * total and (kernel, code(key)) in covered]
 
 
 # Besides its search, a launch's turn in a job costs the incumbent's and the winner's precision (the first

@@ -388,6 +388,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     return {**entry, "status": tuneplan.OK, "launches": launches, "tuner_seconds": result.get("seconds"),
             "setup_seconds": result.get("setup_seconds"), "process": result.get("process"), "gpu": result.get("gpu"),
             "tuned_elsewhere": result.get("tuned_elsewhere") or [], "had_config": result.get("had_config") or [],
+            **({"minor": result["minor"]} if result.get("minor") else {}),
             **({"deferred": result["deferred"]} if result.get("deferred") else {})}
 
 
@@ -427,6 +428,8 @@ def describe(entry: dict[str, Any]) -> str:
     had_config = len(entry.get("had_config") or ())
     if had_config:
         parts.append(f"{had_config} launch(es) with a config of their own (--missing-only)")
+    if entry.get("minor"):
+        parts.append(f"{len(entry['minor'])} minor launch(es) left to the configs of nearby keys searched earlier")
     if entry.get("deferred"):
         parts.append(f"{len(entry['deferred'])} launch(es) left to the next attempt (they would outlast the timeout)")
     if entry["status"] != tuneplan.OK:

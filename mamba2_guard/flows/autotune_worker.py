@@ -18,6 +18,7 @@ launch's fields), and saves those it finished so far with ``save_partial`` as it
 ``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public function and
 times each on its current config; then, for each distinct (kernel, shape key) that no earlier job of the run
 tuned (``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches), the costliest first,
+but those it leaves to the config of a nearby key as minor (``mamba2_guard.core.tuneplan.minor_launches``),
 it runs Helion's autotuner (effort, recorded random seed, the job's budget split by the launches' device times,
 warm-started from the committed config where the installed helion still accepts it, from it with its innermost
 tiles launched first, and from the kernel's seed configs), then measures what the keep-or-reject decision needs:
@@ -164,6 +165,12 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     device_ms = launch_device_ms(timer, launches, captured)
     order = tuneplan.search_order(device_ms)
     launches, device_ms = [launches[i] for i in order], [device_ms[i] for i in order]
+    minor = set(tuneplan.minor_launches([(tk.name, str(key)) for tk, _, key in launches], device_ms,
+                                        spec.get("tuned_elsewhere") or (),
+                                        code=lambda text: config_store.ShapeKey.parse(text).code()))
+    left_to_nearby = [[tk.name, str(key)] for i, (tk, _, key) in enumerate(launches) if i in minor]
+    kept = [i for i in range(len(launches)) if i not in minor]
+    launches, device_ms = [launches[i] for i in kept], [device_ms[i] for i in kept]
     refs = None  # fp64 reference and mamba-ssm's outputs, computed once for every config judged
 
     def judge(kernel: Any, key: Any, config: dict[str, Any]) -> dict[str, Any]:
@@ -264,7 +271,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         finished(record)
         torch.cuda.empty_cache()
     return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "had_config": had_config, "deferred": deferred,
-            "setup_seconds": setup_seconds,
+            "minor": left_to_nearby, "setup_seconds": setup_seconds,
             "gpu": gpu_identity(spec.get("device"))}  # which card tuned it: the UUID keeps GPUs apart
 
 

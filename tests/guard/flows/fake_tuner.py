@@ -15,7 +15,8 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["search"][spec["search"]]``
   ``raise``     raise RuntimeError with this message (a tuner error, e.g. a CUDA fault);
   ``launches``  the launch records to return (see mamba2_guard.core.tuneplan.decide); default: one winner that
                 is 10 % faster than Helion's default config, precision ok. Those in ``spec["tuned_elsewhere"]``
-                are left out and listed there, as the real tuner does.
+                are left out and listed there, as the real tuner does, and so are those it leaves as minor
+                (``tuneplan.minor_launches`` over the records' ``device_ms``), listed under ``minor``.
 Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id, pid, device, search) when that is set, and
 prints the job id to its output (the job's log).
 """
@@ -23,11 +24,14 @@ prints the job id to its output (the job's log).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
 
+from mamba2_guard.core import tuneplan
 from mamba2_guard.flows.autotune_worker import save_partial
+from mamba2_kernels.config_store import ShapeKey
 
 FASTER = [0.90 + 0.001 * (i % 7) for i in range(30)]
 BASE = [1.00 + 0.001 * (i % 7) for i in range(30)]
@@ -66,6 +70,11 @@ def tune(spec: dict) -> dict:
     launches = launches if launches is not None else [default_launch(job)]
     elsewhere = spec.get("tuned_elsewhere") or []  # as the real tuner: launches earlier jobs tuned are skipped
     todo = [x for x in launches if [x["kernel"], x["key"]] not in elsewhere]
+    minor = set(tuneplan.minor_launches([(x["kernel"], x["key"]) for x in todo],
+                                        [x.get("device_ms", math.nan) for x in todo], elsewhere,
+                                        code=lambda text: ShapeKey.parse(text).code()))
+    left_as_minor = [[x["kernel"], x["key"]] for i, x in enumerate(todo) if i in minor]
+    todo = [x for i, x in enumerate(todo) if i not in minor]
     if "crash_in_process" in behaviour:
         for i, launch in enumerate(todo):
             slot = [launch["kernel"], launch["key"]]
@@ -82,5 +91,5 @@ def tune(spec: dict) -> dict:
             time.sleep(1)
     cut = int(behaviour.get("defer_after", len(todo)))
     return {"gpu": {"uuid": f"GPU-fake-{spec.get('device')}"},
-            "launches": todo[:cut], "deferred": [[x["kernel"], x["key"]] for x in todo[cut:]],
+            "launches": todo[:cut], "deferred": [[x["kernel"], x["key"]] for x in todo[cut:]], "minor": left_as_minor,
             "tuned_elsewhere": [[x["kernel"], x["key"]] for x in launches if [x["kernel"], x["key"]] in elsewhere]}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mamba2_guard.core import tuneplan
+from mamba2_guard.flows import autotune
 from mamba2_guard.flows.autotune import AutotuneOptions, run_autotune
 from mamba2_kernels import config_store
 from tests.guard.flows import fake_tuner
@@ -336,6 +337,30 @@ def test_a_job_starts_only_while_the_time_its_kernels_jobs_took_still_fits(tmp_p
                                    total_budget_seconds=4.0, job_timeout_seconds=20), quiet)
     assert [e["job"] for e in outcome.entries] == ["chunk_cumsum@smoke"]
     assert outcome.skipped == ["chunk_cumsum@mamba2-default"]
+
+
+def test_a_later_job_leaves_a_minor_launch_to_the_config_an_earlier_job_searched_nearby(tmp_path):
+    # Two whole calls at two sizes: the second's small launch (under 5 % of its time) has a key of the same code
+    # as the first's, which searched it; it is not searched again. Its big launch and a small launch of another
+    # code (another chunk size) are.
+    def launch(kernel, key, ms):
+        return {"kernel": kernel, "key": key, "device_ms": ms, "config": {"block_sizes": [32], "num_warps": 4},
+                "incumbent": "default", "incumbent_config": {"block_sizes": [16], "num_warps": 2},
+                "precision": {"ok": True}, "samples_ms": {"incumbent": BASE, "candidate": [0.9 * x for x in BASE]}}
+
+    extra = {"jobs": {
+        "chunk_cumsum@smoke": {"launches": [launch("big_k", "chunk_size=64,tokens=8192", 1.0),
+                                            launch("cumsum_k", "chunk_size=64,tokens=8192", 0.01)]},
+        "chunk_state@smoke": {"launches": [launch("big_k", "chunk_size=64,tokens=16384", 2.0),
+                                           launch("cumsum_k", "chunk_size=64,tokens=16384", 0.02),
+                                           launch("cumsum_k", "chunk_size=128,tokens=16384", 0.02)]}}}
+    outcome = run_autotune(options(tmp_path, kernels=KERNELS[:2], shapes=SHAPES[:1], extra=extra), quiet)
+    first, second = outcome.entries
+    assert [lc["kernel"] for lc in first["launches"]] == ["big_k", "cumsum_k"] and "minor" not in first
+    assert [(lc["kernel"], lc["key"]) for lc in second["launches"]] == [("big_k", "chunk_size=64,tokens=16384"),
+                                                                       ("cumsum_k", "chunk_size=128,tokens=16384")]
+    assert second["minor"] == [["cumsum_k", "chunk_size=64,tokens=16384"]]
+    assert "1 minor launch(es) left to the configs of nearby keys" in autotune.describe(second)
 
 
 def test_a_later_job_skips_launches_an_earlier_job_tuned(tmp_path):

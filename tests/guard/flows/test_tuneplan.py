@@ -252,6 +252,21 @@ def test_searches_go_costliest_first_and_unknown_times_last():
     assert tuneplan.search_order([]) == []
 
 
+def test_a_small_launch_of_a_code_searched_earlier_in_the_run_is_minor():
+    def code(key: str) -> tuple:  # the key's fields but its sizes, as config_store.ShapeKey.code
+        return tuple(part for part in key.split(",") if not part.startswith("tokens="))
+
+    slots = [("scan", "q=64,tokens=2"), ("cumsum", "q=64,tokens=2"), ("cumsum", "q=128,tokens=2"),
+             ("bmm", "q=64,tokens=2")]
+    searched = [["cumsum", "q=64,tokens=1"], ["bmm", "q=64,tokens=1"], ["scan", "q=64,tokens=1"]]
+    # 5 % of 1.0 ms: the cumsum at q=64 (0.01) is minor; at q=128 no search covered its code; bmm (0.06) is
+    # not small enough; scan is the call
+    assert tuneplan.minor_launches(slots, [0.91, 0.01, 0.02, 0.06], searched, code) == [1]
+    assert tuneplan.minor_launches(slots, [0.91, 0.01, 0.02, 0.06], [], code) == []  # the run's first search
+    assert tuneplan.minor_launches(slots, [0.91, float("nan"), 0.02, 0.06], searched, code) == []  # times unknown
+    assert tuneplan.minor_launches([], [], searched, code) == []
+
+
 def test_a_launch_gets_its_share_of_the_time_left():
     # 60 s left over launches of 0.3, 0.2 and 0.1 ms per call: half of it for the first
     assert tuneplan.launch_budget(60.0, [0.3, 0.2, 0.1]) == 30
