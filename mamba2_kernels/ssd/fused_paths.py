@@ -120,19 +120,6 @@ def chains_by_rule(cf: config_store.ConfigFile, stage: str, batch: int, nheads: 
     return rule is not None and rule.chains(chunk_size, state_elements(batch, nheads, headdim, dstate))
 
 
-def _state_pass_fwd(x: torch.Tensor, dstate: int, chunk_size: int):
-    """The forward state pass the rule picks for a call with ``x``: the fused kernel, or its chain."""
-    if chained(FWD, x, dstate, chunk_size):
-        return functools.partial(compose.chain_chunk_state_passing, CHAIN_STAGES)
-    return fused_fwd
-
-
-def chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=None, seq_idx=None, out_dtype=None):
-    """``mamba2_kernels.ssd.chunk_state_passing.chunk_state_passing_fwd``, by the path the rule picks."""
-    run = _state_pass_fwd(x, B.shape[-1], dt.shape[-1])
-    return run(B, x, dt, dA_cumsum, initial_states=initial_states, seq_idx=seq_idx, out_dtype=out_dtype)
-
-
 def chunk_cumsum_state_passing_fwd(dt, A, B, x, chunk_size, dt_bias=None, dt_softplus=False,
                                    dt_limit=(0.0, float("inf")), initial_states=None, seq_idx=None, out_dtype=None):
     """``mamba2_kernels.ssd.naive.chunk_cumsum_state_passing_fwd``'s results: one kernel where the state pass runs
@@ -140,9 +127,11 @@ def chunk_cumsum_state_passing_fwd(dt, A, B, x, chunk_size, dt_bias=None, dt_sof
     up once for both)."""
     options = {"dt_bias": dt_bias, "dt_softplus": dt_softplus, "dt_limit": dt_limit,
                "initial_states": initial_states, "seq_idx": seq_idx, "out_dtype": out_dtype}
-    state_pass = _state_pass_fwd(x, B.shape[-1], chunk_size)
-    if state_pass is fused_fwd and runs_fused(CUMSUM, x, B.shape[2]):
+    state_pass_chained = chained(FWD, x, B.shape[-1], chunk_size)
+    if not state_pass_chained and runs_fused(CUMSUM, x, B.shape[2]):
         return fused_cumsum_fwd(dt, A, B, x, chunk_size, **options)
+    state_pass = (functools.partial(compose.chain_chunk_state_passing, CHAIN_STAGES) if state_pass_chained
+                  else fused_fwd)
     stages = types.SimpleNamespace(chunk_cumsum_fwd=chunk_cumsum_fwd, chunk_state_passing_fwd=state_pass)
     return compose.chain_chunk_cumsum_state_passing(stages, dt, A, B, x, chunk_size, **options)
 
