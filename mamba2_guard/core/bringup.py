@@ -87,17 +87,21 @@ def by_reach(shapes: Sequence[str], weight: Mapping[str, float],
     before them come last, the costliest first. Without ``distance`` every two shapes are equally far: the
     costliest first all along. Equal or unknown weights keep the given order."""
     left = list(dict.fromkeys(shapes))
+    nearest = dict.fromkeys(left, 1.0)  # each shape's distance to the nearest one ordered (none yet: all alike)
     order: list[str] = []
 
     def reach(shape: str) -> tuple[float, float, int]:
-        nearest = min((distance(shape, before) if distance else 1.0 for before in order), default=1.0)
         own = weight.get(shape, 0.0)
-        return own * nearest, own, -left.index(shape)
+        return own * nearest[shape], own, -left.index(shape)
 
     while left:
         best = max(left, key=reach)
         order.append(best)
         left.remove(best)
+        if distance is not None:
+            for shape in left:
+                d = distance(shape, best)
+                nearest[shape] = d if len(order) == 1 else min(nearest[shape], d)
     return order
 
 
