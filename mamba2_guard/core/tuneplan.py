@@ -246,17 +246,28 @@ def job_seconds(journals: Iterable[Iterable[Mapping[str, Any]]]) -> dict[str, fl
     return out
 
 
-def expected_seconds(job: Job, cost: Mapping[str, float], budget_seconds: float) -> float:
+def expected_seconds(job: Job, cost: Mapping[str, float], budget_seconds: float,
+                     last: Mapping[str, Any] | None = None) -> float:
     """How long ``job`` can be expected to run: its own time in an earlier run on this GPU (``cost``, from
     ``job_seconds``), else the median of its kernel's other jobs there, else its search budget; never less
     than the budget. A whole call's job searches a dozen launches and checks each, so it runs well past its
     search budget, often more than twice as long: started on the budget alone near a hard limit (a runner's
-    job timeout), it is killed there with nothing kept, and a night's soft budget is overrun by as much."""
+    job timeout), it is killed there with nothing kept, and a night's soft budget is overrun by as much.
+    A job whose ``last`` attempt deferred launches (``defers``) resumes only those: it is expected to take
+    that attempt's set-up and, for each launch left, the median time of the launches it searched. Expected
+    to take the whole job again, two launches left by a 317 s job were not started with 230 s of a night left."""
+    if deferred(last):
+        searched = [sum(float(launch.get(part) or 0.0) for part in LAUNCH_SECONDS) for launch in last["launches"]]
+        return float(last.get("setup_seconds") or 0.0) + len(last["deferred"]) * statistics.median(searched)
     own = cost.get(job.id)
     if own is None:
         same_kernel = [seconds for job_id, seconds in cost.items() if job_id.split("@", 1)[0] == job.kernel]
         own = statistics.median(same_kernel) if same_kernel else 0.0
     return max(float(budget_seconds), float(own))
+
+
+# The parts of a searched launch's time in a job's attempt (``flows.autotune_worker``'s record).
+LAUNCH_SECONDS = ("incumbent_precision_seconds", "tune_seconds", "precision_seconds", "timing_seconds")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -483,7 +483,8 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
                     # A job starts only while the time it can be expected to take (its kernel's jobs' on this
                     # GPU, at least its tuning budget) still fits the overall budget, and then runs to its own
                     # timeout: a job cut short would be killed mid-search and leave nothing.
-                    expected = tuneplan.expected_seconds(job, cost, opts.budget_seconds)
+                    last = tuneplan.latest_by_job(run.entries()).get(job.id)
+                    expected = tuneplan.expected_seconds(job, cost, opts.budget_seconds, last)
                     if deadline is not None and deadline - time.monotonic() < expected:
                         skipped.append(job.id)
                         break

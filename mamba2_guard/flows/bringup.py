@@ -257,7 +257,7 @@ def run_bring_up(opts: BringUpOptions, progress: Progress,
         if stage.search == bringup.FITTED:
             run = _fit(opts, stage, deadline, progress, spent=float(state["stages"][stage.name]["seconds"]))
         else:
-            if left < opts.job_budget_seconds:
+            if left <= 0:  # the search starts each job only while it can be expected to fit (a resumed one too)
                 stopped = f"budget spent before stage {stage.name}; the next run resumes it"
                 break
             run = _search(opts, stage, left, progress, on_job)

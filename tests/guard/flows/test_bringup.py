@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mamba2_guard import config as guard_config
 from mamba2_guard.adapters import fingerprint
-from mamba2_guard.core import bringup
+from mamba2_guard.core import bringup, tuneplan
 from mamba2_guard.flows import bringup as flow
 from mamba2_guard.flows import pr as prflow
 from mamba2_kernels import config_store
@@ -117,6 +117,32 @@ def test_a_run_stops_at_its_budget_and_a_killed_one_resumes_from_its_journal(tmp
         journal = Path(stage["run"], "journal.jsonl").read_text().splitlines() if stage.get("run") else []
         assert stage["seconds"] == round(sum(json.loads(line)["seconds"] for line in journal), 1), name
     assert final.state["stages"]["hot"]["seconds"] >= 0.8
+
+
+def test_a_night_shorter_than_a_jobs_search_budget_still_resumes_the_launches_it_deferred(tmp_path):
+    """A whole call's job left two launches to its next attempt when the night ended (they would outlast the
+    job's timeout). The next night's budget is under the job's search budget but fits those two by the
+    time the searched one took: it resumes them rather than stop before the stage, as a night on an H100
+    did with 230 s left."""
+    first = "ssd_combined_fwd_bwd@mamba2-default"
+    launches = [{**launch(kernel, "k=1"), "tune_seconds": 0.5} for kernel in ("dx", "scan", "db")]
+    hot_only = dict(stages=stages(other_files=False), until="hot", job_budget_seconds=2)
+
+    def night(budget: float, behaviour: dict) -> flow.BringUpOutcome:
+        extra = {"jobs": {first: {"launches": launches, **behaviour}}}
+        return flow.run_bring_up(options(tmp_path, budget_seconds=budget, tuning={"extra": extra}, **hot_only),
+                                 lambda m: None)
+
+    one = night(2.5, {"defer_after": 1, "sleep": 1.7})  # after the searched launch, too little left for the rest
+    assert one.state["stages"]["hot"]["status"] == "partial"
+    entries = tuneplan.parse_journal(Path(one.runs[0]["run_dir"], "journal.jsonl").read_text())
+    assert [len(e.get("deferred") or []) for e in entries] == [2]
+    two = night(1.5, {})
+    assert two.runs, two.stopped
+    entries = tuneplan.parse_journal(Path(two.runs[0]["run_dir"], "journal.jsonl").read_text())
+    assert [(e["job"], [x["kernel"] for x in e["launches"]]) for e in entries] == [
+        (first, ["dx"]), (first, ["scan", "db"])]
+    assert set(config_store.load(tmp_path / f"{SLUG}.yaml").kernels) == {"dx", "scan", "db"}
 
 
 def checkout_and_origin(tmp_path: Path, settings: str = "") -> tuple[Path, Path]:

@@ -331,3 +331,14 @@ def test_a_jobs_expected_time_is_its_own_else_its_kernels_never_below_its_budget
     assert tuneplan.expected_seconds(job, {**cost, job.id: 150.0}, 120) == 150.0  # its own time first
     assert tuneplan.expected_seconds(job, {"chunk_scan@long-context": 900.0}, 120) == 120  # no job of its kernel
     assert tuneplan.expected_seconds(job, {job.id: 30.0}, 120) == 120  # never less than the budget
+
+
+def test_a_job_that_deferred_launches_is_expected_to_take_only_those():
+    job = tuneplan.Job(0, "ssd_combined_fwd_bwd", "nemotron-h-47b")
+    launch = {"tune_seconds": 21.0, "precision_seconds": 2.0, "timing_seconds": 1.0}
+    last = {"job": job.id, "status": "ok", "seconds": 317.0, "setup_seconds": 34.0,
+            "launches": [launch, {**launch, "precision_seconds": 44.0}, {**launch, "incumbent_precision_seconds": 3.0}],
+            "deferred": [["bmm_chunk_bwd", "k=256"], ["bmm_chunk", "k=256"]]}
+    cost = {job.id: 317.0}
+    assert tuneplan.expected_seconds(job, cost, 120, last) == 34.0 + 2 * 27.0  # set-up + 2 x the median launch
+    assert tuneplan.expected_seconds(job, cost, 120, {**last, "deferred": []}) == 317.0  # finished: its own time
