@@ -314,12 +314,22 @@ LAUNCH_CHECK_SECONDS = 30
 
 def defers(elapsed: float, search_seconds: float, timeout: float | None, searched: int) -> bool:
     """Whether a job's attempt leaves its next launch, and those after it, to its next attempt: after
-    ``elapsed`` seconds, the launch's search (``search_seconds``) and checks would not end before the job's
-    hard ``timeout`` (None: no timeout). Started anyway, the attempt is killed with the launch in flight,
-    whose search is lost and whose retry pays for isolation; a whole call's dozen launches at the search's
-    floor can outlast the timeout of its job. An attempt searches at least one launch
+    ``elapsed`` seconds, the launch's search (``search_seconds``) and checks would not end within ``timeout``
+    (``attempt_limit``; None: no limit). Started anyway past the job's hard timeout, the attempt is killed
+    with the launch in flight, whose search is lost and whose retry pays for isolation; a whole call's dozen
+    launches at the search's floor can outlast the timeout of its job. An attempt searches at least one launch
     (``searched``: those it already did), so a job's attempts end."""
     return bool(timeout) and searched > 0 and elapsed + search_seconds + LAUNCH_CHECK_SECONDS > float(timeout)
+
+
+def attempt_limit(timeout: float | None, seconds_left: float | None) -> float | None:
+    """The seconds within which an attempt's launches are to end (``defers``): the job's hard ``timeout`` or
+    the run's budget left when the job started (``seconds_left``), whichever is sooner; None where neither is
+    set. A job that started in a night's last minutes, on the time its kernel's jobs took, otherwise ran on
+    past the night's budget to its own timeout (a whole call's: 5-10 minutes); its launches past the budget
+    are deferred instead, and resumed first by the next night (``expected_seconds``)."""
+    limits = [float(limit) for limit in (timeout, seconds_left) if limit is not None]
+    return min(limits) if limits else None
 
 
 def launch_budget(seconds_left: float, device_ms: Sequence[float], floor: int = 20) -> int:

@@ -344,8 +344,11 @@ class TunerProcess:
         self._drop()
 
 
-def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: float) -> dict[str, Any]:
-    """One job in the worker's child process; returns its journal entry (decisions included)."""
+def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: float,
+            seconds_left: float | None = None) -> dict[str, Any]:
+    """One job in the worker's child process; returns its journal entry (decisions included). ``timeout`` kills
+    it; ``seconds_left``, the run's budget left as it starts, is where its tuner defers launches
+    (``tuneplan.attempt_limit``)."""
     opts = run.opts
     name = _safe(job.id)
     spec_path, result_path = run.dir / "jobs" / f"{name}.spec.json", run.dir / "jobs" / f"{name}.result.json"
@@ -355,7 +358,8 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     partial_path.unlink(missing_ok=True)
     earlier = run.entries()  # one read of the journal, one view of it for every field below
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
-            "budget_seconds": opts.budget_seconds, "timeout_seconds": timeout, "rounds": opts.rounds,
+            "budget_seconds": opts.budget_seconds, "timeout_seconds": timeout, "seconds_left": seconds_left,
+            "rounds": opts.rounds,
             "base_configs": str(run.base_path),
             "helion_benchmark_subprocess": (opts.helion_benchmark_subprocess
                                             or tuneplan.isolate_candidates(job.id, earlier)),
@@ -488,7 +492,8 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
                     if deadline is not None and deadline - time.monotonic() < expected:
                         skipped.append(job.id)
                         break
-                    entry = run_job(run, job, process, index, opts.job_timeout)
+                    entry = run_job(run, job, process, index, opts.job_timeout,
+                                    None if deadline is None else deadline - time.monotonic())
                     cost.update(tuneplan.job_seconds([[entry]]))  # the run's later jobs of the kernel expect it
                     run.append(entry)
                     run.save()

@@ -25,9 +25,9 @@ tiles launched first, and from the kernel's seed configs), then measures what th
 the public function's precision with the winner (against mamba-ssm and fp64, the bench's criterion) and the
 public function on the winner against it on the incumbent, interleaved (``mamba2_guard.bench.timing.Timer``), so that
 host-side work the config changes counts. A launch whose search would end past the job's hard timeout
-(``spec["timeout_seconds"]``) is not started: it and those after it are returned as ``deferred``, for the
-job's next attempt. Each launch records its device time and the seconds of each phase
-(tune, precision, timing), the job those of its set-up.
+(``spec["timeout_seconds"]``), or past the run's budget left as the job started (``spec["seconds_left"]``),
+is not started: it and those after it are returned as ``deferred``, for the job's next attempt. Each launch
+records its device time and the seconds of each phase (tune, precision, timing), the job those of its set-up.
 """
 
 from __future__ import annotations
@@ -185,6 +185,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                 "max_abs_diff_vs_mamba_ssm": verdict.max_abs_diff_vs_mamba_ssm, "outputs": list(verdict.outputs)}
 
     setup_seconds = round(time.monotonic() - started, 3)  # imports (first job), inputs, the recording run
+    limit = tuneplan.attempt_limit(spec.get("timeout_seconds"), spec.get("seconds_left"))
     out: list[dict[str, Any]] = []
     deferred: list[list[str]] = []  # the launches left to the next attempt (``tuneplan.defers``)
 
@@ -204,7 +205,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                     or [tk.name, str(key)] in spec.get("isolate_launches", []))
         budget = tuneplan.launch_budget(deadline - time.monotonic(), device_ms[i:])
         budget += ISOLATION_START_SECONDS * isolated
-        if foreign is None and tuneplan.defers(time.monotonic() - started, budget, spec.get("timeout_seconds"), i):
+        if foreign is None and tuneplan.defers(time.monotonic() - started, budget, limit, i):
             deferred = [[kernel.name, str(key)] for kernel, _, key in launches[i:]]
             break
         save_partial(spec, out, in_flight=[tk.name, str(key)])

@@ -9,7 +9,8 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["search"][spec["search"]]``
                 isolated in Helion's own subprocess (a candidate that faults the GPU, which that survives);
                 the launches before it are saved as finished and it as in flight (``save_partial``);
   ``defer_after``  search this many launches, and leave the rest to the next attempt (``deferred``), as
-                the real tuner does with launches that would outlast the job's timeout;
+                the real tuner does with launches that would outlast the job's timeout; it also does so by
+                the launch records' ``tune_seconds``, against ``tuneplan.attempt_limit`` of the spec;
   ``hang``      sleep forever (a hung compile or kernel);
   ``hang_after``  save this many of the launches as finished (``save_partial``), then hang;
   ``raise``     raise RuntimeError with this message (a tuner error, e.g. a CUDA fault);
@@ -90,6 +91,14 @@ def tune(spec: dict) -> dict:
         while True:
             time.sleep(1)
     cut = int(behaviour.get("defer_after", len(todo)))
+    # As the real tuner, on the launches' recorded search times: those that would end past the job's
+    # timeout or the run's budget left are deferred.
+    limit, elapsed = tuneplan.attempt_limit(spec.get("timeout_seconds"), spec.get("seconds_left")), 0.0
+    for i, launch in enumerate(todo[:cut]):
+        if tuneplan.defers(elapsed, float(launch.get("tune_seconds", 0.0)), limit, i):
+            cut = i
+            break
+        elapsed += float(launch.get("tune_seconds", 0.0))
     return {"gpu": {"uuid": f"GPU-fake-{spec.get('device')}"},
             "launches": todo[:cut], "deferred": [[x["kernel"], x["key"]] for x in todo[cut:]], "minor": left_as_minor,
             "tuned_elsewhere": [[x["kernel"], x["key"]] for x in launches if [x["kernel"], x["key"]] in elsewhere]}

@@ -118,6 +118,22 @@ def test_launches_that_would_outlast_the_timeout_are_left_to_the_next_attempt_wh
     assert tuneplan.pending(jobs, [{**deferring, "launches": []}], max_attempts=1) == []
 
 
+def test_launches_that_would_end_past_the_runs_budget_are_deferred_to_its_next_attempt(tmp_path):
+    # A night's job started on the time its kernel's jobs took, then ran on past the night's budget to its own
+    # timeout. Its tuner now also stops before a launch that would end past the budget left as it started,
+    # and the next attempt, expected to take only the launches left, resumes them while they fit.
+    launches = [{**fake_tuner.default_launch({"kernel": "whole", "shape": "smoke", "index": i}), "kernel": k,
+                 "tune_seconds": 40.0} for i, k in enumerate(("dx", "scan", "db"))]
+    outcome = run_autotune(options(tmp_path, kernels=["ssd_combined_fwd_bwd"], shapes=["smoke"],
+                                   extra={"default": {"launches": launches}}, job_timeout_seconds=1000,
+                                   total_budget_seconds=100), quiet)
+    # 40 s searched, then 40 + 40 + the launch's checks would pass the 100 s left: one launch per attempt
+    assert [([x["kernel"] for x in e["launches"]], e.get("deferred")) for e in outcome.entries] == [
+        (["dx"], [["scan", "shape=smoke"], ["db", "shape=smoke"]]), (["scan"], [["db", "shape=smoke"]]), (["db"], None)]
+    spec = json.loads((outcome.run_dir / "jobs" / "ssd_combined_fwd_bwd@smoke.spec.json").read_text())
+    assert spec["timeout_seconds"] == 1000 and 90 < spec["seconds_left"] < 100
+
+
 def test_crash_and_hang_are_recorded_as_failed_and_the_run_continues(tmp_path):
     extra = {"jobs": {"chunk_state@smoke": {"crash": True}, "state_passing@smoke": {"hang": True}}}
     t0 = time.monotonic()

@@ -284,6 +284,13 @@ def test_a_launch_that_would_outlast_the_jobs_timeout_is_deferred_unless_it_is_t
     assert not tuneplan.defers(elapsed=500, search_seconds=20, timeout=None, searched=3)
 
 
+def test_an_attempts_launches_end_by_the_jobs_timeout_or_the_runs_budget_left_whichever_is_sooner():
+    assert tuneplan.attempt_limit(600, 200.5) == 200.5
+    assert tuneplan.attempt_limit(150, 200) == 150
+    assert tuneplan.attempt_limit(None, 90) == 90 and tuneplan.attempt_limit(600, None) == 600
+    assert tuneplan.attempt_limit(None, None) is None
+
+
 @pytest.mark.parametrize("times", [[float("nan"), 0.2, 0.2], [0.0, 0.0, 0.0]])
 def test_without_times_the_budget_is_split_evenly(times):
     assert tuneplan.launch_budget(90.0, times) == 30
