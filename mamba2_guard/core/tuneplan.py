@@ -255,7 +255,7 @@ def expected_seconds(job: Job, cost: Mapping[str, float], budget_seconds: float,
     job timeout), it is killed there with nothing kept, and a night's soft budget is overrun by as much.
     A job whose ``last`` attempt deferred launches (``defers``) resumes only those: it is expected to take
     that attempt's set-up and, for each launch left, the median time of the launches it searched. Expected
-    to take the whole job again, two launches left by a 317 s job were not started with 230 s of a night left."""
+    to take the whole job again, it was not resumed in a night's last minutes that fitted those launches."""
     if deferred(last):
         searched = [sum(float(launch.get(part) or 0.0) for part in LAUNCH_SECONDS) for launch in last["launches"]]
         return float(last.get("setup_seconds") or 0.0) + len(last["deferred"]) * statistics.median(searched)
@@ -326,7 +326,7 @@ def attempt_limit(timeout: float | None, seconds_left: float | None) -> float | 
     """The seconds within which an attempt's launches are to end (``defers``): the job's hard ``timeout`` or
     the run's budget left when the job started (``seconds_left``), whichever is sooner; None where neither is
     set. A job that started in a night's last minutes, on the time its kernel's jobs took, otherwise ran on
-    past the night's budget to its own timeout (a whole call's: 5-10 minutes); its launches past the budget
+    past the night's budget to its own timeout, minutes later for a whole call; its launches past the budget
     are deferred instead, and resumed first by the next night (``expected_seconds``)."""
     limits = [float(limit) for limit in (timeout, seconds_left) if limit is not None]
     return min(limits) if limits else None

@@ -359,8 +359,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     earlier = run.entries()  # one read of the journal, one view of it for every field below
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
             "budget_seconds": opts.budget_seconds, "timeout_seconds": timeout, "seconds_left": seconds_left,
-            "rounds": opts.rounds,
-            "base_configs": str(run.base_path),
+            "rounds": opts.rounds, "base_configs": str(run.base_path),
             "helion_benchmark_subprocess": (opts.helion_benchmark_subprocess
                                             or tuneplan.isolate_candidates(job.id, earlier)),
             "isolate_launches": tuneplan.isolated_launches(job.id, earlier),
@@ -485,8 +484,9 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
             for job in jobs:
                 while True:
                     # A job starts only while the time it can be expected to take (its kernel's jobs' on this
-                    # GPU, at least its tuning budget) still fits the overall budget, and then runs to its own
-                    # timeout: a job cut short would be killed mid-search and leave nothing.
+                    # GPU, at least its tuning budget; a resumed one's launches left) still fits the overall
+                    # budget, and its tuner defers the launches that would end past it: a job cut short would
+                    # be killed mid-search and lose the launch in flight.
                     last = tuneplan.latest_by_job(run.entries()).get(job.id)
                     expected = tuneplan.expected_seconds(job, cost, opts.budget_seconds, last)
                     if deadline is not None and deadline - time.monotonic() < expected:

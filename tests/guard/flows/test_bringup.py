@@ -122,8 +122,7 @@ def test_a_run_stops_at_its_budget_and_a_killed_one_resumes_from_its_journal(tmp
 def test_a_night_shorter_than_a_jobs_search_budget_still_resumes_the_launches_it_deferred(tmp_path):
     """A whole call's job left two launches to its next attempt when the night ended (they would outlast the
     job's timeout). The next night's budget is under the job's search budget but fits those two by the
-    time the searched one took: it resumes them rather than stop before the stage, as a night on an H100
-    did with 230 s left."""
+    time the searched one took: it resumes them rather than stop before the stage."""
     first = "ssd_combined_fwd_bwd@mamba2-default"
     launches = [{**launch(kernel, "k=1"), "tune_seconds": 0.5} for kernel in ("dx", "scan", "db")]
     hot_only = dict(stages=stages(other_files=False), until="hot", job_budget_seconds=2)
