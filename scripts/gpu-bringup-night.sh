@@ -26,6 +26,11 @@ bench_at=${BENCH_AT-before after}
 mkdir -p "$out" .gpu/state
 exec > >(tee -a "$out/night.log") 2>&1
 if [[ -n "$restore" ]]; then tar xzf "$restore" || exit 2; fi
+# mamba-ssm's autotune picks (Triton's *.autotune.json files), kept from call to call as a runner keeps its
+# caches from night to night: on a bare machine every new key re-times all of mamba-ssm's configs, in the
+# tuner's precision checks and in both benches.
+picks=.gpu/state/mamba-ssm-autotune-picks.tgz
+if [[ -f $picks ]]; then tar xzPf "$picks" || exit 2; fi
 night=$(( $(cat .gpu/state/nights 2>/dev/null || echo 0) + 1 ))
 echo "$night" > .gpu/state/nights
 slug=$(python3 -c 'from mamba2_guard.adapters import fingerprint as f; print(f.gpu_slug(f.collect()))') || exit 2
@@ -54,6 +59,8 @@ if (( left > 60 )); then
   echo "bring-up exit ${PIPESTATUS[0]}"
 fi
 bench after
+find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" /tmp/torchinductor_* -name '*.autotune.json' -print0 2>/dev/null \
+  | tar czPf "$picks" --null -T -
 tar czf "$out/state.tgz" .gpu/state "mamba2_kernels/configs/$file.yaml" 2>/dev/null \
   || tar czf "$out/state.tgz" .gpu/state
 echo "night $night done after $SECONDS s"
