@@ -6,15 +6,18 @@ in its own session with a hard timeout per job: a candidate that crashes or hang
 thread per GPU driving one long-lived child (``TunerProcess``: imports, CUDA context and compiled
 kernels are paid once; restarted after a job that crashed or hung it) with ``CUDA_VISIBLE_DEVICES`` set
 to that GPU; the assignment is static
-(``mamba2_guard.core.tuneplan.assign``) and results are merged by plan order, so any number of GPUs gives the
-file a sequential run gives.
+(``mamba2_guard.core.tuneplan.assign``) and results are merged by plan order, so any number of GPUs merges the
+same job results into the file a sequential run would (which earlier winners a job is measured against and
+seeded from depends, with several GPUs, on which jobs finished before it).
 
 State, under ``<state>/autotune/<slug>-<run id>/`` (the run id hashes the plan, so a rerun of the same
 plan resumes it, and ``--fresh`` starts over)::
 
     plan.json        the plan and its settings (seed, effort, budgets, criteria)
-    base.yaml        the config file as it was when the run started: the incumbents, and what the merge
-                     starts from (so a resumed run measures against the committed configs, not its own)
+    base.yaml        the config file as it was when the run started: what the merge starts from; a job's
+                     incumbents are the base with the winners of the jobs finished before it
+                     (``jobs/<job>.served.yaml``), as the runtime serves them: no key is searched twice
+                     in a run, so a launch is never measured against its own earlier winner
     journal.jsonl    one line per finished job attempt, appended and fsynced when the job ends
     jobs/            each job's spec and result JSON
     logs/<job>.log   the job's output; logs/<job>.* Helion's autotune logs (HELION_AUTOTUNE_LOG);
@@ -41,7 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +230,12 @@ class Run:
         finally:
             os.close(fd)
 
+    def served(self, entries: list[dict[str, Any]]) -> config_store.ConfigFile:
+        """The base with the journal's winners so far: what the runtime serves a job's launches as it starts.
+        A key no config has yet is served its nearest, often an earlier job's winner; measured against the
+        base alone, such a launch was kept when it beat Helion's default, though slower than what ran."""
+        return replace(self.base, kernels=tuneplan.merge(self.base.kernels, tuneplan.accepted(entries, self.order)))
+
     def rebuild(self, entries: list[dict[str, Any]], current: config_store.ConfigFile
                 ) -> tuple[config_store.ConfigFile, bool]:
         """The config file ``current`` with the journal's winners so far; and whether they differ from the base.
@@ -357,9 +366,11 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     result_path.unlink(missing_ok=True)
     partial_path.unlink(missing_ok=True)
     earlier = run.entries()  # one read of the journal, one view of it for every field below
+    served_path = run.dir / "jobs" / f"{name}.served.yaml"  # the incumbents and the seeds' neighbours
+    config_store.save(served_path, run.served(earlier))
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
             "budget_seconds": opts.budget_seconds, "timeout_seconds": timeout, "seconds_left": seconds_left,
-            "rounds": opts.rounds, "base_configs": str(run.base_path),
+            "rounds": opts.rounds, "base_configs": str(served_path),
             "helion_benchmark_subprocess": (opts.helion_benchmark_subprocess
                                             or tuneplan.isolate_candidates(job.id, earlier)),
             "isolate_launches": tuneplan.isolated_launches(job.id, earlier),

@@ -15,19 +15,20 @@ The spec names the tuner (``module:function`` or ``/path/file.py:function``; tes
 job and the settings; the tuner returns ``{"launches": [...]}`` (see ``mamba2_guard.core.tuneplan.decide`` for a
 launch's fields), and saves those it finished so far with ``save_partial`` as it goes.
 
-``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public function and
-times each on its current config; then, for each distinct (kernel, shape key) that no earlier job of the run
-tuned (``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches), the costliest first,
-but those it leaves to the config of a nearby key as minor (``mamba2_guard.core.tuneplan.minor_launches``),
-it runs Helion's autotuner (effort, recorded random seed, the job's budget split by the launches' device times,
-warm-started from the committed config where the installed helion still accepts it, from it with its innermost
-tiles launched first, and from the kernel's seed configs), then measures what the keep-or-reject decision needs:
-the public function's precision with the winner (against mamba-ssm and fp64, the bench's criterion) and the
-public function on the winner against it on the incumbent, interleaved (``mamba2_guard.bench.timing.Timer``), so that
-host-side work the config changes counts. A launch whose search would end past the job's hard timeout
-(``spec["timeout_seconds"]``), or past the run's budget left as the job started (``spec["seconds_left"]``),
-is not started: it and those after it are returned as ``deferred``, for the job's next attempt. Each launch
-records its device time and the seconds of each phase (tune, precision, timing), the job those of its set-up.
+``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public function and times
+each on its current config; then, for each distinct (kernel, shape key) that no earlier job of the run tuned
+(``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches), the costliest first, but those
+it leaves to the config of a nearby key as minor (``mamba2_guard.core.tuneplan.minor_launches``), it runs Helion's
+autotuner (effort, recorded random seed, the job's budget split by the launches' device times, warm-started from the
+config that ``spec["base_configs"]`` serves the launch (the run's base with the winners of the jobs before this one)
+where the installed helion still accepts it, from it with its innermost tiles launched first, from the kernel's
+configs at other keys and from its seed configs), then measures what the keep-or-reject decision needs: the public
+function's precision with the winner (against mamba-ssm and fp64, the bench's criterion) and the public function on
+the winner against it on the incumbent, interleaved (``mamba2_guard.bench.timing.Timer``), so that host-side work
+the config changes counts. A launch whose search would end past the job's hard timeout
+(``spec["timeout_seconds"]``), or past the run's budget left as the job started (``spec["seconds_left"]``), is not
+started: it and those after it are returned as ``deferred``, for the job's next attempt. Each launch records its
+device time and the seconds of each phase (tune, precision, timing), the job those of its set-up.
 """
 
 from __future__ import annotations

@@ -68,6 +68,25 @@ def test_a_job_killed_at_its_timeout_keeps_the_launches_it_finished_and_its_retr
     assert again.summary["kept"] == 3
 
 
+def test_a_job_is_measured_against_what_the_runtime_serves_it_the_winners_of_the_jobs_before_it_included(tmp_path):
+    # A whole call's jobs at two shapes: the second job's launches have no config of their own, and the
+    # runtime serves them the first job's winners as the nearest keys. Measured against the run's base (an
+    # empty file on a new GPU), they were held to Helion's default, and the search was not seeded from them.
+    committed = {"block_sizes": [8], "num_warps": 2}
+    out = tmp_path / "configs" / "fake.yaml"
+    config_store.save(out, config_store.ConfigFile(kernels={"other_k": {"shape=x": committed}}))
+    outcome = run_autotune(options(tmp_path, kernels=["ssd_combined_fwd_bwd"], shapes=SHAPES, out=out), quiet)
+    assert outcome.complete
+    served = {e["job"]: config_store.load(outcome.run_dir / "jobs" / f"{e['job']}.served.yaml").kernels
+              for e in outcome.entries}
+    first, second = (f"ssd_combined_fwd_bwd@{shape}" for shape in SHAPES)
+    assert served[first] == {"other_k": {"shape=x": committed}}
+    assert served[second] == {"other_k": {"shape=x": committed},
+                              "ssd_combined_fwd_bwd_k": {"shape=smoke": outcome.entries[0]["launches"][0]["config"]}}
+    spec = json.loads((outcome.run_dir / "jobs" / f"{second}.spec.json").read_text())
+    assert spec["base_configs"] == str(outcome.run_dir / "jobs" / f"{second}.served.yaml")
+
+
 def test_a_kernel_whose_search_crashed_starts_isolated_in_later_runs_of_that_gpu(tmp_path):
     # The same seeded search meets the same faulting candidate again: on the H200 a new run (after a change
     # of kernel sources) crashed at chunk_scan once more and lost an attempt. Later runs of the GPU isolate
