@@ -174,20 +174,43 @@ def current_stage(state: Mapping[str, Any]) -> str | None:
 
 def progress(state: Mapping[str, Any], speedups: Sequence[float] = ()) -> dict[str, Any]:
     """What the report, the PR body and the metrics show: the stage, the jobs done and left, the seconds
-    spent, an estimate of the seconds left (jobs left at the mean seconds of the jobs done), and the
-    geometric mean of the whole calls' speedups against mamba-ssm so far (``speedups``: the latest bench's)."""
+    spent, an estimate of the seconds left (``seconds_left``), and the geometric mean of the whole calls'
+    speedups against mamba-ssm so far (``speedups``: the latest bench's)."""
     stages = state.get("stages", {})
     done = sum(int(s.get("done") or 0) for s in stages.values())
     jobs = sum(int(s.get("jobs") or 0) for s in stages.values() if s.get("status") != SKIPPED)
-    left = sum(max(0, int(s.get("jobs") or 0) - int(s.get("done") or 0)) for s in stages.values()
-               if s.get("status") not in FINISHED)
+    left = sum(_jobs_left(s) for s in stages.values())
     seconds = float(state.get("seconds") or 0)
     finite = [float(x) for x in speedups if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
     return {"stage": current_stage(state) or "complete", "jobs_done": done, "jobs_left": left, "jobs": jobs,
-            "seconds": round(seconds, 1),
-            "seconds_left": round(seconds / done * left, 1) if done and left else (0.0 if not left else None),
+            "seconds": round(seconds, 1), "seconds_left": seconds_left(stages, seconds / done if done else None),
             "speedup_geomean": round(math.exp(sum(map(math.log, finite)) / len(finite)), 4) if finite else None,
             "stages": {name: dict(stages[name]) for name in STAGES if name in stages}}
+
+
+def _jobs_left(stage: Mapping[str, Any]) -> int:
+    if stage.get("status") in FINISHED:
+        return 0
+    return max(0, int(stage.get("jobs") or 0) - int(stage.get("done") or 0))
+
+
+def seconds_left(stages: Mapping[str, Mapping[str, Any]], mean_job_seconds: float | None) -> float | None:
+    """The seconds the stages' jobs left can be expected to take: each stage's at the mean seconds of its own
+    jobs done, a stage with none done at ``mean_job_seconds`` (the whole bring-up's); None while a stage with
+    jobs left has neither. A whole call's job checks a dozen launches and a kernel's job one or two: at the
+    bring-up's mean, which the whole calls' jobs set, a started `suite` stage's hundred kernel jobs were
+    estimated at several times their time."""
+    total = 0.0
+    for stage in stages.values():
+        count = _jobs_left(stage)
+        if not count:
+            continue
+        done = int(stage.get("done") or 0)
+        mean = float(stage.get("seconds") or 0) / done if done else mean_job_seconds
+        if mean is None:
+            return None
+        total += count * mean
+    return round(total, 1)
 
 
 def render(summary: Mapping[str, Any]) -> str:

@@ -70,6 +70,20 @@ def test_the_calls_go_in_the_order_of_their_reach_not_of_their_weight_alone():
     assert bringup.by_reach(["x", "y", "x", "z"], {}, distance=lambda a, b: 1.0) == ["x", "y", "z"]
 
 
+def test_the_time_left_is_estimated_per_stage_from_its_own_jobs_once_it_has_some():
+    stages = bringup.plan(whole_call="call", suite_kernels=["k1", "k2", "k3"], suite_shapes=["a", "b"],
+                          zoo_shapes=["c", "d"], grid_shapes=[], weight={}, other_files=False)
+    state = bringup.new_state("gpu", stages, "t0")
+    state = bringup.record(state, "hot", status=bringup.PARTIAL, done=2, seconds=600.0, now="t1")
+    # no kernel job done yet: the suite's six at the whole calls' mean, as the bring-up's
+    assert bringup.progress(state)["seconds_left"] == pytest.approx(2 * 300.0 + 6 * 300.0)
+    state = bringup.record(state, "hot", status=bringup.DONE, done=4, seconds=1200.0, now="t2")
+    state = bringup.record(state, "suite", status=bringup.PARTIAL, done=2, seconds=100.0, now="t3")
+    summary = bringup.progress(state)
+    assert summary["jobs_left"] == 4 and summary["seconds_left"] == pytest.approx(4 * 50.0)  # not 4 x 1300 / 6
+    assert bringup.seconds_left({"hot": {"status": bringup.PENDING, "jobs": 3, "done": 0}}, None) is None
+
+
 def test_progress_counts_jobs_estimates_the_time_left_and_the_speedup_so_far():
     stages = bringup.plan(whole_call="call", suite_kernels=["k1", "k2"], suite_shapes=["a", "b"], zoo_shapes=[],
                           grid_shapes=["a"], weight={}, other_files=False)
