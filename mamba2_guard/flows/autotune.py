@@ -353,11 +353,12 @@ class TunerProcess:
         self._drop()
 
 
-def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: float,
-            seconds_left: float | None = None) -> dict[str, Any]:
+def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: float, seconds_left: float | None,
+            earlier: list[dict[str, Any]]) -> dict[str, Any]:
     """One job in the worker's child process; returns its journal entry (decisions included). ``timeout`` kills
     it; ``seconds_left``, the run's budget left as it starts, is where its tuner defers launches
-    (``tuneplan.attempt_limit``)."""
+    (``tuneplan.attempt_limit``); ``earlier``, the journal's entries as the caller read them to start it: one
+    view of the journal for every field of the spec."""
     opts = run.opts
     name = _safe(job.id)
     spec_path, result_path = run.dir / "jobs" / f"{name}.spec.json", run.dir / "jobs" / f"{name}.result.json"
@@ -365,7 +366,6 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
     partial_path = run.dir / "jobs" / f"{name}.partial.json"
     result_path.unlink(missing_ok=True)
     partial_path.unlink(missing_ok=True)
-    earlier = run.entries()  # one read of the journal, one view of it for every field below
     served_path = run.dir / "jobs" / f"{name}.served.yaml"  # the incumbents and the seeds' neighbours
     config_store.save(served_path, run.served(earlier))
     spec = {"job": job.to_dict(), "tuner": opts.tuner, "effort": opts.effort, "seed": opts.seed,
@@ -498,13 +498,14 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
                     # GPU, at least its tuning budget; a resumed one's launches left) still fits the overall
                     # budget, and its tuner defers the launches that would end past it: a job cut short would
                     # be killed mid-search and lose the launch in flight.
-                    last = tuneplan.latest_by_job(run.entries()).get(job.id)
+                    earlier = run.entries()
+                    last = tuneplan.latest_by_job(earlier).get(job.id)
                     expected = tuneplan.expected_seconds(job, cost, opts.budget_seconds, last)
                     if deadline is not None and deadline - time.monotonic() < expected:
                         skipped.append(job.id)
                         break
                     entry = run_job(run, job, process, index, opts.job_timeout,
-                                    None if deadline is None else deadline - time.monotonic())
+                                    None if deadline is None else deadline - time.monotonic(), earlier)
                     cost.update(tuneplan.job_seconds([[entry]]))  # the run's later jobs of the kernel expect it
                     run.append(entry)
                     run.save()
