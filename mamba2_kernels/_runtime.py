@@ -247,9 +247,10 @@ class TunedKernel:
         on_default)."""
         gpu_slug = device_slug(device)
         reason = None  # why the call is not served by its exact key's config, once known
-        # Bound even in reference mode: a tunable there still shapes the work (heads per program).
-        bound = self.helion_kernel(None, "compiled").bind(args)
+        bound = None  # bound only for a candidate to adapt: binding runs Helion's front end, seconds on a CPU
         for found in self.candidates(*args):
+            if bound is None:  # even in reference mode: a tunable there still shapes the work (heads per program)
+                bound = self.helion_kernel(None, "compiled").bind(args)
             config = adapt_config(bound, found.config, other_key=found.source != "exact")
             if mode != "ref" and found.source != "exact" and _config_error(bound, config) is not None:
                 continue

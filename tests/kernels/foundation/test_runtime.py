@@ -125,6 +125,26 @@ def test_missing_config_falls_back_to_default_and_is_counted(store):
     assert config_store.FALLBACKS[("toy_exp_add", "default")] == before + 1
 
 
+def test_a_reference_call_binds_the_compiled_kernel_only_for_a_stored_config_to_adapt(store, monkeypatch):
+    """Binding runs Helion's front end (seconds per kernel and shape on a CPU); a reference-mode call with no
+    stored config has nothing to adapt, so it runs without it."""
+    import helion
+
+    bound = []
+    bind = helion.Kernel.bind
+    monkeypatch.setattr(helion.Kernel, "bind",
+                        lambda kernel, args: bound.append(kernel.settings.ref_mode) or bind(kernel, args))
+    x, y = torch.randn(40, 8), torch.randn(40, 8)
+    with execution_mode("ref"):
+        torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
+    assert helion.RefMode.OFF not in bound
+    _write(store, {"block_sizes": [16, 8], "num_warps": 2})
+    x, y = torch.randn(100, 33), torch.randn(100, 33)
+    with execution_mode("ref"):
+        torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
+    assert helion.RefMode.OFF in bound  # the stored config is adapted to this call's compiled kernel
+
+
 def test_invalid_config_is_reported_not_fatal(store, caplog):
     _write(store, {"block_sizes": [16, 8, 4]})  # a third block size: the spec of this kernel has two
     x, y = torch.randn(100, 33), torch.randn(100, 33)
