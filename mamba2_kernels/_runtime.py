@@ -374,6 +374,20 @@ def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str
     return _config_error(bound, adapt_config(bound, config, other_key))
 
 
+def launch_error(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
+    """None if ``kernel`` on ``config`` runs at ``args`` here, else why not. Generating the code does not show
+    what only the launch does: Triton refuses a config that needs more shared memory or registers than this
+    GPU has. The dispatch then moves on to its next candidate (``_is_rejected_config``); any other error
+    propagates. ``config`` as the call runs it (adapted where it was stored for another key)."""
+    try:
+        kernel.helion_kernel(config, "compiled")(*args)
+    except Exception as exc:
+        if not _is_rejected_config(exc):
+            raise
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def _config_error(bound: Any, config: dict[str, Any]) -> str | None:
     """Why ``config`` does not fit the bound kernel, or None. Normalizing is not enough: a config can pass it
     and still fail code generation (its per-load lists shorter than the kernel's loads, after an edit of

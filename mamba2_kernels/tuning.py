@@ -10,6 +10,7 @@ Configs
     ``adapt_config(bound, config, other_key)``  a stored config fitted to a bound call (per-load lists, tunables)
     ``complete_config`` / ``validate_config``   the same for a kernel and its arguments; why a config is invalid
     ``config_error(bound, config)``             why a config does not generate code for a bound kernel, or None
+    ``launch_error(kernel, args, config)``      why a config does not launch on this GPU (shared memory), or None
     ``device_slug(device)`` / ``device_capability(device)``  which config file serves a device
 Precision
     ``scaled_atol(expected, atol)``  the rms-scaled absolute tolerance of Helion's own accuracy check
@@ -33,6 +34,7 @@ from mamba2_kernels._runtime import (
     complete_config,
     device_capability,
     device_slug,
+    launch_error,
     pinned_config,
     scaled_atol,
     validate_config,
@@ -41,7 +43,7 @@ from mamba2_kernels._runtime import _config_error as config_error
 from mamba2_kernels.targets import load_target
 
 __all__ = ["TunedKernel", "adapt_config", "capture_launches", "complete_config", "config_error", "device_capability",
-           "device_slug", "load_target", "mamba_ssm", "pinned_config", "scaled_atol", "tuned_kernels",
+           "device_slug", "launch_error", "load_target", "mamba_ssm", "pinned_config", "scaled_atol", "tuned_kernels",
            "validate_config"]
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -139,7 +140,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     from mamba2_guard.bench.worker import gpu_identity
     from mamba2_guard.core import tuneplan
     from mamba2_kernels import config_store, registry, suites
-    from mamba2_kernels.tuning import capture_launches, device_capability, device_slug, pinned_config
+    from mamba2_kernels.tuning import capture_launches, device_capability, device_slug, launch_error, pinned_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("helion_tuner needs a CUDA GPU")
@@ -197,9 +198,16 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     for i, (tk, kargs, key) in enumerate(launches):
         record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name,
                                   "device_ms": device_ms[i]}
-        incumbent_kind, incumbent, why = incumbent_of(tk, kargs, base, key, borrowed)
+        def launches_here(config: dict[str, Any], tk: Any = tk, kargs: tuple = kargs) -> str | None:
+            try:
+                return launch_error(tk, kargs, config)
+            except Exception as exc:  # a stored config that fails here otherwise is no incumbent either
+                _raise_if_cuda_broken()
+                return f"{type(exc).__name__}: {exc}"
+
+        incumbent_kind, incumbent, why = incumbent_of(tk, kargs, base, key, borrowed, launches=launches_here)
         if why is not None:
-            record["committed_invalid"] = why
+            record["stored_passed_over"] = why  # the first stored candidate, invalid or not launching here
         default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
         record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
         isolated = (bool(spec.get("helion_benchmark_subprocess")) or tk.name in spec.get("isolate_kernels", [])
@@ -307,7 +315,6 @@ def launch_device_ms(timer: Any, launches: list[tuple[Any, tuple, Any]], capture
     What orders the searches and splits the job's budget (``mamba2_guard.core.tuneplan.search_order``,
     ``launch_budget``)."""
     import collections
-    import functools
     import statistics
 
     if not launches:
@@ -346,23 +353,31 @@ def search_settings(effort: str, seed: int, budget: int, benchmark_subprocess: b
             "autotune_benchmark_subprocess": benchmark_subprocess, "autotune_best_available_max_configs": 0}
 
 
-def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any, borrowed: Sequence[Any] = ()
+def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any, borrowed: Sequence[Any] = (),
+                 launches: Callable[[dict[str, Any]], str | None] | None = None
                  ) -> tuple[str, dict[str, Any] | None, str | None]:
     """What the call runs on today, as the runtime serves it from ``base`` (or, for a kernel ``base`` has no
     config of, from ``borrowed``, another GPU's files: ``config_store.serving_candidates``): (kind, config
-    adapted to ``args``, why the stored config is invalid). A config of another key takes this call's per-load
-    lists (a flag such as initial states adds loads); judged unadapted it would be invalid, and the search
-    would be measured against Helion's default config, which a slow winner beats."""
+    adapted to ``args``, why the first stored candidate does not serve). A config of another key takes this
+    call's per-load lists (a flag such as initial states adds loads); judged unadapted it would be invalid, and
+    the search would be measured against Helion's default config, which a slow winner beats.
+
+    ``launches(config)``: why an adapted config does not launch here (``tuning.launch_error``), or None. The
+    runtime passes over such a candidate to the next; so does the incumbent. Otherwise the search's reference
+    would be a config that fails (on the H100, a nearest config's shared memory at a wider headdim lost the
+    whole search of that launch), and the winner would be timed against the one the runtime served instead."""
     from mamba2_guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
     from mamba2_kernels import config_store
 
-    ranked = config_store.serving_candidates(base, borrowed, kernel.name, key)
-    if not ranked:
-        return DEFAULT, None, None
-    config, why = as_served(kernel, args, ranked[0])
-    if config is None:
-        return DEFAULT, None, why
-    return (COMMITTED if ranked[0].source == "exact" else NEAREST), config, None
+    first_why = None
+    for found in config_store.serving_candidates(base, borrowed, kernel.name, key):
+        config, why = as_served(kernel, args, found)
+        if config is not None and launches is not None:
+            why = launches(config)
+        if why is None:
+            return (COMMITTED if found.source == "exact" else NEAREST), config, first_why
+        first_why = first_why or why
+    return DEFAULT, None, first_why
 
 
 def as_served(kernel: Any, args: tuple[Any, ...], found: Any) -> tuple[dict[str, Any] | None, str | None]:
@@ -442,7 +457,6 @@ def incumbent_run(kernel: Any, config: dict[str, Any]) -> Callable[..., Any]:
     (``Settings.to_dict``) and may pickle them for its subprocesses, which a ``helion.Kernel`` (it holds
     locks) does not survive: on the H200 every search given one failed before its first candidate. So a
     module function bound to the kernel's import path and a plain config."""
-    import functools
     import importlib
 
     module, name = kernel.__module__, kernel.__name__

@@ -710,6 +710,42 @@ def test_a_config_of_another_key_is_the_incumbent_as_the_runtime_serves_it(cumsu
     assert incumbent_of(kernel, args, ConfigFile(), key) == (DEFAULT, None, None)
 
 
+def test_a_stored_config_that_does_not_launch_here_is_passed_over_for_the_next_as_the_runtime_does(
+        cumsum_launch, monkeypatch):
+    """On an H100 a nearest config needed 403 KB of shared memory at a wider headdim: its code generated, so
+    the tuner took it as the search's reference, and Helion's search of that launch failed on it, while the
+    runtime served the call the next candidate. The incumbent is what launches."""
+    import triton.runtime.errors
+
+    from mamba2_guard.core.tuneplan import DEFAULT, NEAREST
+    from mamba2_guard.flows.autotune_worker import incumbent_of
+    from mamba2_kernels.config_store import ConfigFile, ShapeKey
+    from mamba2_kernels.tuning import launch_error
+
+    kernel, args, key = cumsum_launch
+    fields = dict(key.fields)
+    near = ShapeKey.of(**{**fields, "tokens": fields["tokens"] * 2})  # the nearer key: ranked first
+    far = ShapeKey.of(**{**fields, "tokens": fields["tokens"] * 8})
+    base = ConfigFile(kernels={kernel.name: {str(near): {"block_sizes": [4], "num_warps": 8},
+                                             str(far): {"block_sizes": [2], "num_warps": 2}}})
+    assert incumbent_of(kernel, args, base, key)[1]["num_warps"] == 8
+
+    def too_big(config):
+        return "OutOfResources: shared memory" if config["num_warps"] == 8 else None
+
+    kind, config, why = incumbent_of(kernel, args, base, key, launches=too_big)
+    assert (kind, config["num_warps"], why) == (NEAREST, 2, "OutOfResources: shared memory")
+    assert incumbent_of(kernel, args, base, key, launches=lambda config: "fails")[:2] == (DEFAULT, None)
+
+    assert launch_error(kernel, args, {"block_sizes": [2], "num_warps": 2}) is None
+    refused = triton.runtime.errors.OutOfResources(403476, 232448, "shared memory")
+    monkeypatch.setattr(type(kernel), "helion_kernel", lambda *a, **k: (_ for _ in ()).throw(refused))
+    assert "shared memory, Required: 403476" in launch_error(kernel, args, {"block_sizes": [2], "num_warps": 2})
+    monkeypatch.setattr(type(kernel), "helion_kernel", lambda *a, **k: (_ for _ in ()).throw(ValueError("bug")))
+    with pytest.raises(ValueError, match="bug"):  # not a refusal of the config: the kernel's own error
+        launch_error(kernel, args, {"block_sizes": [2], "num_warps": 2})
+
+
 def test_on_a_gpu_nobody_tuned_the_incumbent_is_the_same_architecture_gpus_config(cumsum_launch):
     """A first tune on an H100 beside the H200's file: its calls run on the H200's configs today, so a winner
     must beat those, not Helion's default; and they seed the search. Never counted as its own committed
