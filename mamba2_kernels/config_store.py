@@ -159,12 +159,15 @@ class Weights:
     """The nearest-key rule's weights: per differing flag, per doubling of a tile field, per doubling of a
     size field. Headdim, a tile field, has its own: it is the extent of the output tile of the kernels that
     multiply by x or dout (chunk_scan, dx), whose configs fit it far more tightly than they fit the chunk
-    size or dstate. The defaults hold until ``mamba2-guard fit-selection`` fits a kernel's own."""
+    size or dstate. The defaults hold until ``mamba2-guard fit-selection`` fits a kernel's own, and weigh
+    headdim four times the other tile fields, as the H200's fits of those kernels do: weighed alike, a config
+    tuned at a padded headdim (80, in 128-wide tiles) served calls at headdim 64 in place of one tuned at their
+    own headdim and another chunk size, and the calls got slower (docs/guard.md, the bring-up's curve)."""
 
     flag: float = 1.0
     tile: float = 2.0
     size: float = 0.5
-    headdim: float = 2.0
+    headdim: float = 8.0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Weights:

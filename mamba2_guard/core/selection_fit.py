@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 # matter, yet still breaks ties: at 0, keys that differ in flags alone would tie and be ranked by their text.
 WEIGHT_LADDER = {"flag": (0.05, 0.25, 1.0, 4.0), "tile": (0.5, 2.0, 8.0), "size": (0.125, 0.5, 2.0),
                  "headdim": (0.5, 2.0, 8.0)}
-DEFAULT_WEIGHTS = {"flag": 1.0, "tile": 2.0, "size": 0.5, "headdim": 2.0}  # mamba2_kernels.config_store.Weights()
+DEFAULT_WEIGHTS = {"flag": 1.0, "tile": 2.0, "size": 0.5, "headdim": 8.0}  # mamba2_kernels.config_store.Weights()
 # The rule's distance between two key texts under weights: mamba2_kernels.config_store's, handed in by the caller.
 Distance = Callable[[str, str, Mapping[str, float]], float]
 

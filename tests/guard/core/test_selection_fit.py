@@ -44,7 +44,9 @@ def test_headdim_is_weighed_apart_from_the_other_tile_fields():
         return f"chunk_size={chunk},headdim={headdim},tokens=8192"
     rows = [selection_fit.Measured("k", key(headdim, chunk), {"64": 1.0, "128": 2.0} if headdim == 64 else
                                {"64": 2.0, "128": 1.0}) for headdim in (64, 128) for chunk in (64, 256)]
-    assert selection_fit.loo_regret(rows, selection_fit.DEFAULT_WEIGHTS, key_distance) == pytest.approx(2.0)
+    alike = {**selection_fit.DEFAULT_WEIGHTS, "headdim": selection_fit.DEFAULT_WEIGHTS["tile"]}
+    assert selection_fit.loo_regret(rows, alike, key_distance) == pytest.approx(2.0)
+    assert selection_fit.loo_regret(rows, selection_fit.DEFAULT_WEIGHTS, key_distance) == pytest.approx(1.0)
     result = selection_fit.fit(rows, key_distance)
     assert result.regret == pytest.approx(1.0)
     assert result.weights["headdim"] > 2 * result.weights["tile"]

@@ -159,6 +159,19 @@ def test_candidates_are_every_stored_key_nearest_first(stored, query):
     assert config_store.find(cf, "other", query) == config_store.Lookup(None, "default", None)
 
 
+def test_by_default_a_config_of_the_calls_own_headdim_serves_before_one_of_its_own_chunk_size():
+    """The whole call's chunk-256 launches at headdim 64 on a new GPU: tuned keys at chunk 128 and headdim 64,
+    and at chunk 256 and headdim 80 (128-wide tiles). The first fits their tiles; by the default weights it
+    serves."""
+    call = ShapeKey.of(chunk_size=256, dstate=64, headdim=64, hpg=80, tokens=8192)
+    own_headdim = ShapeKey.of(chunk_size=128, dstate=256, headdim=64, hpg=32, tokens=8192)
+    own_chunk = ShapeKey.of(chunk_size=256, dstate=128, headdim=80, hpg=16, tokens=8192)
+    cf = ConfigFile(kernels={"chunk_scan": {str(own_headdim): {"block_sizes": [64]},
+                                            str(own_chunk): {"block_sizes": [128]}}})
+    assert [found.key for found in config_store.candidates(cf, "chunk_scan", call)] == [
+        str(own_headdim), str(own_chunk)]
+
+
 def test_stored_candidates_and_fallbacks_counted_always_logged_once(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(config_store, "_warned", set())
     key = ShapeKey.of(dtype="bfloat16", headdim=64, tokens=16384)
