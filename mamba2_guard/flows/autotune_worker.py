@@ -195,17 +195,18 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         out.append(record)
         save_partial(spec, out)
 
+    def launches_here(kernel: Any, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
+        try:
+            return launch_error(kernel, args, config)
+        except Exception as exc:  # a stored config that fails here otherwise is no incumbent either
+            _raise_if_cuda_broken()
+            return f"{type(exc).__name__}: {exc}"
+
     for i, (tk, kargs, key) in enumerate(launches):
         record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name,
                                   "device_ms": device_ms[i]}
-        def launches_here(config: dict[str, Any], tk: Any = tk, kargs: tuple = kargs) -> str | None:
-            try:
-                return launch_error(tk, kargs, config)
-            except Exception as exc:  # a stored config that fails here otherwise is no incumbent either
-                _raise_if_cuda_broken()
-                return f"{type(exc).__name__}: {exc}"
-
-        incumbent_kind, incumbent, why = incumbent_of(tk, kargs, base, key, borrowed, launches=launches_here)
+        incumbent_kind, incumbent, why = incumbent_of(tk, kargs, base, key, borrowed,
+                                                      launches=functools.partial(launches_here, tk, kargs))
         if why is not None:
             record["stored_passed_over"] = why  # the first stored candidate, invalid or not launching here
         default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
