@@ -366,7 +366,9 @@ def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any, borrow
     ``launches(config)``: why an adapted config does not launch here (``tuning.launch_error``), or None. The
     runtime passes over such a candidate to the next; so does the incumbent. Otherwise the search's reference
     would be a config that fails (on the H100, a nearest config's shared memory at a wider headdim lost the
-    whole search of that launch), and the winner would be timed against the one the runtime served instead."""
+    whole search of that launch), and the winner would be timed against the one the runtime served instead.
+    The key's own config failing is drift, not a candidate to pass over: the incumbent is then the default,
+    which any winner that passes, or the default itself, replaces (``tuneplan.decide``)."""
     from mamba2_guard.core.tuneplan import COMMITTED, DEFAULT, NEAREST
     from mamba2_kernels import config_store
 
@@ -378,6 +380,8 @@ def incumbent_of(kernel: Any, args: tuple[Any, ...], base: Any, key: Any, borrow
         if why is None:
             return (COMMITTED if found.source == "exact" else NEAREST), config, first_why
         first_why = first_why or why
+        if found.source == "exact":  # drift: measured against the default, so that a winner or the default replaces it
+            break
     return DEFAULT, None, first_why
 
 

@@ -736,6 +736,10 @@ def test_a_stored_config_that_does_not_launch_here_is_passed_over_for_the_next_a
     kind, config, why = incumbent_of(kernel, args, base, key, launches=too_big)
     assert (kind, config["num_warps"], why) == (NEAREST, 2, "OutOfResources: shared memory")
     assert incumbent_of(kernel, args, base, key, launches=lambda config: "fails")[:2] == (DEFAULT, None)
+    # The key's own config not launching is drift: the search is measured against the default, which replaces it.
+    stored = {**base.kernels[kernel.name], str(key): {"block_sizes": [4], "num_warps": 8}}
+    own = ConfigFile(kernels={kernel.name: stored})
+    assert incumbent_of(kernel, args, own, key, launches=too_big) == (DEFAULT, None, "OutOfResources: shared memory")
 
     assert launch_error(kernel, args, {"block_sizes": [2], "num_warps": 2}) is None
     refused = triton.runtime.errors.OutOfResources(403476, 232448, "shared memory")
