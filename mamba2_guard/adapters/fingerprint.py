@@ -17,6 +17,13 @@ from mamba2_guard.core.fingerprint_hash import TIMING_METHOD, fingerprint_hash
 
 KERNELS_DIR = PROJECT_ROOT / "mamba2_kernels"
 
+# Source files under mamba2_kernels/ that run on the host only: they choose among stored configs, launch them
+# and record what ran, and shape no generated code, so a config searched before a change to them is still what
+# the search would find. A guard upgrade that touched only them (the selection rule's weights, say) must not
+# send a GPU's finished tuning jobs through their searches again. tests/guard/adapters/test_fingerprint.py
+# checks that none of them defines a kernel, and pins the compile options _runtime.py gives Helion.
+HOST_SOURCES = ("_runtime.py", "config_store.py", "files.py", "seen.py", "targets.py", "testing.py", "tuning.py")
+
 
 def _version(dist: str) -> str | None:
     try:
@@ -32,6 +39,11 @@ def kernel_source_hashes(root: Path = KERNELS_DIR) -> dict[str, str]:
         for path in sorted(root.rglob("*.py"))
         if "__pycache__" not in path.parts
     }
+
+
+def kernel_shaping(sources: dict[str, str]) -> dict[str, str]:
+    """``sources`` (path under mamba2_kernels/ -> hash) without the ``HOST_SOURCES``."""
+    return {path: digest for path, digest in sources.items() if path not in HOST_SOURCES}
 
 
 def combined_hash(hashes: dict[str, str]) -> str:

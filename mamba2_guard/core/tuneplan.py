@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mamba2_guard.core import stats
+from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 
 OK = "ok"
 FAILED = "failed"
@@ -112,6 +113,23 @@ def run_id(plan: Mapping[str, Any]) -> str:
     """A short stable id of what a run is (jobs, effort, seed, environment digest, target): a rerun with
     the same plan resumes the same journal; any change starts a new one."""
     return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# A run's plan fields that do not change what its searches find: which jobs there are and in what order,
+# whether keys that have configs are searched, and the whole environment's digest (``search_identity`` takes
+# the environment apart instead).
+NOT_SEARCH_SETTINGS = frozenset({"jobs", "missing_only", "fingerprint_digest"})
+
+
+def search_identity(plan: Mapping[str, Any], environment: Mapping[str, Any]) -> str:
+    """What the searches of a run with ``plan`` depend on: its search settings (effort, seed, budget, criteria,
+    tuner, GPU, output file) and ``environment``, a fingerprint whose ``kernel_sources`` are only the files
+    that shape generated code. Runs of one identity search a (kernel, key) alike, so what one of them searched
+    is done for the others (``tuned_launches`` over their journals): a new run after a change of its jobs'
+    order, or of host code alone, does not search it again."""
+    settings = {k: v for k, v in plan.items() if k not in NOT_SEARCH_SETTINGS}
+    return fingerprint_hash({**{k: v for k, v in environment.items() if k != "kernels_source_hash"},
+                             "search_settings": settings})
 
 
 # ----------------------------------------------------------------------------------------------

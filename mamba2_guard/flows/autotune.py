@@ -14,6 +14,8 @@ State, under ``<state>/autotune/<slug>-<run id>/`` (the run id hashes the plan, 
 plan resumes it, and ``--fresh`` starts over)::
 
     plan.json        the plan and its settings (seed, effort, budgets, criteria)
+    fingerprint.json the environment it runs under: a later run of the same search settings and the same
+                     kernel-shaping sources (``tuneplan.search_identity``) skips the launches this one searched
     base.yaml        the config file as it was when the run started: what the merge starts from; a job's
                      incumbents are the base with the winners of the jobs finished before it
                      (``jobs/<job>.served.yaml``), as the runtime serves them: no key is searched twice
@@ -50,9 +52,11 @@ from typing import Any
 
 from mamba2_guard import PROJECT_ROOT
 from mamba2_guard.adapters.files import tail as tail_of
+from mamba2_guard.adapters.fingerprint import kernel_shaping
 from mamba2_guard.adapters.processes import kill_group, signal_name, spawn
 from mamba2_guard.adapters.state import exclusive
 from mamba2_guard.core import tuneplan
+from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.tuneplan import Criteria, Job
 from mamba2_kernels import config_store
 from mamba2_kernels.files import UnreadableFile, atomic_write, load_json, read_regular
@@ -201,6 +205,11 @@ class Run:
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         if not (self.dir / "plan.json").exists():
             atomic_write(self.dir / "plan.json", json.dumps(self.plan, indent=1, sort_keys=True) + "\n")
+        if not (self.dir / "fingerprint.json").exists():
+            atomic_write(self.dir / "fingerprint.json",
+                         json.dumps(opts.fingerprint, indent=1, sort_keys=True, default=str) + "\n")
+        self.identity = search_identity(self.plan, opts.fingerprint)
+        self.carried: list[dict[str, Any]] = []  # earlier runs' entries of this identity (``searched_before``)
         base_path = self.dir / "base.yaml"
         if not base_path.exists():
             out = Path(opts.out)
@@ -290,6 +299,48 @@ def run_journals(state_dir: Path, gpu_slug: str) -> list[list[dict[str, Any]]]:
     return runs
 
 
+def search_identity(plan: dict[str, Any], fingerprint: dict[str, Any]) -> str:
+    """``tuneplan.search_identity`` of a run, over the sources of its fingerprint that shape generated code."""
+    return tuneplan.search_identity(plan, {**fingerprint,
+                                           "kernel_sources": kernel_shaping(fingerprint.get("kernel_sources") or {})})
+
+
+def run_fingerprint(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
+    """The environment a run recorded (``fingerprint.json``); for a run from before it did, the fingerprint of
+    its output file when that hashes to the run's digest (the run stamped the file it started empty); else None."""
+    path = run_dir / "fingerprint.json"
+    if path.exists():
+        recorded = load_json(path)
+        return recorded if isinstance(recorded, dict) else None
+    out = Path(str(plan.get("out") or ""))
+    if out.is_file():
+        stamped = config_store.load(out).fingerprint
+        if stamped and fingerprint_hash(stamped) == plan.get("fingerprint_digest"):
+            return dict(stamped)
+    return None
+
+
+def searched_before(run: Run) -> list[dict[str, Any]]:
+    """The journal entries of this GPU's other runs that have ``run``'s search identity: their searched
+    launches are done for it (``tuned_elsewhere``), and the config file already holds what they decided.
+    A run that cannot be read, or that recorded no environment, is left out: its launches are searched."""
+    entries: list[dict[str, Any]] = []
+    for other in sorted((Path(run.opts.state_dir) / "autotune").glob(f"{_safe(run.opts.gpu_slug)}-*/plan.json"),
+                        key=lambda path: path.stat().st_mtime):
+        if other.parent == run.dir or not (other.parent / "journal.jsonl").exists():
+            continue
+        try:
+            plan = load_json(other)
+            fingerprint = run_fingerprint(other.parent, plan) if isinstance(plan, dict) else None
+            if fingerprint is None or search_identity(plan, fingerprint) != run.identity:
+                continue
+            entries += tuneplan.parse_journal(read_journal(other.parent / "journal.jsonl"))
+        except (OSError, ValueError, UnreadableFile) as exc:
+            log.warning("%s: left out of the runs searched before: %s", other.parent,
+                        getattr(exc, "strerror", None) or exc)
+    return entries
+
+
 DONE = "done"
 
 
@@ -377,7 +428,8 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
             "isolate_kernels": sorted(run.faulted | tuneplan.faulted_kernels(earlier)),
             "result": str(result_path), "partial": str(partial_path), "log": str(log_path),
             "gpu_slug": opts.gpu_slug, "device": process.device,
-            "worker": worker, "extra": opts.extra, "tuned_elsewhere": tuneplan.tuned_launches(earlier),
+            "worker": worker, "extra": opts.extra,
+            "tuned_elsewhere": tuneplan.tuned_launches([*run.carried, *earlier]),
             "missing_only": opts.missing_only, "search": opts.search,
             "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}
     atomic_write(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
@@ -438,7 +490,7 @@ def describe(entry: dict[str, Any]) -> str:
         parts.append(f"{launch.get('kernel')}[{launch.get('key')}]{per_call} {verb}: {d.get('reason')}")
     skipped = len(entry.get("tuned_elsewhere") or ())
     if skipped:
-        parts.append(f"{skipped} launch(es) searched by an earlier job")
+        parts.append(f"{skipped} launch(es) searched by an earlier job or run")
     had_config = len(entry.get("had_config") or ())
     if had_config:
         parts.append(f"{had_config} launch(es) with a config of their own (--missing-only)")
@@ -479,6 +531,10 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
     journals = run_journals(Path(opts.state_dir), opts.gpu_slug)
     cost, sources = tuneplan.job_seconds(journals), len(journals)
     run.faulted = tuneplan.faulted_kernels(entry for entries in journals for entry in entries)
+    run.carried = searched_before(run)
+    if run.carried:
+        progress(f"{len(tuneplan.tuned_launches(run.carried))} launches searched by earlier runs of the same "
+                 "search settings and kernel sources are not searched again")
     shards = tuneplan.assign(todo, len(opts.devices), cost)
     if len(opts.devices) > 1:
         progress(f"split: longest first, by the job times of {sources} earlier run(s)" if cost else

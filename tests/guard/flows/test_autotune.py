@@ -414,6 +414,51 @@ def test_a_later_job_skips_launches_an_earlier_job_tuned(tmp_path):
     assert set(config_store.load(outcome.out).kernels) == {"shared_k", "own_k"}
 
 
+def test_a_new_run_does_not_search_again_what_a_run_of_the_same_kernels_and_settings_searched(tmp_path):
+    # A guard upgrade that changed only host code (the selection rule's weights), with a new order of the
+    # bring-up's jobs, gave the H100's bring-up a new run, which would have searched its three finished jobs
+    # again from their winners: 25 device-minutes for nothing. A change of a kernel's source, or of the search
+    # settings, still searches again.
+    sources = {"ssd/chunk_scan.py": "1" * 64, "config_store.py": "2" * 64}
+    fp = {"helion": "9.9", "kernel_sources": sources}
+    first = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1], fingerprint=fp), quiet)
+    winner = config_store.load(first.out).kernels["chunk_cumsum_k"]["shape=smoke"]
+
+    def later(fingerprint, **kw):
+        outcome = run_autotune(options(tmp_path, shapes=SHAPES[:1], fingerprint=fingerprint,
+                                       fingerprint_digest="e" * 64, **kw), quiet)
+        assert outcome.run_dir != first.run_dir
+        return {e["job"]: e for e in outcome.entries}["chunk_cumsum@smoke"], outcome
+
+    host = {**fp, "kernel_sources": {**sources, "config_store.py": "3" * 64}}
+    entry, outcome = later(host, kernels=KERNELS[::-1])
+    assert entry["launches"] == [] and entry["tuned_elsewhere"] == [["chunk_cumsum_k", "shape=smoke"]]
+    assert config_store.load(outcome.out).kernels["chunk_cumsum_k"]["shape=smoke"] == winner
+    assert [lc["kernel"] for e in outcome.entries for lc in e["launches"]] == ["state_passing_k", "chunk_state_k"]
+    kernel = {**fp, "kernel_sources": {**sources, "ssd/chunk_scan.py": "4" * 64}}
+    assert [lc["kernel"] for lc in later(kernel, kernels=KERNELS[:2])[0]["launches"]] == ["chunk_cumsum_k"]
+    assert [lc["kernel"] for lc in later(host, kernels=KERNELS[:2], budget_seconds=7)[0]["launches"]] \
+        == ["chunk_cumsum_k"]
+
+
+def test_a_run_from_before_runs_recorded_their_environment_is_known_by_the_file_it_stamped(tmp_path):
+    # The H100's bring-up state began before runs wrote fingerprint.json. Its first run stamped the config
+    # file, which was empty, with its fingerprint: that record is the run's environment when it hashes to the
+    # plan's digest; one that does not is no evidence, and the launches are searched again.
+    from mamba2_guard.core.fingerprint_hash import fingerprint_hash
+
+    fp = {"helion": "9.9", "kernel_sources": {"ssd/chunk_scan.py": "1" * 64}}
+    first = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1], fingerprint=fp,
+                                 fingerprint_digest=fingerprint_hash(fp)), quiet)
+    (first.run_dir / "fingerprint.json").unlink()
+    again = run_autotune(options(tmp_path, kernels=KERNELS[:2], shapes=SHAPES[:1], fingerprint=fp,
+                                 fingerprint_digest=fingerprint_hash(fp)), quiet)
+    assert again.entries[0]["tuned_elsewhere"] == [["chunk_cumsum_k", "shape=smoke"]]
+    plan = json.loads((first.run_dir / "plan.json").read_text())
+    assert autotune.run_fingerprint(first.run_dir, plan) == fp
+    assert autotune.run_fingerprint(first.run_dir, {**plan, "fingerprint_digest": "f" * 64}) is None
+
+
 def test_config_file_keeps_the_provenance_of_earlier_runs(tmp_path):
     first = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1]), quiet)
     first_run = config_store.load(first.out).tuned["run"]
