@@ -12,7 +12,9 @@ Classes
     hash. One item per component, with before/after.
 ``kernel-source``
     The hash over the project's kernel sources changed; the changed files are named when the
-    fingerprints carry per-file hashes (``kernel_sources: {path: hash}``).
+    fingerprints carry per-file hashes (``kernel_sources: {path: hash}``). When every changed file is host
+    code (``host_sources``: it shapes no generated code), the configs stay valid and the action is at most
+    ``rebaseline``.
 ``invalid-config``
     A stored config no longer validates (the caller passes ``{(kernel, shape_key): message}``).
 
@@ -385,13 +387,15 @@ def classify(
     recorded_baseline_fp: Mapping[str, Any] | None,
     config_validation_errors: Mapping[tuple[str, str], str] | None = None,
     policy: DriftPolicy | None = None,
+    host_sources: Iterable[str] = (),
 ) -> DriftReport:
     """Classify the drift between the current fingerprint and the recorded ones.
 
     ``recorded_configs_fp`` is the ``fingerprint`` of ``mamba2_kernels/configs/<slug>.yaml`` (None when that
     file does not exist), ``recorded_baseline_fp`` the one of ``baselines/<slug>.yaml`` (None when
     absent). ``config_validation_errors`` maps (kernel, shape_key) to the reason a stored config no
-    longer validates. Each class has its own step below; the report lists them per class, each in its
+    longer validates. ``host_sources`` are the kernel source files that shape no generated code.
+    Each class has its own step below; the report lists them per class, each in its
     step's order (stable output for diffs and tests).
     """
     policy = policy or DriftPolicy()
@@ -400,7 +404,7 @@ def classify(
     items = [
         *_gpu_drift(current_fp, recorded_configs_fp, policy, notes),
         *_software_drift(current_fp, recorded_configs_fp, recorded_baseline_fp, policy, notes),
-        *_kernel_source_drift(current_fp, recorded_configs_fp, recorded_baseline_fp, policy),
+        *_kernel_source_drift(current_fp, recorded_configs_fp, recorded_baseline_fp, policy, frozenset(host_sources)),
         *_invalid_config_drift(config_validation_errors or {}, policy),
     ]
     items.sort(key=lambda i: CLASSES.index(i.cls))
@@ -462,17 +466,21 @@ def _software_drift(current_fp: Mapping[str, Any], configs_fp: Mapping[str, Any]
 
 
 def _kernel_source_drift(current_fp: Mapping[str, Any], configs_fp: Mapping[str, Any] | None,
-                         baseline_fp: Mapping[str, Any] | None, policy: DriftPolicy) -> list[DriftItem]:
-    """kernel-source: the kernels' source hash differs, with the files that changed where recorded."""
+                         baseline_fp: Mapping[str, Any] | None, policy: DriftPolicy,
+                         host_sources: frozenset[str]) -> list[DriftItem]:
+    """kernel-source: the kernels' source hash differs, with the files that changed where recorded. Changes
+    of host code alone leave the configs valid (a re-tune would search for what it found before)."""
     k_before, k_now, k_refs = _compare(current_fp, configs_fp, baseline_fp, lambda fp: (fp or {}).get(KERNELS_HASH_KEY))
     if not k_refs:
         return []
     files = tuple(changed_kernel_files(configs_fp if "configs" in k_refs else baseline_fp, current_fp))
+    host_only = bool(files) and all(f.rsplit(" (", 1)[0] in host_sources for f in files)
     action = policy.action_for(KERNEL_SOURCE)
-    if "configs" not in k_refs:
+    if "configs" not in k_refs or host_only:
         action = _cap(action, "rebaseline")
+    detail = "host code only: the configs stay valid" if host_only else "" if files else "per-file hashes not recorded"
     return [DriftItem(cls=KERNEL_SOURCE, component="kernels", before=k_before, after=k_now, action=action,
-                      reference=k_refs, detail="" if files else "per-file hashes not recorded", files=files)]
+                      reference=k_refs, detail=detail, files=files)]
 
 
 def _invalid_config_drift(errors: Mapping[tuple[str, str], str], policy: DriftPolicy) -> list[DriftItem]:

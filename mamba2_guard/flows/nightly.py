@@ -130,7 +130,8 @@ def detect_drift(fp: fingerprint.Fingerprint, policy: drift_mod.DriftPolicy | No
                     "`mamba2-guard list`'s Helion kernels)", configs_path, ", ".join(unknown))
     baseline_doc = baselines.read_document(baseline_path)
     baseline_fp = (baseline_doc or {}).get("fingerprint")
-    report = drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(gpu_slug), policy)
+    report = drift_mod.classify(fp.to_dict(), configs_fp, baseline_fp, invalid_configs(gpu_slug), policy,
+                                host_sources=fingerprint.HOST_SOURCES)
     borrowed = [] if configs is not None else config_store.borrowable_files(gpu_slug, fp.compute_capability,
                                                                             configs_path.parent)
     # Per kernel the runtime takes the first borrowable file holding it (config_store.serving_candidates).

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from mamba2_guard import PROJECT_ROOT
+from mamba2_guard.adapters.fingerprint import HOST_SOURCES
 from mamba2_guard.config import GuardConfig
 from mamba2_guard.core import drift as drift_mod
 from mamba2_guard.core.configdiff import diff_config_files
@@ -149,7 +150,8 @@ def run_pr(state_dir: Path, cfg: GuardConfig, fingerprint: dict[str, Any], gpu_s
     old_baseline, new_baseline = _read_doc(old_texts[baseline_path]), _read_doc(new_texts[baseline_path])
     if drift is None:
         drift = drift_mod.classify(fingerprint, (old_configs or {}).get("fingerprint") if old_configs else None,
-                                   (old_baseline or {}).get("fingerprint"), policy=cfg.drift_policy)
+                                   (old_baseline or {}).get("fingerprint"), policy=cfg.drift_policy,
+                                   host_sources=HOST_SOURCES)
     text = render_pr(PrInput(
         gpu_slug=gpu_slug, fingerprint=fingerprint, new_configs=new_configs, old_configs=old_configs,
         new_baseline=new_baseline, old_baseline=old_baseline, drift=drift,

@@ -101,6 +101,25 @@ def test_kernel_source_names_changed_files():
     assert item.files == () and "not recorded" in item.detail
 
 
+def test_a_change_of_host_code_alone_leaves_the_configs_valid():
+    # The selection rule's weights (config_store.py) changed in a guard upgrade: a re-tune would search for
+    # what it found before, so the kernel-source drift asks at most for a new baseline; a kernel's change,
+    # with or beside host code, still asks for a re-tune.
+    def changed(*paths):
+        sources = dict(FP_OLD["kernel_sources"])
+        sources.update({path: "7" * 64 for path in paths})
+        return {**FP_OLD, "kernels_source_hash": "f" * 64, "kernel_sources": sources}
+
+    host = frozenset({"mamba2_kernels/config_store.py"})
+    (item,) = classify(changed("mamba2_kernels/config_store.py"), FP_OLD, FP_OLD, {}, host_sources=host).items
+    assert item.action == "rebaseline" and "host code only" in item.detail
+    (item,) = classify(changed("mamba2_kernels/config_store.py"), FP_OLD, FP_OLD, {}).items
+    assert item.action == "retune"
+    both = changed("mamba2_kernels/config_store.py", "mamba2_kernels/ssd/chunk_scan.py")
+    (item,) = classify(both, FP_OLD, FP_OLD, {}, host_sources=host).items
+    assert item.action == "retune" and len(item.files) == 2
+
+
 def test_invalid_config():
     errors = {("ssd_chunk_scan_fwd", "hd64_L4k"): "block_sizes[0]=512 exceeds max 256"}
     rep = classify(FP_OLD, FP_OLD, FP_OLD, errors)
