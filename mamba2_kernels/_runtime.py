@@ -29,6 +29,10 @@ from mamba2_kernels.config_store import ShapeKey
 log = logging.getLogger(__name__)
 
 AUTOTUNE_ENV = "MAMBA2_GUARD_AUTOTUNE"
+# The lookup source of a config ``pinned_config`` puts in place: the call runs on it or fails. Falling back to
+# the next candidate, as a stored config does, would give a tuner the time and precision of another config
+# under the pinned one's name.
+PINNED = "pinned"
 _captured: list[tuple[TunedKernel, tuple[Any, ...]]] | None = None
 # name -> kernel: every TunedKernel defined so far (the names config files may use)
 TUNED_KERNELS: dict[str, TunedKernel] = {}
@@ -242,24 +246,25 @@ class TunedKernel:
                          mode: str) -> tuple[Any, Any, bool]:
         """Run ``args`` on the first candidate config that this helion accepts for them, adapted to the call
         (``adapt_config``); a candidate of another key is first checked by generating its code, which needs
-        no GPU. A stored exact config that is rejected is drift: recorded, counted and logged, never fatal.
-        Only when no candidate runs does the call get Helion's default config. Returns (result, kernel,
-        on_default)."""
+        no GPU. A stored exact config that is rejected is drift: recorded, counted and logged, never fatal;
+        a pinned one's rejection propagates. Only when no candidate runs does the call get Helion's default
+        config. Returns (result, kernel, on_default)."""
         gpu_slug = device_slug(device)
         reason = None  # why the call is not served by its exact key's config, once known
         bound = None  # bound only for a candidate to adapt: binding runs Helion's front end, seconds on a CPU
         for found in self.candidates(*args):
             if bound is None:  # even in reference mode: a tunable there still shapes the work (heads per program)
                 bound = self.helion_kernel(None, "compiled").bind(args)
-            config = adapt_config(bound, found.config, other_key=found.source != "exact")
-            if mode != "ref" and found.source != "exact" and _config_error(bound, config) is not None:
+            own_key = found.source in ("exact", PINNED)
+            config = adapt_config(bound, found.config, other_key=not own_key)
+            if mode != "ref" and not own_key and _config_error(bound, config) is not None:
                 continue
             kernel = self.helion_kernel(config, mode)
             try:
                 with _without_implicit_config_notice():
                     result = kernel(*args)
             except Exception as exc:
-                if not _is_rejected_config(exc):
+                if not _is_rejected_config(exc) or found.source == PINNED:
                     raise
                 if found.source == "exact":
                     reason = "invalid"
@@ -267,7 +272,7 @@ class TunedKernel:
                     log.warning("%s: config for %s is invalid under this helion (%s); trying related configs",
                                 self.name, found.key, exc)
                 continue
-            if found.source != "exact":
+            if not own_key:
                 config_store.note_fallback(self.name, str(key), gpu_slug, reason or found.source, found.used)
             return result, kernel, False
         config_store.note_fallback(self.name, str(key), gpu_slug, reason or "default", None)
@@ -311,11 +316,12 @@ def _is_rejected_config(exc: Exception) -> bool:
 @contextlib.contextmanager
 def pinned_config(kernel: TunedKernel, config: dict[str, Any], key: ShapeKey | None = None) -> Iterator[None]:
     """Inside the block ``kernel`` runs on ``config`` for shape key ``key`` (every key when None), and
-    looks up the config store as usual elsewhere: how a tuner times a candidate, or a test picks a variant."""
+    looks up the config store as usual elsewhere: how a tuner times a candidate, or a test picks a variant.
+    A pinned config that this helion or GPU rejects fails the call (``PINNED``)."""
     def candidates(*args: Any) -> list[config_store.Lookup]:
         found_key = kernel.shape_key(*args)
         if key is None or found_key == key:
-            return [config_store.Lookup(dict(config), "exact", str(found_key))]
+            return [config_store.Lookup(dict(config), PINNED, str(found_key))]
         return TunedKernel.candidates(kernel, *args)
 
     def forget() -> None:

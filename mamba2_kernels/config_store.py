@@ -243,7 +243,7 @@ class ConfigFile:
 @dataclass(frozen=True)
 class Lookup:
     config: dict[str, Any] | None
-    source: str  # "exact", or one of FALLBACK_SOURCES
+    source: str  # "exact", one of FALLBACK_SOURCES, or "pinned" (``pinned_config``)
     key: str | None  # the key whose config was used
     gpu: str | None = None  # the slug of the file it comes from, where that is another GPU's
 

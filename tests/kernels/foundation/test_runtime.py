@@ -409,6 +409,25 @@ def test_per_load_lists_of_another_length_take_the_default():
     assert validate_config(toy_exp_add, (x, x), adapt_config(bound, short, other_key=True)) is None
 
 
+def test_a_pinned_config_this_helion_rejects_fails_the_call_rather_than_running_another(store):
+    """A tuner times and judges a candidate under pinned_config: had the call fallen back to the default as
+    for a stored config, the default's time and precision would have been recorded as the candidate's."""
+    import helion.exc
+
+    from mamba2_kernels._runtime import pinned_config
+
+    x = torch.randn(100, 33)
+    before = dict(config_store.FALLBACKS)
+    with (execution_mode("triton"), pinned_config(toy_exp_add, {"block_sizes": [16, 8, 4]}, _key(x, x)),
+          pytest.raises(helion.exc.BaseError, match="Too many values")):
+        toy_exp_add(x, x)
+    assert before == config_store.FALLBACKS and not config_store.INVALID  # no drift of the stored configs
+    with execution_mode("triton"), pinned_config(toy_exp_add, {"block_sizes": [16, 16]}, _key(x, x)):
+        torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
+        kernel, on_default = toy_exp_add._dispatch[(x.device, _key(x, x), "compiled")]
+    assert not on_default and kernel.configs[0]["block_sizes"] == [16, 16]
+
+
 def test_a_pin_for_one_key_leaves_the_other_keys_dispatch(store, monkeypatch):
     """A tuner pins a candidate for one key around every timed call; a kernel launched at other keys in the
     same call (the state pass, forward and backward recompute) must not select their configs again each
