@@ -254,18 +254,20 @@ def retry_now(job_id: str, entries: Sequence[Mapping[str, Any]], max_attempts: i
 
 def job_seconds(journals: Iterable[Iterable[Mapping[str, Any]]]) -> dict[str, float]:
     """Seconds per job id of the finished attempts in ``journals`` (oldest first: a later run's time
-    replaces an earlier one's), the costs ``assign`` splits a new run by."""
+    replaces an earlier one's), the costs ``assign`` splits a new run by. An attempt that searched nothing,
+    every launch tuned elsewhere, says nothing of the job's time and is left out."""
     out: dict[str, float] = {}
     for entries in journals:
         for entry in entries:
             seconds = entry.get("seconds")
-            if entry.get("status") == OK and isinstance(seconds, int | float) and seconds > 0:
+            searched_nothing = not entry.get("launches") and entry.get("tuned_elsewhere")
+            if entry.get("status") == OK and isinstance(seconds, int | float) and seconds > 0 and not searched_nothing:
                 out[str(entry["job"])] = float(seconds)
     return out
 
 
 def expected_seconds(job: Job, cost: Mapping[str, float], budget_seconds: float,
-                     last: Mapping[str, Any] | None = None) -> float:
+                     last: Mapping[str, Any] | None = None, before: Mapping[str, Any] | None = None) -> float:
     """How long ``job`` can be expected to run: its own time in an earlier run on this GPU (``cost``, from
     ``job_seconds``), else the median of its kernel's other jobs there, else its search budget; never less
     than the budget. A whole call's job searches a dozen launches and checks each, so it runs well past its
@@ -273,7 +275,12 @@ def expected_seconds(job: Job, cost: Mapping[str, float], budget_seconds: float,
     job timeout), it is killed there with nothing kept, and a night's soft budget is overrun by as much.
     A job whose ``last`` attempt deferred launches (``defers``) resumes only those: it is expected to take
     that attempt's set-up and, for each launch left, the median time of the launches it searched. Expected
-    to take the whole job again, it was not resumed in a night's last minutes that fitted those launches."""
+    to take the whole job again, it was not resumed in a night's last minutes that fitted those launches.
+    A job that a run of the same search identity finished (``before``, its last attempt there) and this run
+    has not tried searches none of those launches again: it records the call, as long as that attempt's set-up.
+    Expected to search again, a guard upgrade's first night started none of a bring-up's finished jobs."""
+    if last is None and before is not None and before.get("status") == OK and not deferred(before):
+        return float(before.get("setup_seconds") or 0.0)
     if deferred(last):
         searched = [sum(float(launch.get(part) or 0.0) for part in LAUNCH_SECONDS) for launch in last["launches"]]
         return float(last.get("setup_seconds") or 0.0) + len(last["deferred"]) * statistics.median(searched)

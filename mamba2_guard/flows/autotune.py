@@ -532,6 +532,7 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
     cost, sources = tuneplan.job_seconds(journals), len(journals)
     run.faulted = tuneplan.faulted_kernels(entry for entries in journals for entry in entries)
     run.carried = searched_before(run)
+    finished_before = tuneplan.latest_by_job(run.carried)
     if run.carried:
         progress(f"{len(tuneplan.tuned_launches(run.carried))} launches searched by earlier runs of the same "
                  "search settings and kernel sources are not searched again")
@@ -556,7 +557,8 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
                     # be killed mid-search and lose the launch in flight.
                     earlier = run.entries()
                     last = tuneplan.latest_by_job(earlier).get(job.id)
-                    expected = tuneplan.expected_seconds(job, cost, opts.budget_seconds, last)
+                    expected = tuneplan.expected_seconds(job, cost, opts.budget_seconds, last,
+                                                         finished_before.get(job.id))
                     if deadline is not None and deadline - time.monotonic() < expected:
                         skipped.append(job.id)
                         break

@@ -349,3 +349,18 @@ def test_a_job_that_deferred_launches_is_expected_to_take_only_those():
     cost = {job.id: 317.0}
     assert tuneplan.expected_seconds(job, cost, 120, last) == 34.0 + 2 * 27.0  # set-up + 2 x the median launch
     assert tuneplan.expected_seconds(job, cost, 120, {**last, "deferred": []}) == 317.0  # finished: its own time
+
+
+def test_a_job_a_run_of_the_same_search_identity_finished_is_expected_to_take_its_set_up():
+    # A guard upgrade that changed host code alone: the bring-up's new run records its finished jobs' calls and
+    # searches none of their launches. Expected at their whole times (281-325 s on the H100), a night's last
+    # minutes started none of them, nor anything after them.
+    job = tuneplan.Job(0, "ssd_combined_fwd_bwd", "long-context")
+    before = {"job": job.id, "status": "ok", "seconds": 281.5, "setup_seconds": 22.2, "launches": [{"config": {}}]}
+    cost = tuneplan.job_seconds([[before]])
+    assert tuneplan.expected_seconds(job, cost, 120, None, before) == 22.2
+    assert tuneplan.expected_seconds(job, cost, 120, None, {**before, "deferred": [["k", "x"]]}) == 281.5
+    assert tuneplan.expected_seconds(job, cost, 120, None, {**before, "status": "failed"}) == 281.5
+    tried = {**before, "seconds": 30.0, "launches": [], "tuned_elsewhere": [["k", "x"]]}
+    assert tuneplan.expected_seconds(job, cost, 120, tried, before) == 281.5  # tried in this run: as before
+    assert tuneplan.job_seconds([[before, tried]]) == {job.id: 281.5}  # searching nothing tells no job's time
