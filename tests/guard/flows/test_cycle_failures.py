@@ -164,3 +164,26 @@ def test_the_pr_step_comes_after_the_history_and_the_metrics(tmp_path, monkeypat
     with History(state / "history.sqlite") as history:
         assert [run["status"] for run in history.runs()] == ["pass"]
     assert (state / "latest.json").is_file()
+
+
+def test_a_guard_upgrade_that_changed_host_code_alone_does_not_re_tune_the_gpus_configs(tmp_path):
+    """The nightly's drift check weighs the checkout's real host sources: a runner's configs tuned before an
+    upgrade that moved only the config store's rules stay; a kernel's change still calls for a re-tune."""
+    import dataclasses
+
+    from mamba2_guard.adapters import fingerprint
+    from mamba2_guard.flows.nightly import detect_drift
+    from mamba2_kernels import config_store
+    from mamba2_kernels.config_store import ConfigFile
+
+    now = dataclasses.replace(fingerprint.collect(), gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+
+    def drift_after(changed_file):
+        tuned = {**now.to_dict(), "kernel_sources": {**now.kernel_sources, changed_file: "0" * 64}}
+        tuned["kernels_source_hash"] = fingerprint.combined_hash(tuned["kernel_sources"])
+        config_store.save(tmp_path / "mamba2_kernels" / "configs" / "gpu-a.yaml",
+                          ConfigFile(fingerprint=tuned, kernels={"chunk_scan": {"t=1": {"num_warps": 4}}}))
+        return detect_drift(now, root=tmp_path, gpu_slug="gpu-a")
+
+    assert drift_after("config_store.py").action == "rebaseline"
+    assert drift_after("ssd/chunk_scan.py").action == "retune"
