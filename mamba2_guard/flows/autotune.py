@@ -323,7 +323,11 @@ def run_fingerprint(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any] | Non
 def searched_before(run: Run) -> list[dict[str, Any]]:
     """The journal entries of this GPU's other runs that have ``run``'s search identity: their searched
     launches are done for it (``tuned_elsewhere``), and the config file already holds what they decided.
-    A run that cannot be read, or that recorded no environment, is left out: its launches are searched."""
+    A run that cannot be read, or that recorded no environment, is left out: its launches are searched. So is
+    every run when ``--fresh`` starts this one over, and a run it set aside (its directory no longer named
+    by its plan)."""
+    if run.opts.fresh:
+        return []
     entries: list[dict[str, Any]] = []
     for other in sorted((Path(run.opts.state_dir) / "autotune").glob(f"{_safe(run.opts.gpu_slug)}-*/plan.json"),
                         key=lambda path: path.stat().st_mtime):
@@ -332,7 +336,8 @@ def searched_before(run: Run) -> list[dict[str, Any]]:
         try:
             plan = load_json(other)
             fingerprint = run_fingerprint(other.parent, plan) if isinstance(plan, dict) else None
-            if fingerprint is None or search_identity(plan, fingerprint) != run.identity:
+            if (fingerprint is None or other.parent.name != f"{_safe(run.opts.gpu_slug)}-{tuneplan.run_id(plan)}"
+                    or search_identity(plan, fingerprint) != run.identity):
                 continue
             entries += tuneplan.parse_journal(read_journal(other.parent / "journal.jsonl"))
         except (OSError, ValueError, UnreadableFile) as exc:

@@ -436,6 +436,9 @@ def test_a_new_run_does_not_search_again_what_a_run_of_the_same_kernels_and_sett
     assert entry["launches"] == [] and entry["tuned_elsewhere"] == [["chunk_cumsum_k", "shape=smoke"]]
     assert config_store.load(outcome.out).kernels["chunk_cumsum_k"]["shape=smoke"] == winner
     assert outcome.skipped == ["state_passing@smoke", "chunk_state@smoke"]
+    # --fresh starts a run over: nothing is carried into it.
+    entry, outcome = later(host, kernels=KERNELS[::-1], fresh=True)
+    assert [lc["kernel"] for lc in entry["launches"]] == ["chunk_cumsum_k"] and not entry["tuned_elsewhere"]
     kernel = {**fp, "kernel_sources": {**sources, "ssd/chunk_scan.py": "4" * 64}}
     assert [lc["kernel"] for lc in later(kernel, kernels=KERNELS[:2])[0]["launches"]] == ["chunk_cumsum_k"]
     assert [lc["kernel"] for lc in later(host, kernels=KERNELS[:2], budget_seconds=7)[0]["launches"]] \
@@ -458,6 +461,11 @@ def test_a_run_from_before_runs_recorded_their_environment_is_known_by_the_file_
     plan = json.loads((first.run_dir / "plan.json").read_text())
     assert autotune.run_fingerprint(first.run_dir, plan) == fp
     assert autotune.run_fingerprint(first.run_dir, {**plan, "fingerprint_digest": "f" * 64}) is None
+    # A run that --fresh set aside is no evidence either: its directory is no longer the one its plan names.
+    first.run_dir.rename(first.run_dir.with_name(first.run_dir.name + "-old-20261206T000000"))
+    third = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1], fingerprint=fp,
+                                 fingerprint_digest=fingerprint_hash(fp)), quiet)
+    assert [launch["kernel"] for launch in third.entries[0]["launches"]] == ["chunk_cumsum_k"]
 
 
 def test_config_file_keeps_the_provenance_of_earlier_runs(tmp_path):
