@@ -33,7 +33,8 @@ def register(commands) -> None:
     p.add_argument("--margin", type=flags.fraction,
                    help="a winner must beat the committed config by this (default 0.02)")
     p.add_argument("--out", metavar="PATH", help="config file (default: mamba2_kernels/configs/<gpu-slug>.yaml)")
-    p.add_argument("--fresh", action="store_true", help="ignore the journal of an earlier run of the same plan")
+    p.add_argument("--fresh", action="store_true",
+                   help="search every launch again: ignore the journals of earlier runs of this plan or of its search")
     p.add_argument("--no-rebaseline", action="store_true", help="do not bench and write the baseline afterwards")
     p.add_argument("--seen", action="store_true",
                    help="tune the shapes training jobs called without a tuned config (the seen-keys file's 'seen' "
