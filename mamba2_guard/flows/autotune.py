@@ -285,15 +285,16 @@ def read_journal(path: Path) -> str:
     return read_regular(path).decode(errors="replace")
 
 
-def run_journals(state_dir: Path, gpu_slug: str) -> list[list[dict[str, Any]]]:
-    """The journal entries of each autotune run for this GPU in ``state_dir``, oldest first. A journal that
-    cannot be read is left out with a warning: what is read from them are estimates and precautions."""
+def run_journals(state_dir: Path, gpu_slug: str) -> dict[Path, list[dict[str, Any]]]:
+    """The journal entries of each autotune run for this GPU in ``state_dir``, by run directory, oldest first.
+    A journal that cannot be read is left out with a warning: what is read from them are estimates, precautions
+    and launches not to search again (``searched_before``)."""
     journals = sorted((state_dir / "autotune").glob(f"{_safe(gpu_slug)}-*/journal.jsonl"),
                       key=lambda path: path.stat().st_mtime)
-    runs = []
+    runs = {}
     for path in journals:
         try:
-            runs.append(tuneplan.parse_journal(read_journal(path)))
+            runs[path.parent] = tuneplan.parse_journal(read_journal(path))
         except (OSError, UnreadableFile) as exc:
             log.warning("%s: left out of the earlier runs: %s", path, getattr(exc, "strerror", None) or exc)
     return runs
@@ -320,29 +321,27 @@ def run_fingerprint(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any] | Non
     return None
 
 
-def searched_before(run: Run) -> list[dict[str, Any]]:
-    """The journal entries of this GPU's other runs that have ``run``'s search identity: their searched
-    launches are done for it (``tuned_elsewhere``), and the config file already holds what they decided.
-    A run that cannot be read, or that recorded no environment, is left out: its launches are searched. So is
-    every run when ``--fresh`` starts this one over, and a run it set aside (its directory no longer named
-    by its plan)."""
+def searched_before(run: Run, journals: dict[Path, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The entries of ``journals`` (``run_journals``) of this GPU's other runs that have ``run``'s search
+    identity: their searched launches are done for it (``tuned_elsewhere``), and the config file already holds
+    what they decided. A run whose plan cannot be read, or that recorded no environment, is left out: its
+    launches are searched. So is every run when ``--fresh`` starts this one over, and a run it set aside (its
+    directory no longer named by its plan)."""
     if run.opts.fresh:
         return []
     entries: list[dict[str, Any]] = []
-    for other in sorted((Path(run.opts.state_dir) / "autotune").glob(f"{_safe(run.opts.gpu_slug)}-*/plan.json"),
-                        key=lambda path: path.stat().st_mtime):
-        if other.parent == run.dir or not (other.parent / "journal.jsonl").exists():
+    for run_dir, journal in journals.items():
+        if run_dir == run.dir:
             continue
         try:
-            plan = load_json(other)
-            fingerprint = run_fingerprint(other.parent, plan) if isinstance(plan, dict) else None
-            if (fingerprint is None or other.parent.name != f"{_safe(run.opts.gpu_slug)}-{tuneplan.run_id(plan)}"
-                    or search_identity(plan, fingerprint) != run.identity):
-                continue
-            entries += tuneplan.parse_journal(read_journal(other.parent / "journal.jsonl"))
+            plan = load_json(run_dir / "plan.json")
+            fingerprint = run_fingerprint(run_dir, plan) if isinstance(plan, dict) else None
         except (OSError, ValueError, UnreadableFile) as exc:
-            log.warning("%s: left out of the runs searched before: %s", other.parent,
-                        getattr(exc, "strerror", None) or exc)
+            log.warning("%s: left out of the runs searched before: %s", run_dir, getattr(exc, "strerror", None) or exc)
+            continue
+        if (fingerprint is not None and run_dir.name == f"{_safe(run.opts.gpu_slug)}-{tuneplan.run_id(plan)}"
+                and search_identity(plan, fingerprint) == run.identity):
+            entries += journal
     return entries
 
 
@@ -534,9 +533,9 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
     # Job times of this GPU's runs (newest wins), to split the jobs longest first rather than round-robin;
     # and the kernels whose search faulted its child there, whose searches start isolated.
     journals = run_journals(Path(opts.state_dir), opts.gpu_slug)
-    cost, sources = tuneplan.job_seconds(journals), len(journals)
-    run.faulted = tuneplan.faulted_kernels(entry for entries in journals for entry in entries)
-    run.carried = searched_before(run)
+    cost, sources = tuneplan.job_seconds(journals.values()), len(journals)
+    run.faulted = tuneplan.faulted_kernels(entry for entries in journals.values() for entry in entries)
+    run.carried = searched_before(run, journals)
     finished_before = tuneplan.latest_by_job(run.carried)
     if run.carried:
         progress(f"{len(tuneplan.tuned_launches(run.carried))} launches searched by earlier runs of the same "
