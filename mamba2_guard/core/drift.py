@@ -343,6 +343,15 @@ def fingerprint_changes(
 
 def changed_kernel_files(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> list[str]:
     """'path (changed|added|removed)' for each per-file kernel source hash that differs."""
+    return _named(_kernel_file_changes(before, after))
+
+
+def _named(changes: list[tuple[str, str]]) -> list[str]:
+    return [f"{path} ({how})" for path, how in changes]
+
+
+def _kernel_file_changes(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """(path, "changed" | "added" | "removed") for each per-file kernel source hash that differs, by path."""
     b = (before or {}).get(KERNEL_FILES_KEY)
     a = (after or {}).get(KERNEL_FILES_KEY)
     if not isinstance(b, Mapping) or not isinstance(a, Mapping):
@@ -350,11 +359,11 @@ def changed_kernel_files(before: Mapping[str, Any] | None, after: Mapping[str, A
     out = []
     for path in sorted(set(b) | set(a), key=str):
         if path not in b:
-            out.append(f"{path} (added)")
+            out.append((path, "added"))
         elif path not in a:
-            out.append(f"{path} (removed)")
+            out.append((path, "removed"))
         elif str(b[path]) != str(a[path]):
-            out.append(f"{path} (changed)")
+            out.append((path, "changed"))
     return out
 
 
@@ -473,8 +482,9 @@ def _kernel_source_drift(current_fp: Mapping[str, Any], configs_fp: Mapping[str,
     k_before, k_now, k_refs = _compare(current_fp, configs_fp, baseline_fp, lambda fp: (fp or {}).get(KERNELS_HASH_KEY))
     if not k_refs:
         return []
-    files = tuple(changed_kernel_files(configs_fp if "configs" in k_refs else baseline_fp, current_fp))
-    host_only = bool(files) and all(f.rsplit(" (", 1)[0] in host_sources for f in files)
+    changes = _kernel_file_changes(configs_fp if "configs" in k_refs else baseline_fp, current_fp)
+    files = tuple(_named(changes))
+    host_only = bool(changes) and all(path in host_sources for path, _ in changes)
     action = policy.action_for(KERNEL_SOURCE)
     if "configs" not in k_refs or host_only:
         action = _cap(action, "rebaseline")
