@@ -13,6 +13,7 @@ defined at import), so ``enable_cpu_interpret()`` must run before mamba-ssm's Tr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -40,6 +41,7 @@ def enable_cpu_interpret() -> None:
     patch_mm_out_dtype()
     _patch_libdevice()
     _patch_cuda_queries()
+    _skip_unasserted_overflow_checks()
 
 
 def patch_mm_out_dtype() -> None:
@@ -82,6 +84,17 @@ def _patch_cuda_queries() -> None:
     torch.cuda.get_device_properties = lambda *args, **kwargs: types.SimpleNamespace(
         multi_processor_count=132, name="cpu-interpreter"
     )
+
+
+def _skip_unasserted_overflow_checks() -> None:
+    # Triton's interpreter builds an overflow check around every integer add, sub and mul, and then, with debug
+    # off, drops the assert the check feeds (``device_assert``), as a GPU build does: the checks only cost time,
+    # about half of an interpreted kernel's. With debug on, they assert, and stay.
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    if not builder.options.debug:
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
 
 
 @contextlib.contextmanager

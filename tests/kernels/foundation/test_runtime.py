@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import threading
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from helion.autotuner import EnumFragment
 
-from mamba2_kernels import _runtime, config_store
+from mamba2_kernels import _runtime, config_store, testing
 from mamba2_kernels._runtime import (
     TunedKernel,
     capture_launches,
@@ -60,6 +61,19 @@ def test_tuned_config_runs_with_small_blocks(store, mode):
         out = toy_exp_add(x, y)
     torch.testing.assert_close(out, x.exp() + y)
     assert toy_exp_add.lookup(x, y).source == "exact"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter's set-up")
+def test_the_interpreter_builds_no_overflow_checks_whose_asserts_it_drops(monkeypatch):
+    """With debug off, Triton's interpreter drops the asserts of its integer overflow checks, as a GPU build
+    does, so the CPU set-up has it build no checks; with debug on, the checks assert and stay."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    assert not builder.options.debug and not builder.options.sanitize_overflow
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, debug=True, sanitize_overflow=True))
+    testing._skip_unasserted_overflow_checks()
+    assert builder.options.sanitize_overflow
 
 
 def test_a_new_thread_gets_triton_allocator_once(monkeypatch):
