@@ -188,6 +188,14 @@ class TunedKernel:
             self._kernels[cache_key] = kernel
         return kernel
 
+    def compiled(self, args: tuple[Any, ...], config: dict[str, Any]) -> Callable[..., Any]:
+        """``config`` compiled for ``args``' exact shapes: call it with ``args``. Every config of one kernel and
+        shape compiles on the one binding (Helion's front end, seconds of host time, runs once, not once per
+        config): for tools that run many configs at one launch. A call goes through the dispatch instead."""
+        import helion
+
+        return self.helion_kernel(None, "compiled").bind(args).compile_config(helion.Config(**config))
+
     def seed_configs(self, args: tuple[Any, ...]) -> list[dict[str, Any]]:
         """The ``seeds`` that are valid configs for ``args``, each completed with the default config."""
         bound = self.helion_kernel(None, "compiled").bind(args)
@@ -251,10 +259,13 @@ class TunedKernel:
         config. Returns (result, kernel, on_default)."""
         gpu_slug = device_slug(device)
         reason = None  # why the call is not served by its exact key's config, once known
-        bound = None  # bound only for a candidate to adapt: binding runs Helion's front end, seconds on a CPU
+        # Binding runs Helion's front end (seconds on a CPU, and on a GPU runner's CPU in a job's first step).
+        # The config spec it yields is the same whatever config the kernel holds, so the first candidate's
+        # binding adapts them all, and a candidate that needs no adapting runs on that binding.
+        bound = None
         for found in self.candidates(*args):
             if bound is None:  # even in reference mode: a tunable there still shapes the work (heads per program)
-                bound = self.helion_kernel(None, "compiled").bind(args)
+                bound = self.helion_kernel(found.config, mode).bind(args)
             own_key = found.source in ("exact", PINNED)
             config = adapt_config(bound, found.config, other_key=not own_key)
             if mode != "ref" and not own_key and _config_error(bound, config) is not None:
@@ -386,7 +397,7 @@ def launch_error(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, A
     GPU has. The dispatch then moves on to its next candidate (``_is_rejected_config``); any other error
     propagates. ``config`` as the call runs it (adapted where it was stored for another key)."""
     try:
-        kernel.helion_kernel(config, "compiled")(*args)
+        kernel.compiled(args, config)(*args)
     except Exception as exc:
         if not _is_rejected_config(exc):
             raise

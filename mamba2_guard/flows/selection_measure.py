@@ -144,7 +144,7 @@ def _compile_worker(kernel_name: str, layout: tuple, config_path: str, device: s
     done = 0
     for config in candidate_configs(kernel, args, cf)[0].values():
         with contextlib.suppress(Exception):  # a failing candidate is reported by the timing process
-            kernel.helion_kernel(config, "compiled")(*args)
+            kernel.compiled(args, config)(*args)
             done += 1
     _synchronize(device)
     return done
@@ -334,8 +334,8 @@ def _time_candidates(timer: Any, shape_name: str, kernel: Any, args: tuple, cf: 
     candidates, aliases = candidate_configs(kernel, args, cf)
     fns, errors = {}, {}
     for source, config in candidates.items():
-        fn = kernel.helion_kernel(config, "compiled")
         try:
+            fn = kernel.compiled(args, config)
             fn(*args)
         except Exception as exc:  # noqa: BLE001 (recorded; the other candidates still run)
             errors[source] = f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -17,6 +17,7 @@ from mamba2_kernels._runtime import (
     capture_launches,
     complete_config,
     ensure_triton_allocator,
+    launch_error,
     scaled_atol,
     tuned_kernel,
     validate_config,
@@ -139,26 +140,6 @@ def test_missing_config_falls_back_to_default_and_is_counted(store):
     assert config_store.FALLBACKS[("toy_exp_add", "default")] == before + 1
 
 
-def test_a_reference_call_binds_the_compiled_kernel_only_for_a_stored_config_to_adapt(store, monkeypatch):
-    """Binding runs Helion's front end (seconds per kernel and shape on a CPU); a reference-mode call with no
-    stored config has nothing to adapt, so it runs without it."""
-    import helion
-
-    bound = []
-    bind = helion.Kernel.bind
-    monkeypatch.setattr(helion.Kernel, "bind",
-                        lambda kernel, args: bound.append(kernel.settings.ref_mode) or bind(kernel, args))
-    x, y = torch.randn(40, 8), torch.randn(40, 8)
-    with execution_mode("ref"):
-        torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
-    assert helion.RefMode.OFF not in bound
-    _write(store, {"block_sizes": [16, 8], "num_warps": 2})
-    x, y = torch.randn(100, 33), torch.randn(100, 33)
-    with execution_mode("ref"):
-        torch.testing.assert_close(toy_exp_add(x, y), x.exp() + y)
-    assert helion.RefMode.OFF in bound  # the stored config is adapted to this call's compiled kernel
-
-
 def test_invalid_config_is_reported_not_fatal(store, caplog):
     _write(store, {"block_sizes": [16, 8, 4]})  # a third block size: the spec of this kernel has two
     x, y = torch.randn(100, 33), torch.randn(100, 33)
@@ -252,6 +233,34 @@ def test_config_written_before_a_tunable_existed_runs_with_its_default(store):
     assert before == config_store.FALLBACKS  # the stored config ran: not a fallback to the default
     assert complete_config(toy_two_ways, (x,), {"block_sizes": [16, 16]})["doubled"] is False
     assert complete_config(toy_two_ways, (x,), {"doubled": True}) is None
+
+
+@pytest.mark.parametrize("mode", ["ref", "triton"])
+def test_a_call_on_a_stored_config_runs_helions_front_end_once(store, monkeypatch, mode):
+    """Binding a kernel to a shape runs Helion's front end: seconds per kernel and shape on a CPU, and on a GPU
+    runner's CPU in a training job's first step. A call on a stored config that needs no adapting runs on the
+    one binding that checked it; a call with no stored config binds only its default."""
+    from helion.runtime.kernel import BoundKernel
+
+    fronts = []
+    init = BoundKernel.__init__
+    monkeypatch.setattr(BoundKernel, "__init__", lambda bound, *a, **k: fronts.append(1) or init(bound, *a, **k))
+
+    def fronts_of_a_call(stored):
+        x = torch.randn(100, 33)
+        if stored is not None:
+            cf = ConfigFile(kernels={"toy_two_ways": {str(_key(x, x)): stored}})
+            config_store.save(config_store.path_for("test-gpu", store), cf)
+        config_store.forget()
+        toy_two_ways._dispatch.clear()
+        toy_two_ways._kernels.clear()  # Helion's kernels, and the bindings each holds
+        fronts.clear()
+        with execution_mode(mode):
+            torch.testing.assert_close(toy_two_ways(x), 2 * x)
+        return len(fronts)
+
+    assert fronts_of_a_call(None) == 1
+    assert fronts_of_a_call({"block_sizes": [16, 16], "num_warps": 4, "doubled": True}) == 1
 
 
 def test_config_missing_a_tunable_and_invalid_falls_back_to_the_default(store):
@@ -407,6 +416,25 @@ def test_a_tunable_value_this_call_does_not_offer_takes_its_default():
     assert adapt_config(bound_odd, {"block_sizes": [1, 8], "split": 4}) == {"block_sizes": [1, 8], "split": 3}
     assert adapt_config(toy_split.helion_kernel(None).bind((even, 4)), {"split": 2}) == {"split": 2}
     assert complete_config(toy_split, (odd, 3), {"split": 1}) is None
+
+
+def test_tools_compile_every_config_of_a_launch_on_one_binding(monkeypatch):
+    """What a tool runs many configs through (the tuner's launch check, the selection measurement): each config
+    runs as configured, and Helion's front end runs once for them all."""
+    from helion.runtime.kernel import BoundKernel
+
+    fronts = []
+    init = BoundKernel.__init__
+    monkeypatch.setattr(BoundKernel, "__init__", lambda bound, *a, **k: fronts.append(1) or init(bound, *a, **k))
+    toy_split._kernels.clear()
+    x = torch.randn(4, 24)
+    with execution_mode("triton"):
+        for split in (1, 2, 4):
+            for block_sizes in ([1, 8], [2, 16]):
+                config = {"block_sizes": block_sizes, "num_warps": 4, "split": split}
+                torch.testing.assert_close(toy_split.compiled((x, 4), config)(x, 4), x * split)
+                assert launch_error(toy_split, (x, 4), config) is None
+    assert len(fronts) == 1
 
 
 def test_per_load_lists_of_another_length_take_the_default():
