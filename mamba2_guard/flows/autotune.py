@@ -265,7 +265,7 @@ class Run:
         tuned = {"date": datetime.date.today().isoformat(), "effort": self.opts.effort, "seed": self.opts.seed,
                  "budget_s": self.opts.budget_seconds, "tool": "mamba2-guard autotune", "run": self.id,
                  "seconds_spent": round(spent, 1), "jobs_ok": summary["ok"], "jobs_failed": summary["failed"],
-                 "jobs": summary["jobs"], "searches_failed": tuneplan.failed_searches(entries),
+                 "jobs": summary["jobs"], "searches_failed": tuneplan.failed_searches([*self.carried, *entries]),
                  "earlier": before}
         # The fitted selection and chain rules are the file's too: a re-tune keeps them (it fits none).
         cf = config_store.ConfigFile(fingerprint=dict(fingerprint), tuned=tuned, kernels=kernels,

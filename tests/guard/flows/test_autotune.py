@@ -619,7 +619,13 @@ def test_the_config_file_names_the_searches_that_failed(tmp_path):
     first = run_autotune(options(tmp_path, extra=extra), quiet)
     tuned = config_store.load(first.out).tuned
     assert tuned["searches_failed"] == ["chunk_state_k[shape=smoke]: NoConfigFound"]
-    # A later run records its own failures; the provenance of earlier runs does not carry the list.
+    # A new run of the same search settings and kernels (a host-only upgrade) searches that launch no more: the
+    # failure still stands, and the list keeps it.
+    carried = run_autotune(options(tmp_path, fingerprint_digest="e" * 64), quiet)
+    assert carried.run_dir != first.run_dir
+    assert config_store.load(carried.out).tuned["searches_failed"] == tuned["searches_failed"]
+    # A later run that searches again records its own failures; the provenance of earlier runs does not carry
+    # the list.
     second = run_autotune(options(tmp_path, budget_seconds=6), quiet)
     tuned = config_store.load(second.out).tuned
     assert tuned["searches_failed"] == [] and "searches_failed" not in tuned["earlier"][-1]
