@@ -14,13 +14,13 @@ import datetime
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from mamba2_guard.bench import peaks as peaks_mod
 from mamba2_guard.bench.nvml import Nvml
@@ -45,6 +45,22 @@ def gpu_lock(state_dir: Path, gpu_key: str, timeout_s: float = 3600) -> FileLock
     path = state_dir / "locks" / f"gpu-{gpu_key}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(str(path), timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def holding_gpu_lock(state_dir: Path, gpu_key: str, progress: Callable[[str], None]) -> Iterator[None]:
+    """The GPU's lock held inside the block. Says so when it has to wait, and only then: a log that always
+    said "waiting" would hide the one night when another bench or tune did hold the GPU."""
+    lock = gpu_lock(state_dir, gpu_key)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        progress(f"waiting for the GPU lock {lock.lock_file}: another bench or tune holds it")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @dataclass(frozen=True)
@@ -215,9 +231,7 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
 
     if device.type == "cuda":
         index = torch.cuda.current_device()
-        lock = gpu_lock(state_dir, fingerprint.get("gpu_uuid") or str(index))
-        progress(f"waiting for the GPU lock {lock.lock_file}")
-        with lock:
+        with holding_gpu_lock(state_dir, fingerprint.get("gpu_uuid") or str(index), progress):
             peaks.update(peaks_mod.cached(state_dir, fingerprint_digest))
             timer, nvml = Timer(device), Nvml(index, uuid=fingerprint.get("gpu_uuid"))
             for i, (shape, entry) in enumerate(_with_bar(todo, total)):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from mamba2_guard.bench.run import with_layer_shares
+from mamba2_guard.bench.run import gpu_lock, holding_gpu_lock, with_layer_shares
 from mamba2_guard.bench.timing import _check_counts
 from mamba2_guard.core.results import CaseResult, SamplesMs
 from mamba2_kernels import registry
@@ -205,3 +207,25 @@ def test_a_damaged_peaks_cache_is_measured_again_not_an_error_in_every_bench(tmp
     path.write_bytes(damaged.encode("latin-1"))
     assert peaks.cached(tmp_path, digest) == measured
     assert json.loads(path.read_text()) == measured  # cached again for the next bench
+
+
+def test_a_bench_says_it_waits_for_the_gpu_lock_only_while_another_holds_it(tmp_path):
+    said = []
+    with holding_gpu_lock(tmp_path, "GPU-x", said.append):
+        pass
+    assert said == []
+    held, release = threading.Event(), threading.Event()
+
+    def other_bench():
+        with gpu_lock(tmp_path, "GPU-x"):
+            held.set()
+            release.wait(30)
+
+    other = threading.Thread(target=other_bench)
+    other.start()
+    assert held.wait(30)
+    threading.Timer(0.2, release.set).start()
+    with holding_gpu_lock(tmp_path, "GPU-x", said.append):
+        assert release.is_set()  # held only once the other bench let go
+    other.join()
+    assert len(said) == 1 and "waiting for the GPU lock" in said[0] and "another bench or tune holds it" in said[0]
