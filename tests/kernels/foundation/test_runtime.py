@@ -47,6 +47,17 @@ def store(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def fronts(monkeypatch):
+    """One entry per run of Helion's front end (a kernel bound to a shape) from here on."""
+    from helion.runtime.kernel import BoundKernel
+
+    runs = []
+    init = BoundKernel.__init__
+    monkeypatch.setattr(BoundKernel, "__init__", lambda bound, *a, **k: runs.append(1) or init(bound, *a, **k))
+    return runs
+
+
 def _write(store, config):
     x = torch.zeros(100, 33)
     cf = ConfigFile(kernels={"toy_exp_add": {str(_key(x, x)): config}})
@@ -236,15 +247,10 @@ def test_config_written_before_a_tunable_existed_runs_with_its_default(store):
 
 
 @pytest.mark.parametrize("mode", ["ref", "triton"])
-def test_a_call_on_a_stored_config_runs_helions_front_end_once(store, monkeypatch, mode):
+def test_a_call_on_a_stored_config_runs_helions_front_end_once(store, fronts, mode):
     """Binding a kernel to a shape runs Helion's front end: seconds per kernel and shape on a CPU, and on a GPU
     runner's CPU in a training job's first step. A call on a stored config that needs no adapting runs on the
     one binding that checked it; a call with no stored config binds only its default."""
-    from helion.runtime.kernel import BoundKernel
-
-    fronts = []
-    init = BoundKernel.__init__
-    monkeypatch.setattr(BoundKernel, "__init__", lambda bound, *a, **k: fronts.append(1) or init(bound, *a, **k))
 
     def fronts_of_a_call(stored):
         x = torch.randn(100, 33)
@@ -418,14 +424,9 @@ def test_a_tunable_value_this_call_does_not_offer_takes_its_default():
     assert complete_config(toy_split, (odd, 3), {"split": 1}) is None
 
 
-def test_tools_compile_every_config_of_a_launch_on_one_binding(monkeypatch):
+def test_tools_compile_every_config_of_a_launch_on_one_binding(fronts):
     """What a tool runs many configs through (the tuner's launch check, the selection measurement): each config
     runs as configured, and Helion's front end runs once for them all."""
-    from helion.runtime.kernel import BoundKernel
-
-    fronts = []
-    init = BoundKernel.__init__
-    monkeypatch.setattr(BoundKernel, "__init__", lambda bound, *a, **k: fronts.append(1) or init(bound, *a, **k))
     toy_split._kernels.clear()
     x = torch.randn(4, 24)
     with execution_mode("triton"):
