@@ -52,6 +52,18 @@ def _recording_as_a_training_job():
 
 
 @pytest.fixture
+def helion_bindings(monkeypatch):
+    """One entry per kernel bound to a shape from here on: each binding runs Helion's front end, seconds of host
+    time, so the tests that count them keep the runtime and the tools from binding more than they need."""
+    from helion.runtime.kernel import BoundKernel
+
+    bindings = []
+    init = BoundKernel.__init__
+    monkeypatch.setattr(BoundKernel, "__init__", lambda bound, *a, **k: bindings.append(1) or init(bound, *a, **k))
+    return bindings
+
+
+@pytest.fixture
 def smoke_shape():
     from mamba2_kernels import suites
 

@@ -83,10 +83,13 @@ def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile
     chooses the timed config."""
     from mamba2_kernels.tuning import adapt_config, config_error
 
-    bound = kernel.helion_kernel(None, "compiled").bind(args)
     out: dict[str, dict[str, Any]] = {}
     aliases: dict[str, str] = {}
-    for text, config in sorted(cf.kernels.get(kernel.name, {}).items()):
+    stored = cf.kernels.get(kernel.name, {})
+    if not stored:  # nothing to time, so no binding (Helion's front end: seconds per kernel and shape)
+        return out, aliases
+    bound = kernel.helion_kernel(None, "compiled").bind(args)
+    for text, config in sorted(stored.items()):
         adapted = adapt_config(bound, config, other_key=True)
         same = next((timed for timed, candidate in out.items() if candidate == adapted), None)
         if same is not None:

@@ -97,6 +97,17 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     assert "smoke: measured by an earlier run" in capsys.readouterr().out
 
 
+def test_a_kernel_without_stored_configs_is_not_bound(helion_bindings):
+    """Binding runs Helion's front end, seconds per kernel and shape; a kernel with nothing stored has no
+    candidate to adapt or time."""
+    (kernel, args), *_ = selection_measure.captured_launches("smoke", 0, "cpu")
+    kernel._kernels.clear()
+    helion_bindings.clear()
+    assert selection_measure.candidate_configs(kernel, args, ConfigFile(kernels={"other_k": {SMALL: TILES}})) \
+        == ({}, {})
+    assert helion_bindings == []
+
+
 def test_paths_only_times_the_fused_stages_and_no_stored_config(tmp_path):
     config, out, timer = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl", CallingTimer()
     records = _measure(config, out, timer, paths_only=True)

@@ -47,17 +47,6 @@ def store(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture
-def fronts(monkeypatch):
-    """One entry per run of Helion's front end (a kernel bound to a shape) from here on."""
-    from helion.runtime.kernel import BoundKernel
-
-    runs = []
-    init = BoundKernel.__init__
-    monkeypatch.setattr(BoundKernel, "__init__", lambda bound, *a, **k: runs.append(1) or init(bound, *a, **k))
-    return runs
-
-
 def _write(store, config):
     x = torch.zeros(100, 33)
     cf = ConfigFile(kernels={"toy_exp_add": {str(_key(x, x)): config}})
@@ -247,7 +236,7 @@ def test_config_written_before_a_tunable_existed_runs_with_its_default(store):
 
 
 @pytest.mark.parametrize("mode", ["ref", "triton"])
-def test_a_call_on_a_stored_config_runs_helions_front_end_once(store, fronts, mode):
+def test_a_call_on_a_stored_config_runs_helions_front_end_once(store, helion_bindings, mode):
     """Binding a kernel to a shape runs Helion's front end: seconds per kernel and shape on a CPU, and on a GPU
     runner's CPU in a training job's first step. A call on a stored config that needs no adapting runs on the
     one binding that checked it; a call with no stored config binds only its default."""
@@ -260,10 +249,10 @@ def test_a_call_on_a_stored_config_runs_helions_front_end_once(store, fronts, mo
         config_store.forget()
         toy_two_ways._dispatch.clear()
         toy_two_ways._kernels.clear()  # Helion's kernels, and the bindings each holds
-        fronts.clear()
+        helion_bindings.clear()
         with execution_mode(mode):
             torch.testing.assert_close(toy_two_ways(x), 2 * x)
-        return len(fronts)
+        return len(helion_bindings)
 
     assert fronts_of_a_call(None) == 1
     assert fronts_of_a_call({"block_sizes": [16, 16], "num_warps": 4, "doubled": True}) == 1
@@ -424,7 +413,7 @@ def test_a_tunable_value_this_call_does_not_offer_takes_its_default():
     assert complete_config(toy_split, (odd, 3), {"split": 1}) is None
 
 
-def test_tools_compile_every_config_of_a_launch_on_one_binding(fronts):
+def test_tools_compile_every_config_of_a_launch_on_one_binding(helion_bindings):
     """What a tool runs many configs through (the tuner's launch check, the selection measurement): each config
     runs as configured, and Helion's front end runs once for them all."""
     toy_split._kernels.clear()
@@ -435,7 +424,7 @@ def test_tools_compile_every_config_of_a_launch_on_one_binding(fronts):
                 config = {"block_sizes": block_sizes, "num_warps": 4, "split": split}
                 torch.testing.assert_close(toy_split.compiled((x, 4), config)(x, 4), x * split)
                 assert launch_error(toy_split, (x, 4), config) is None
-    assert len(fronts) == 1
+    assert len(helion_bindings) == 1
 
 
 def test_per_load_lists_of_another_length_take_the_default():
