@@ -188,17 +188,22 @@ class TunedKernel:
             self._kernels[cache_key] = kernel
         return kernel
 
+    def bound(self, args: tuple[Any, ...]) -> Any:
+        """This kernel on Helion's default config, compiled mode, bound to ``args``' exact shapes (Helion keeps
+        the binding): its config spec, and the binding every config of the launch compiles on (``compiled``)."""
+        return self.helion_kernel(None, "compiled").bind(args)
+
     def compiled(self, args: tuple[Any, ...], config: dict[str, Any]) -> Callable[..., Any]:
         """``config`` compiled for ``args``' exact shapes: call it with ``args``. Every config of one kernel and
         shape compiles on the one binding (Helion's front end, seconds of host time, runs once, not once per
         config): for tools that run many configs at one launch. A call goes through the dispatch instead."""
         import helion
 
-        return self.helion_kernel(None, "compiled").bind(args).compile_config(helion.Config(**config))
+        return self.bound(args).compile_config(helion.Config(**config))
 
     def seed_configs(self, args: tuple[Any, ...]) -> list[dict[str, Any]]:
         """The ``seeds`` that are valid configs for ``args``, each completed with the default config."""
-        bound = self.helion_kernel(None, "compiled").bind(args)
+        bound = self.bound(args)
         default = dict(bound.config_spec.default_config())
         completed = ({**default, **seed} for seed in self.seeds)
         return [config for config in completed if _config_error(bound, config) is None]
@@ -378,7 +383,7 @@ def adapt_config(bound: Any, config: dict[str, Any], other_key: bool = False) ->
 def complete_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str, Any],
                     other_key: bool = False) -> dict[str, Any] | None:
     """``adapt_config`` for ``kernel`` bound to ``args``, or None when ``config`` needs no change."""
-    adapted = adapt_config(kernel.helion_kernel(None, "compiled").bind(args), config, other_key)
+    adapted = adapt_config(kernel.bound(args), config, other_key)
     return adapted if adapted != config else None
 
 
@@ -387,7 +392,7 @@ def validate_config(kernel: TunedKernel, args: tuple[Any, ...], config: dict[str
     """None if ``config`` is valid for ``kernel`` bound to ``args`` under the installed helion, else why.
     Judged as it runs: adapted to the call (``adapt_config``; ``other_key``: a config stored for another key,
     as the lookup serves it)."""
-    bound = kernel.helion_kernel(None, "compiled").bind(args)
+    bound = kernel.bound(args)
     return _config_error(bound, adapt_config(bound, config, other_key))
 
 

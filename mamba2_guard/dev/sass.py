@@ -116,7 +116,7 @@ def compile_sass(tuned: TunedKernel, args: tuple[Any, ...], config: dict[str, An
     import triton
     from triton.backends.compiler import GPUTarget
 
-    bound = tuned.helion_kernel(None, "compiled").bind(args)
+    bound = tuned.bound(args)
     default = dict(bound.config_spec.default_config())
     # A config stored by another helion release may carry keys this one rejects (1.5.0's
     # host_tensor_descriptors under 1.5.1): they are dropped and named in the report.

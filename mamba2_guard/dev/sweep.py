@@ -111,7 +111,7 @@ def sweep_shape(job: Job, shape_name: str, device: str, timer: Any, rounds: int,
     stored = kernel.lookup(*args)
     stored_config = stored.config
     if stored_config is None:
-        stored_config = dict(kernel.helion_kernel(None).bind(args).config_spec.default_config())
+        stored_config = dict(kernel.bound(args).config_spec.default_config())
     stored_config = complete_config(kernel, args, stored_config, stored.source != "exact") or dict(stored_config)
     reference = _public_outputs(entry, inputs) if precision else []
     timed = {"mamba_ssm": entry.bind(entry.baseline_fn(), inputs), "ours": entry.bind(entry.helion_fn(), inputs)}

@@ -209,7 +209,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                                                       launches=functools.partial(launches_here, tk, kargs))
         if why is not None:
             record["stored_passed_over"] = why  # the first stored candidate, invalid or not launching here
-        default = dict(tk.helion_kernel(None, "compiled").bind(kargs).config_spec.default_config())
+        default = dict(tk.bound(kargs).config_spec.default_config())
         record.update(incumbent=incumbent_kind, incumbent_config=incumbent or default)
         isolated = (bool(spec.get("helion_benchmark_subprocess")) or tk.name in spec.get("isolate_kernels", [])
                     or [tk.name, str(key)] in spec.get("isolate_launches", []))

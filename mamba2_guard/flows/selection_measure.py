@@ -88,7 +88,7 @@ def candidate_configs(kernel: Any, args: tuple, cf: config_store.ConfigFile
     stored = cf.kernels.get(kernel.name, {})
     if not stored:  # nothing to time, so no binding (Helion's front end: seconds per kernel and shape)
         return out, aliases
-    bound = kernel.helion_kernel(None, "compiled").bind(args)
+    bound = kernel.bound(args)
     for text, config in sorted(stored.items()):
         adapted = adapt_config(bound, config, other_key=True)
         same = next((timed for timed, candidate in out.items() if candidate == adapted), None)
