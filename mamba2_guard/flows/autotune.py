@@ -168,6 +168,11 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._@=-]+", "_", name)
 
 
+def _run_dir_name(gpu_slug: str, run_id: str) -> str:
+    """A run's directory under ``<state>/autotune``: a run set aside by ``--fresh`` no longer has this name."""
+    return f"{_safe(gpu_slug)}-{run_id}"
+
+
 def earlier_runs(tuned: dict[str, Any], keep: int = 10) -> list[dict[str, Any]]:
     """The provenance of the runs behind a config file, newest last: a re-tune that keeps some of the
     old configs keeps the record of how they were made."""
@@ -193,7 +198,7 @@ class Run:
                      **({"missing_only": True} if opts.missing_only else {}),  # earlier runs' ids unchanged
                      **({"search": opts.search} if opts.search != "helion" else {})}
         self.id = tuneplan.run_id(self.plan)
-        self.dir = Path(opts.state_dir) / "autotune" / f"{_safe(opts.gpu_slug)}-{self.id}"
+        self.dir = Path(opts.state_dir) / "autotune" / _run_dir_name(opts.gpu_slug, self.id)
         self.journal = self.dir / "journal.jsonl"
         self.lock = threading.Lock()
         self.faulted: set[str] = set()  # kernels whose search crashed a child in this GPU's runs (``_run``)
@@ -289,7 +294,7 @@ def run_journals(state_dir: Path, gpu_slug: str) -> dict[Path, list[dict[str, An
     """The journal entries of each autotune run for this GPU in ``state_dir``, by run directory, oldest first.
     A journal that cannot be read is left out with a warning: what is read from them are estimates, precautions
     and launches not to search again (``searched_before``)."""
-    journals = sorted((state_dir / "autotune").glob(f"{_safe(gpu_slug)}-*/journal.jsonl"),
+    journals = sorted((state_dir / "autotune").glob(f"{_run_dir_name(gpu_slug, '*')}/journal.jsonl"),
                       key=lambda path: path.stat().st_mtime)
     runs = {}
     for path in journals:
@@ -339,7 +344,7 @@ def searched_before(run: Run, journals: dict[Path, list[dict[str, Any]]]) -> lis
         except (OSError, ValueError, UnreadableFile) as exc:
             log.warning("%s: left out of the runs searched before: %s", run_dir, getattr(exc, "strerror", None) or exc)
             continue
-        if (fingerprint is not None and run_dir.name == f"{_safe(run.opts.gpu_slug)}-{tuneplan.run_id(plan)}"
+        if (fingerprint is not None and run_dir.name == _run_dir_name(run.opts.gpu_slug, tuneplan.run_id(plan))
                 and search_identity(plan, fingerprint) == run.identity):
             entries += journal
     return entries
