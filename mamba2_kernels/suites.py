@@ -11,17 +11,21 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
 from mamba2_kernels.files import UnreadableFile, load_yaml
 
+if TYPE_CHECKING:
+    import torch
+
 SUITES_FILE = Path(__file__).resolve().parent / "suites.yaml"
 # The shapes production called at keys no config was tuned for (mamba2_kernels/seen.py), while still untuned.
 SEEN_SUITE = "seen"
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+# torch's names of the dtypes a shape may use. Only the properties below import torch: the guard's commands
+# check a suite without it, so a usage error answers before torch loads.
+DTYPES = ("float16", "bfloat16", "float32", "float64")
 _INT_FIELDS = ("batch", "seqlen", "nheads", "headdim", "ngroups", "dstate", "chunk_size")
 # Upper bounds that keep a case within one GPU's memory; a larger value is a typo, not a shape.
 _MAX = {"batch": 1024, "seqlen": 1 << 22, "nheads": 4096, "headdim": 512, "ngroups": 4096, "dstate": 512,
@@ -68,7 +72,9 @@ class ShapeSpec:
 
     @property
     def dt_torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dt_dtype or self.dtype]
+        import torch
+
+        return getattr(torch, self.dt_dtype or self.dtype)
 
     @property
     def pattern(self) -> str:
@@ -80,7 +86,9 @@ class ShapeSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def nchunks(self) -> int:

@@ -28,7 +28,6 @@ def run(args: argparse.Namespace) -> int:
     from mamba2_guard.core.verdicts import exit_code
     from mamba2_guard.flows import baselines
     from mamba2_guard.flows.check import earlier_speedups, history_windows, run_check
-    from mamba2_guard.flows.nightly import write_reports
 
     policy = common.guard_config(args).verdict_policy  # as the nightly judges; a bad file stops here, before reading
     state = Path(args.state_dir)
@@ -57,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         if earlier is None:
             history.record(result, verdicts, datetime.datetime.now(datetime.timezone.utc), job="check",
                            status="pass" if code == 0 else "fail")
+    from mamba2_guard.flows.nightly import write_reports  # imports torch: only once the inputs were read
+
     paths = write_reports(state, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), result, verdicts, baseline, policy,
                           save_result=False, earlier=speedups)  # a result checked again is not saved again
     common.console().print(report.rich_table(result, verdicts, baseline))

@@ -13,7 +13,7 @@ from mamba2_guard.core import flags
 
 def register(commands) -> None:
     p = common.add_command(commands, "fit-selection", "fit the config-selection rule to `dev measure-selection`'s "
-                           "file and write it into the config file (no GPU; docs/config-selection_measure.md)")
+                           "file and write it into the config file (no GPU; docs/config-selection.md)")
     p.add_argument("measurements", metavar="MEASUREMENTS", help="the JSON lines `dev measure-selection` wrote")
     p.add_argument("--gpu-slug", metavar="SLUG", type=flags.gpu_slug,
                    help="whose config file (default: this GPU's; needed on a machine without that GPU)")
@@ -26,8 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from mamba2_guard.flows import selection_measure
     from mamba2_kernels import config_store
 
-    gpu_slug = args.gpu_slug or fingerprint.gpu_slug(fingerprint.collect())
-    path = Path(args.out) if args.out else config_store.path_for(gpu_slug)
+    # The fingerprint (torch's view of the GPU) only when the file is this GPU's: a bad input answers at once.
+    path = Path(args.out) if args.out else config_store.path_for(args.gpu_slug
+                                                                 or fingerprint.gpu_slug(fingerprint.collect()))
     try:
         fits = selection_measure.fit_into(path, Path(args.measurements))
     except ValueError as exc:
