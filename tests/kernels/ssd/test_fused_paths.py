@@ -29,22 +29,30 @@ def _call(b=2, L=80, h=4, p=16, g=2, n=16, chunk_size=32, seed=0):
     return tensors, {"chunk_size": chunk_size, "seq_idx": seq_idx_rows(b, L), "return_final_states": True}
 
 
-def _launched_kernels(tensors, options) -> set[str]:
-    leaves = {name: t.clone().requires_grad_(True) for name, t in tensors.items()}
-    with execution_mode("ref"), capture_launches() as launches:
-        out, final = mamba2_kernels.mamba_chunk_scan_combined(**leaves, **options)
-        (out.sum() + final.sum()).backward()
-    return {kernel.name for kernel, _ in launches}
-
-
 def _results(tensors, options):
+    """Every output and gradient of the call, and the kernels its forward and its backward launched (by phase:
+    forward, backward, both)."""
     leaves = {name: t.clone().requires_grad_(True) for name, t in tensors.items()}
+    gen = torch.Generator().manual_seed(7)
     with execution_mode("ref"):
-        out, final = mamba2_kernels.mamba_chunk_scan_combined(**leaves, **options)
-        gen = torch.Generator().manual_seed(7)
-        (out * torch.randn(out.shape, generator=gen)).sum().backward(inputs=list(leaves.values()), retain_graph=True)
-        (final * torch.randn(final.shape, generator=gen)).sum().backward(inputs=list(leaves.values()))
-    return {"out": out, "final_states": final, **{f"d{name}": leaf.grad for name, leaf in leaves.items()}}
+        with capture_launches() as forward:
+            out, final = mamba2_kernels.mamba_chunk_scan_combined(**leaves, **options)
+        with capture_launches() as backward:
+            loss = (out * torch.randn(out.shape, generator=gen)).sum() + (
+                final * torch.randn(final.shape, generator=gen)).sum()
+            loss.backward(inputs=list(leaves.values()))
+    launched = {"forward": {kernel.name for kernel, _ in forward}, "backward": {kernel.name for kernel, _ in backward}}
+    launched["both"] = launched["forward"] | launched["backward"]
+    return {"out": out, "final_states": final, **{f"d{name}": leaf.grad for name, leaf in leaves.items()}}, launched
+
+
+def _launched(tensors, options, phase="both") -> set[str]:
+    """The kernels the call's forward, its backward or both launch; a forward alone runs without gradients."""
+    if phase != "forward":
+        return _results(tensors, options)[1][phase]
+    with execution_mode("ref"), capture_launches() as launches:
+        mamba2_kernels.mamba_chunk_scan_combined(**tensors, **options)
+    return {kernel.name for kernel, _ in launches}
 
 
 @pytest.fixture
@@ -64,7 +72,7 @@ def rule_file(tmp_path, monkeypatch):
 
 def test_without_a_rule_the_fused_kernels_run(rule_file):
     tensors, options = _call()
-    launched = _launched_kernels(tensors, options)
+    launched = _launched(tensors, options)
     assert launched >= FUSED_KERNELS and not launched & CHAIN_KERNELS
 
 
@@ -79,7 +87,7 @@ def test_without_a_rule_the_fused_kernels_run(rule_file):
 def test_the_rule_picks_each_pass_by_chunk_size_and_state(rule_file, rules, chained):
     rule_file(rules)
     tensors, options = _call()
-    launched = _launched_kernels(tensors, options)
+    launched = _launched(tensors, options)
     assert launched & CHAIN_KERNELS == chained
     for stage, chain in CHAINS.items():  # each pass runs one way: fused, or as its chain
         assert (stage in launched) == (not chain <= chained)
@@ -94,18 +102,18 @@ def test_a_gpu_without_a_file_of_its_own_takes_the_chain_rule_of_the_gpu_serving
     config_store.forget()
     tensors, options = _call()
     monkeypatch.setattr(fused_paths, "device_capability", lambda _device: "9.0")
-    assert _launched_kernels(tensors, options) & CHAIN_KERNELS == CHAINS["chunk_state_passing"]
+    assert _launched(tensors, options) & CHAIN_KERNELS == CHAINS["chunk_state_passing"]
     monkeypatch.setattr(fused_paths, "device_capability", lambda _device: "8.0")
-    assert not _launched_kernels(tensors, options) & CHAIN_KERNELS
+    assert not _launched(tensors, options) & CHAIN_KERNELS
 
 
 def test_the_chain_gives_the_fused_results_forward_and_backward():
     """Packed documents, initial states and final states: every output and gradient agrees."""
     tensors, options = _call()
     with fused_paths.forced(fused_paths.FWD, "fused"), fused_paths.forced(fused_paths.BWD, "fused"):
-        fused = _results(tensors, options)
+        fused = _results(tensors, options)[0]
     with fused_paths.forced(fused_paths.FWD, "chain"), fused_paths.forced(fused_paths.BWD, "chain"):
-        chain = _results(tensors, options)
+        chain = _results(tensors, options)[0]
     assert fused.keys() == chain.keys()
     for name in fused:
         torch.testing.assert_close(chain[name], fused[name], atol=1e-4, rtol=1e-4, msg=name)
@@ -118,36 +126,20 @@ def test_forcing_takes_only_known_stages_and_paths():
         pass
 
 
-def _forward_kernels(tensors, options) -> list[str]:
-    with execution_mode("ref"), capture_launches() as launches:
-        mamba2_kernels.mamba_chunk_scan_combined(**tensors, **options)
-    return [kernel.name for kernel, _ in launches]
-
-
-def _backward_kernels(tensors, options) -> list[str]:
-    """The kernels the backward alone launches."""
-    leaves = {name: t.clone().requires_grad_(True) for name, t in tensors.items()}
-    with execution_mode("ref"):
-        out, final = mamba2_kernels.mamba_chunk_scan_combined(**leaves, **options)
-        with capture_launches() as launches:
-            (out.sum() + final.sum()).backward()
-    return [kernel.name for kernel, _ in launches]
-
-
 @pytest.mark.parametrize(("rule", "fused"), [
     (None, False),  # no rule: the chain, as before the fusion
     ({"max_heads_per_group": 2}, True),  # the call: 4 heads in 2 groups
     ({"max_heads_per_group": 1}, False),
 ])
-@pytest.mark.parametrize(("stage", "fused_kernels", "chain_kernels", "launched_by"), [
-    ("chunk_scan", set(), {"bmm_chunk"}, _forward_kernels),  # chunk_scan makes cb itself
-    ("chunk_bwd_db_dc", {"chunk_bwd_db_dc"}, DB_DC_CHAIN, _launched_kernels),  # dB and dC in one pass
-    ("chunk_scan_bwd_dcb", set(), {"bmm_chunk"}, _backward_kernels),  # the backward's dCB stage makes cb
+@pytest.mark.parametrize(("stage", "fused_kernels", "chain_kernels", "phase"), [
+    ("chunk_scan", set(), {"bmm_chunk"}, "forward"),  # chunk_scan makes cb itself
+    ("chunk_bwd_db_dc", {"chunk_bwd_db_dc"}, DB_DC_CHAIN, "both"),  # dB and dC in one pass
+    ("chunk_scan_bwd_dcb", set(), {"bmm_chunk"}, "backward"),  # the backward's dCB stage makes cb
 ], ids=["chunk_scan", "chunk_bwd_db_dc", "chunk_scan_bwd_dcb"])
-def test_each_fuse_rule_fuses_at_few_heads_per_group(rule_file, stage, fused_kernels, chain_kernels, launched_by,
-                                                     rule, fused):
+def test_each_fuse_rule_fuses_at_few_heads_per_group(rule_file, stage, fused_kernels, chain_kernels, phase, rule,
+                                                     fused):
     rule_file({} if rule is None else {stage: rule}, kind="fuse")
-    launched = set(launched_by(*_call()))
+    launched = _launched(*_call(), phase)
     assert launched.isdisjoint(chain_kernels) == fused
     assert launched >= (fused_kernels if fused else chain_kernels)
 
@@ -164,18 +156,18 @@ def test_the_fuse_rule_makes_dt_in_the_state_pass_where_that_pass_runs_fused(rul
     config_store.save(tmp_path / "cpu.yaml", config_store.ConfigFile(selection=rules))
     config_store.forget()
     tensors, options = _call()
-    launched = _launched_kernels(tensors, options)  # forward and the backward's recompute
+    launched = _launched(tensors, options)  # forward and the backward's recompute
     assert ("chunk_cumsum" not in launched) == fused
 
 
 
-@pytest.mark.parametrize(("stage", "fused_kernel", "chain_kernels", "launched_by"), [
-    ("chunk_scan", "chunk_scan", {"bmm_chunk"}, _forward_kernels),  # the backward recomputes cb by bmm_chunk
-    ("chunk_bwd_db_dc", "chunk_bwd_db_dc", DB_DC_CHAIN, _launched_kernels),
-    ("chunk_cumsum_state_passing", "chunk_state_passing", {"chunk_cumsum"}, _launched_kernels),
-    ("chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb", {"bmm_chunk"}, _backward_kernels),
+@pytest.mark.parametrize(("stage", "fused_kernel", "chain_kernels", "phase"), [
+    ("chunk_scan", "chunk_scan", {"bmm_chunk"}, "forward"),  # the backward recomputes cb by bmm_chunk
+    ("chunk_bwd_db_dc", "chunk_bwd_db_dc", DB_DC_CHAIN, "both"),
+    ("chunk_cumsum_state_passing", "chunk_state_passing", {"chunk_cumsum"}, "both"),
+    ("chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb", {"bmm_chunk"}, "backward"),
 ])
-def test_each_fusion_gives_the_chains_results_forward_and_backward(stage, fused_kernel, chain_kernels, launched_by):
+def test_each_fusion_gives_the_chains_results_forward_and_backward(stage, fused_kernel, chain_kernels, phase):
     """z, D per head dim, dt_bias with softplus and limits, packed documents, initial and final states: every
     output and gradient agrees."""
     tensors, options = _call()
@@ -184,12 +176,11 @@ def test_each_fusion_gives_the_chains_results_forward_and_backward(stage, fused_
                "dt_bias": torch.randn(4, generator=gen)}
     options = {**options, "dt_softplus": True, "dt_limit": (0.02, 0.5)}
     with fused_paths.forced(stage, "fused"):
-        launched = set(launched_by(tensors, options))
-        assert fused_kernel in launched and launched.isdisjoint(chain_kernels)
-        fused = _results(tensors, options)
+        fused, launched = _results(tensors, options)
+    assert fused_kernel in launched[phase] and launched[phase].isdisjoint(chain_kernels)
     with fused_paths.forced(stage, "chain"):
-        assert chain_kernels <= set(launched_by(tensors, options))
-        chain = _results(tensors, options)
+        chain, launched = _results(tensors, options)
+    assert chain_kernels <= launched[phase]
     for name in fused:
         torch.testing.assert_close(fused[name], chain[name], atol=1e-4, rtol=1e-4, msg=name)
 
@@ -200,10 +191,10 @@ def test_the_environment_forces_a_path_in_every_process_that_inherits_it(rule_fi
     rule_file({})
     tensors, options = _call()
     monkeypatch.setenv("MAMBA2_GUARD_PATHS", "chunk_scan=fused, chunk_state_passing=chain")
-    launched = _forward_kernels(tensors, options)
-    assert "bmm_chunk" not in launched and {"chunk_state", "state_passing"} <= set(launched)
+    launched = _launched(tensors, options, "forward")
+    assert "bmm_chunk" not in launched and {"chunk_state", "state_passing"} <= launched
     with fused_paths.forced(fused_paths.SCAN, "chain"):
-        assert "bmm_chunk" in _forward_kernels(tensors, options)
+        assert "bmm_chunk" in _launched(tensors, options, "forward")
     monkeypatch.setenv("MAMBA2_GUARD_PATHS", "chunk_scan=sideways")
     with pytest.raises(ValueError, match=r"\$MAMBA2_GUARD_PATHS: expected stage=path pairs.*'chunk_scan=sideways'"):
-        _forward_kernels(tensors, options)
+        _launched(tensors, options, "forward")
