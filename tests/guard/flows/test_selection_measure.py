@@ -24,15 +24,19 @@ WIDER = {"block_sizes": [32, 32, 16], "num_warps": 4}
 
 
 class CallingTimer:
-    """Runs each candidate once and gives it a fixed time by name: the flow's timing adapter, without CUDA."""
+    """The flow's timing adapter, without CUDA: gives each candidate a fixed time by name, having run it once.
+    ``run=False`` only names them, for a test of what the flow records and resumes: running them (whole calls,
+    forward and backward, in ref mode) is the first test's check, and seconds each."""
 
-    def __init__(self):
-        self.ran: list[str] = []
+    def __init__(self, run: bool = True):
+        self.run = run
+        self.timed: list[str] = []
 
     def interleaved(self, fns, rounds):
         for name, fn in sorted(fns.items()):
-            fn()
-            self.ran.append(name)
+            if self.run:
+                fn()
+            self.timed.append(name)
         return {name: [1.0 + i] * rounds for i, name in enumerate(sorted(fns))}
 
     def interleaved_graphs(self, fns, rounds):
@@ -83,7 +87,7 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
     # The whole call, each fused stage forced both ways: smoke is b1 h4 g2 p16 n16 at chunk 32.
     assert [(r["stage"], r["chunk_size"], r["state"], r["heads_per_group"], r["ms"]) for r in path_records] == [
         (stage, 32, 1 * 4 * 16 * 16, 2, {"chain": 1.0, "fused": 2.0}) for stage in STAGES]
-    assert len(timer.ran) == 2 + 2 * len(STAGES) and timer.ran[2:] == ["chain", "fused"] * len(STAGES)
+    assert len(timer.timed) == 2 + 2 * len(STAGES) and timer.timed[2:] == ["chain", "fused"] * len(STAGES)
     # A rerun (a device call cut short, then called again) measures nothing twice, and does not capture a shape
     # whose recorded launches are all measured: on a GPU that capture compiles the whole call.
     lines = out.read_text()
@@ -93,7 +97,7 @@ def test_every_stored_config_is_timed_at_the_grid_keys_and_a_rerun_resumes(tmp_p
 
     monkeypatch.setattr(selection_measure, "captured_launches", no_capture)
     assert _measure(config, out, timer) == []
-    assert out.read_text() == lines and len(timer.ran) == 2 + 2 * len(STAGES)
+    assert out.read_text() == lines and len(timer.timed) == 2 + 2 * len(STAGES)
     assert "smoke: measured by an earlier run" in capsys.readouterr().out
 
 
@@ -109,17 +113,17 @@ def test_a_kernel_without_stored_configs_is_not_bound(helion_bindings):
 
 
 def test_paths_only_times_the_fused_stages_and_no_stored_config(tmp_path):
-    config, out, timer = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl", CallingTimer()
+    config, out, timer = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl", CallingTimer(run=False)
     records = _measure(config, out, timer, paths_only=True)
     assert [r["stage"] for r in records] == list(STAGES)
-    assert timer.ran == ["chain", "fused"] * len(STAGES)
+    assert timer.timed == ["chain", "fused"] * len(STAGES)
     # The candidates a later full run measures are still missing from the file, so it times them then.
     full = _measure(config, out, timer)
     assert full[0]["launches"] and full[1:] and all("kernel" in r for r in full[1:])
 
 
 def test_a_shape_cut_short_is_captured_again_for_what_is_missing(tmp_path):
-    config, out, timer = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl", CallingTimer()
+    config, out, timer = _config(tmp_path, {SMALL: TILES}), tmp_path / "m.jsonl", CallingTimer(run=False)
     records = _measure(config, out, timer)
     lines = out.read_text().splitlines()
     cut = len(STAGES) + 1
@@ -154,7 +158,7 @@ def test_a_run_cut_short_while_writing_a_record_keeps_the_earlier_ones_and_resum
                            env={**os.environ, "PYTHONPATH": str(repo)})
     assert child.returncode == 1 and "File too large" in child.stderr, child.stderr[-2000:]
     assert out.read_text().startswith(first)
-    records = _measure(config, out, CallingTimer())  # the rerun reads the file and measures the rest
+    records = _measure(config, out, CallingTimer(run=False))  # the rerun reads the file and measures the rest
     assert [r.get("kernel", r.get("stage")) for r in records] == [*(name for name, _ in keys), *STAGES]
     assert selection_measure.read_records(out) == [json.loads(first), *records]
 
