@@ -16,6 +16,10 @@ from mamba2_kernels.conv import naive
 B, D, L = 2, 12, 37  # odd seqlen, not a multiple of any block size
 COMBOS = list(itertools.product([2, 3, 4], [False, True], [None, "silu"]))
 IDS = [f"w{w}-b{int(b)}-{a}" for w, b, a in COMBOS]
+# Every pair of two options' values together, in 6 of the 12 combinations: in Triton's interpreter each one
+# compiles kernels of its own, seconds each (ref mode runs all 12).
+PAIRWISE = [(2, False, None), (2, True, "silu"), (3, False, "silu"), (3, True, None), (4, False, None),
+            (4, True, "silu")]
 
 
 def _seq_idx(seqlen=L):
@@ -59,7 +63,7 @@ def test_ref_mode_fp32(width, has_bias, act, seq):
         _check(_inputs(width, has_bias), _seq_idx() if seq else None, act, 2e-5, 2e-5)
 
 
-@pytest.mark.parametrize("width,has_bias,act", COMBOS, ids=IDS)
+@pytest.mark.parametrize("width,has_bias,act", PAIRWISE, ids=[IDS[COMBOS.index(c)] for c in PAIRWISE])
 def test_interpreter_fp32(width, has_bias, act):
     # Helion's default configs here: 16 channels x 16 steps (fwd), 16 channels x spans of 16 steps (bwd) < L = 37.
     with testing.execution_mode("triton"):

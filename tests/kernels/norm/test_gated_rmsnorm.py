@@ -21,6 +21,10 @@ from mamba2_kernels.norm.rmsnorm import RMSNormGated, rmsnorm_fn
 M, N = 37, 64  # M not a multiple of any block size
 COMBOS = list(itertools.product([False, True], [False, True], [False, True], [None, 16]))
 IDS = [f"z{int(z)}-b{int(b)}-nbg{int(n)}-g{g or N}" for z, b, n, g in COMBOS]
+# Every pair of two options' values together, in 5 of the 16 combinations: in Triton's interpreter each one
+# compiles kernels of its own, seconds each (ref mode runs all 16).
+PAIRWISE = [(False, False, False, None), (False, True, True, 16), (True, False, True, 16), (True, True, False, 16),
+            (True, True, True, None)]
 
 
 def _inputs(has_z, has_bias, dtype=torch.float32, seed=0, m=M, n=N):
@@ -77,7 +81,7 @@ def test_ref_mode_fp32(has_z, has_bias, nbg, group_size):
     _assert_close(ours, _reference(inp, group_size, nbg), 2e-5, 2e-5)
 
 
-@pytest.mark.parametrize("has_z,has_bias,nbg,group_size", COMBOS, ids=IDS)
+@pytest.mark.parametrize("has_z,has_bias,nbg,group_size", PAIRWISE, ids=[IDS[COMBOS.index(c)] for c in PAIRWISE])
 def test_interpreter_fp32(has_z, has_bias, nbg, group_size):
     # Helion's default configs here tile rows by 32 (fwd) and 16 (bwd) < M = 37.
     inp = _inputs(has_z, has_bias)
