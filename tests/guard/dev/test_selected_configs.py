@@ -47,7 +47,7 @@ def test_keys_captured_at_a_short_sequence_are_the_shapes_own(smoke):
 def test_against_names_only_the_launches_whose_config_moved(smoke, capsys):
     launched = selected_configs.launches(ENTRY, smoke, config_store.ConfigFile(), seqlen=64)
     scan, args, key = next(launch for launch in launched if launch[0].name == "chunk_scan")
-    stored = dict(scan.helion_kernel(None, "compiled").bind(args).config_spec.default_config())
+    stored = dict(scan.bound(args).config_spec.default_config())
     neighbour = str(selected_configs.at_tokens(key, 4096))  # another key: the call selects it as its nearest
     current = config_store.ConfigFile(kernels={"chunk_scan": {neighbour: {**stored, "num_warps": 4}}})
     before = config_store.ConfigFile(kernels={"chunk_scan": {neighbour: {**stored, "num_warps": 8}}})

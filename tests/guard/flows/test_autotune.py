@@ -731,7 +731,7 @@ def test_the_search_starts_from_the_incumbent_in_both_loop_orders(cumsum_launch)
     from mamba2_kernels.config_store import ConfigFile
 
     kernel, args, key = cumsum_launch
-    incumbent = dict(kernel.helion_kernel(None).bind(args).config_spec.default_config())
+    incumbent = dict(kernel.bound(args).config_spec.default_config())
     dims = len(incumbent["loop_orders"][0])
     assert dims > 1
     seeds = search_seeds(kernel, args, ConfigFile(), key, incumbent)
@@ -751,7 +751,7 @@ def test_a_config_of_another_key_is_the_incumbent_as_the_runtime_serves_it(cumsu
     from mamba2_kernels.config_store import ConfigFile, ShapeKey
 
     kernel, args, key = cumsum_launch
-    default = dict(kernel.helion_kernel(None).bind(args).config_spec.default_config())
+    default = dict(kernel.bound(args).config_spec.default_config())
     assert len(default["indexing"]) > 1
     short = {"block_sizes": [2], "num_warps": 2, "indexing": ["pointer"]}  # a key whose call loads less
     other = ShapeKey.of(**{**dict(key.fields), "bias": 1 - dict(key.fields)["bias"]})

@@ -241,7 +241,7 @@ def test_a_call_on_a_stored_config_runs_helions_front_end_once(store, helion_bin
     runner's CPU in a training job's first step. A call on a stored config that needs no adapting runs on the
     one binding that checked it; a call with no stored config binds only its default."""
 
-    def fronts_of_a_call(stored):
+    def bindings_of_a_call(stored):
         x = torch.randn(100, 33)
         if stored is not None:
             cf = ConfigFile(kernels={"toy_two_ways": {str(_key(x, x)): stored}})
@@ -254,8 +254,8 @@ def test_a_call_on_a_stored_config_runs_helions_front_end_once(store, helion_bin
             torch.testing.assert_close(toy_two_ways(x), 2 * x)
         return len(helion_bindings)
 
-    assert fronts_of_a_call(None) == 1
-    assert fronts_of_a_call({"block_sizes": [16, 16], "num_warps": 4, "doubled": True}) == 1
+    assert bindings_of_a_call(None) == 1
+    assert bindings_of_a_call({"block_sizes": [16, 16], "num_warps": 4, "doubled": True}) == 1
 
 
 def test_config_missing_a_tunable_and_invalid_falls_back_to_the_default(store):
@@ -277,7 +277,7 @@ def test_seed_configs_complete_each_seed_and_drop_those_this_kernel_rejects():
                          seeds=[{"block_sizes": [32, 16], "num_warps": 8},
                                 {"block_sizes": [16, 8, 4]},  # one block size too many: dropped
                                 {"num_stages": 2}])
-    default = dict(seeded.helion_kernel(None).bind((x, x)).config_spec.default_config())
+    default = dict(seeded.bound((x, x)).config_spec.default_config())
     configs = seeded.seed_configs((x, x))
     assert configs == [{**default, "block_sizes": [32, 16], "num_warps": 8}, {**default, "num_stages": 2}]
     assert all(validate_config(seeded, (x, x), config) is None for config in configs)
@@ -304,7 +304,7 @@ def test_every_ssd_and_conv_seed_fits_its_kernel_at_a_suite_shape():
                 continue
             checked.add(kernel.name)
             assert kernel.seeds, kernel.name
-            spec = kernel.helion_kernel(None).bind(args).config_spec
+            spec = kernel.bound(args).config_spec
             blocks = len(spec.default_config()["block_sizes"])
             assert all(len(seed["block_sizes"]) == blocks for seed in kernel.seeds), kernel.name
 
@@ -405,11 +405,11 @@ def toy_split(x: torch.Tensor, rows: hl.constexpr) -> torch.Tensor:
 
 def test_a_tunable_value_this_call_does_not_offer_takes_its_default():
     odd, even = torch.randn(3, 8), torch.randn(4, 8)
-    bound_odd = toy_split.helion_kernel(None).bind((odd, 3))
+    bound_odd = toy_split.bound((odd, 3))
     from mamba2_kernels._runtime import adapt_config
 
     assert adapt_config(bound_odd, {"block_sizes": [1, 8], "split": 4}) == {"block_sizes": [1, 8], "split": 3}
-    assert adapt_config(toy_split.helion_kernel(None).bind((even, 4)), {"split": 2}) == {"split": 2}
+    assert adapt_config(toy_split.bound((even, 4)), {"split": 2}) == {"split": 2}
     assert complete_config(toy_split, (odd, 3), {"split": 1}) is None
 
 
@@ -433,7 +433,7 @@ def test_per_load_lists_of_another_length_take_the_default():
     from mamba2_kernels._runtime import adapt_config
 
     x = torch.randn(100, 33)
-    bound = toy_exp_add.helion_kernel(None).bind((x, x))
+    bound = toy_exp_add.bound((x, x))
     default_indexing = bound.config_spec.default_config()["indexing"]
     short = {"block_sizes": [32, 16], "indexing": ["tensor_descriptor"]}
     assert adapt_config(bound, short, other_key=True) == {"block_sizes": [32, 16], "indexing": default_indexing}
