@@ -162,7 +162,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     with capture_launches() as captured:
         entry.run_helion(inputs)
     launches, tuned_elsewhere, had_config = to_search(captured, spec.get("tuned_elsewhere") or (), base,
-                                                      bool(spec.get("missing_only")))
+                                                      bool(spec.get("missing_only")), own_config_fails)
     timer = Timer(device)
     device_ms = launch_device_ms(timer, launches, captured)
     order = tuneplan.search_order(device_ms)
@@ -286,12 +286,18 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             "gpu": gpu_identity(spec.get("device"))}  # which card tuned it: the UUID keeps GPUs apart
 
 
-def to_search(captured: Any, elsewhere: Any, base: Any, missing_only: bool
+def to_search(captured: Any, elsewhere: Any, base: Any, missing_only: bool,
+              fails_here: Callable[[Any, tuple[Any, ...], dict[str, Any]], str | None] | None = None
               ) -> tuple[list[tuple[Any, tuple, Any]], list[list[str]], list[list[str]]]:
     """Which of a job's captured launches (kernel, args) to search, once per (kernel, key): not those an
     earlier job of the run searched (``elsewhere``), nor, with ``missing_only``, those whose key has its own
     config in ``base`` (extending coverage, or tuning what production hit, need not re-search tuned keys).
-    Returns the launches (kernel, args, key) and the two skipped lists of [kernel, key]."""
+    Returns the launches (kernel, args, key) and the two skipped lists of [kernel, key].
+
+    ``fails_here(kernel, args, config)``: why a key's own config does not run here, or None. Such a config is
+    drift, not coverage: the key is searched, and the search's incumbent is Helion's default
+    (``incumbent_of``). A config pinned by an earlier run on a reference that could not launch (a nearest
+    config's shared memory at a wider headdim) would otherwise stay for good, the runtime passing over it."""
     skip = {tuple(slot) for slot in elsewhere}
     launches, seen, tuned_elsewhere, had_config = [], set(), [], []
     for kernel, args in captured:
@@ -300,13 +306,29 @@ def to_search(captured: Any, elsewhere: Any, base: Any, missing_only: bool
         if slot in seen:
             continue
         seen.add(slot)
+        own = base.get(*slot) if missing_only else None
         if slot in skip:
             tuned_elsewhere.append(list(slot))
-        elif missing_only and base.get(*slot) is not None:
+        elif own is not None and (fails_here is None or fails_here(kernel, args, own) is None):
             had_config.append(list(slot))
         else:
             launches.append((kernel, args, key))
     return launches, tuned_elsewhere, had_config
+
+
+def own_config_fails(kernel: Any, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
+    """Why a key's own stored ``config`` does not run at ``args`` here (invalid under this helion, or refused
+    at launch), or None."""
+    from mamba2_kernels.tuning import complete_config, launch_error, validate_config
+
+    why = validate_config(kernel, args, config, False)
+    if why is None:
+        try:
+            why = launch_error(kernel, args, complete_config(kernel, args, config, False) or dict(config))
+        except Exception as exc:  # a config that fails otherwise serves no better
+            _raise_if_cuda_broken()
+            why = f"{type(exc).__name__}: {exc}"
+    return why
 
 
 def launch_device_ms(timer: Any, launches: list[tuple[Any, tuple, Any]], captured: list[tuple[Any, tuple]]

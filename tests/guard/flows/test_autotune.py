@@ -899,6 +899,31 @@ def test_missing_only_skips_launches_whose_key_has_its_own_config():
     assert had_config == [] and scan in [[kernel.name, str(key)] for kernel, _, key in launches]
 
 
+def test_missing_only_searches_a_key_whose_own_config_does_not_run_here(cumsum_launch, monkeypatch):
+    """On an H100 whose file was withheld, a run pinned a nearest config of the state pass under a headdim-80
+    key where it needs more shared memory than the GPU has (its search had failed on it as the reference).
+    Skipped as "has a config of its own" by every later stage, the key ran on whatever came next for good.
+    Such a config is drift: the key is searched, against Helion's default (``incumbent_of``)."""
+    import triton.runtime.errors
+
+    from mamba2_guard.flows.autotune_worker import own_config_fails, to_search
+    from mamba2_kernels.config_store import ConfigFile
+
+    kernel, args, key = cumsum_launch
+    runs = {"block_sizes": [2], "num_warps": 2}
+    slot = [kernel.name, str(key)]
+    for own, searched in ((runs, False), ({"block_sizes": [2], "num_warps": 2, "indexing": ["pointer"]}, True)):
+        base = ConfigFile(kernels={kernel.name: {str(key): own}})
+        launches, _, had_config = to_search([(kernel, args)], [], base, True, own_config_fails)
+        assert ([[k.name, str(x)] for k, _, x in launches], had_config) == (([slot], []) if searched else
+                                                                            ([], [slot]))
+    refused = triton.runtime.errors.OutOfResources(403476, 232448, "shared memory")
+    monkeypatch.setattr(type(kernel), "compiled", lambda *a, **k: (_ for _ in ()).throw(refused))
+    assert "shared memory" in own_config_fails(kernel, args, runs)
+    base = ConfigFile(kernels={kernel.name: {str(key): runs}})
+    assert to_search([(kernel, args)], [], base, True, own_config_fails)[2] == []
+
+
 def test_each_launch_is_timed_per_whole_call_on_its_current_config():
     """The device times that order a job's searches: each distinct launch run through its own dispatch (the
     config the call runs today), its median counted once per launch of its key in the whole call."""
