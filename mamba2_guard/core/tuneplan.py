@@ -511,7 +511,7 @@ class Accepted:
 def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> list[Accepted]:
     """What the jobs' attempts store, in plan order (a job's latest attempt first): kept winners; Helion's
     default where it beat the search; and a ``nearest`` incumbent that was not replaced, pinned under its own
-    key. Unpinned, that key would follow its neighbour, which this run may change: on the H200 the
+    key (``pins_incumbent``). Unpinned, that key would follow its neighbour, which this run may change: on the H200 the
     long-context dstates launch kept nemotron3-nano's config and ran 18 % slower on nemotron3-nano's new one.
 
     A (kernel, key) tuned by several jobs (two entries launching the same Helion kernel at the same key)
@@ -527,9 +527,17 @@ def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> 
             decision = launch.get("decision") or {}
             stored = (launch.get("config") if decision.get("keep") else
                       launch.get("incumbent_config")
-                      if decision.get("store_default") or launch.get("incumbent") == NEAREST else None)
+                      if decision.get("store_default") or pins_incumbent(launch) else None)
             owners[slot] = Accepted(slot[0], slot[1], dict(stored), job_id) if stored else None
     return [a for a in owners.values() if a is not None]
+
+
+def pins_incumbent(launch: Mapping[str, Any]) -> bool:
+    """Whether a launch that kept no winner pins its incumbent under its own key: a ``nearest`` one, unless it
+    failed precision here. A search that fails after such a check (its winners fail it too, or none ran) would
+    otherwise write a config known to compute wrong results under the key, where the runtime serves it
+    unquestioned and no later stage searches it (a key with a config of its own)."""
+    return launch.get("incumbent") == NEAREST and (launch.get("incumbent_precision") or {}).get("ok") is not False
 
 
 def searched(launch: Mapping[str, Any]) -> bool:

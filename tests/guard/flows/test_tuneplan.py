@@ -149,6 +149,10 @@ def test_a_nearest_incumbent_that_stays_is_pinned_under_its_own_key():
     assert stored(**rejected, decision=decide(rejected).to_dict()) == [("tokens=1", neighbours)]
     failed = {**rejected, "config": None, "error": "NoConfigFound: none", "samples_ms": {}}
     assert stored(**failed, decision=decide(failed).to_dict()) == [("tokens=1", neighbours)]
+    checked = {**failed, "incumbent_precision": {"ok": True}}
+    assert stored(**checked, decision=decide(checked).to_dict()) == [("tokens=1", neighbours)]
+    wrong = {**failed, "incumbent_precision": {"ok": False, "detail": "dx: rel err 3e-1"}}
+    assert stored(**wrong, decision=decide(wrong).to_dict()) == []  # not written where it computes wrong
     kept = {**launch(scaled(0.5), kind="nearest"), "incumbent_config": neighbours}
     assert stored(**kept, decision=decide(kept).to_dict()) == [("tokens=1", kept["config"])]
     committed = {**rejected, "incumbent": "committed"}
