@@ -40,8 +40,8 @@ def register(commands) -> None:
                    help="tune the shapes training jobs called without a tuned config (the seen-keys file's 'seen' "
                         "suite; kernels: the whole SSD call's; implies --missing-only)")
     p.add_argument("--missing-only", action="store_true",
-                   help="search only the launches whose shape key has no config of its own in the file that "
-                        "runs here (extend coverage to new shapes without re-searching tuned keys)")
+                   help="search only the launches whose shape key has no config of its own in the file, or one "
+                        "that does not run here (extend coverage to new shapes without re-searching tuned keys)")
     p.add_argument("--json", action="store_true", help="also print the outcome as JSON")
     p.add_argument("--tuner", help=argparse.SUPPRESS)  # module:function or file.py:function (tests)
     p.set_defaults(func=run)

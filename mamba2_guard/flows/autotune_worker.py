@@ -290,14 +290,16 @@ def to_search(captured: Any, elsewhere: Any, base: Any, missing_only: bool,
               fails_here: Callable[[Any, tuple[Any, ...], dict[str, Any]], str | None] | None = None
               ) -> tuple[list[tuple[Any, tuple, Any]], list[list[str]], list[list[str]]]:
     """Which of a job's captured launches (kernel, args) to search, once per (kernel, key): not those an
-    earlier job of the run searched (``elsewhere``), nor, with ``missing_only``, those whose key has its own
-    config in ``base`` (extending coverage, or tuning what production hit, need not re-search tuned keys).
-    Returns the launches (kernel, args, key) and the two skipped lists of [kernel, key].
+    earlier job of the run, or a run of the same search identity, searched (``elsewhere``), nor, with
+    ``missing_only``, those whose key has its own config in ``base`` (extending coverage, or tuning what
+    production hit, need not re-search tuned keys). Returns the launches (kernel, args, key) and the two
+    skipped lists of [kernel, key].
 
     ``fails_here(kernel, args, config)``: why a key's own config does not run here, or None. Such a config is
-    drift, not coverage: the key is searched, and the search's incumbent is Helion's default
-    (``incumbent_of``). A config pinned by an earlier run on a reference that could not launch (a nearest
-    config's shared memory at a wider headdim) would otherwise stay for good, the runtime passing over it."""
+    drift, not coverage, whoever stored it: the key is searched, against Helion's default (``incumbent_of``).
+    An earlier run pinned a nearest config of the state pass under a headdim-80 key on an H100, where it needs
+    more shared memory than the GPU has (its search had failed on it as the reference); skipped, that key
+    would have run on whatever came next for good."""
     skip = {tuple(slot) for slot in elsewhere}
     launches, seen, tuned_elsewhere, had_config = [], set(), [], []
     for kernel, args in captured:
@@ -306,10 +308,12 @@ def to_search(captured: Any, elsewhere: Any, base: Any, missing_only: bool,
         if slot in seen:
             continue
         seen.add(slot)
-        own = base.get(*slot) if missing_only else None
-        if slot in skip:
+        own = base.get(*slot) if missing_only or slot in skip else None
+        if own is not None and fails_here is not None and fails_here(kernel, args, own) is not None:
+            launches.append((kernel, args, key))
+        elif slot in skip:
             tuned_elsewhere.append(list(slot))
-        elif own is not None and (fails_here is None or fails_here(kernel, args, own) is None):
+        elif own is not None:
             had_config.append(list(slot))
         else:
             launches.append((kernel, args, key))

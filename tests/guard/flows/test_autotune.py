@@ -912,11 +912,16 @@ def test_missing_only_searches_a_key_whose_own_config_does_not_run_here(cumsum_l
     kernel, args, key = cumsum_launch
     runs = {"block_sizes": [2], "num_warps": 2}
     slot = [kernel.name, str(key)]
-    for own, searched in ((runs, False), ({"block_sizes": [2], "num_warps": 2, "indexing": ["pointer"]}, True)):
+    invalid = {"block_sizes": [2], "num_warps": 2, "indexing": ["pointer"]}  # lists of another key's length
+    for own, searched in ((runs, False), (invalid, True)):
         base = ConfigFile(kernels={kernel.name: {str(key): own}})
         launches, _, had_config = to_search([(kernel, args)], [], base, True, own_config_fails)
         assert ([[k.name, str(x)] for k, _, x in launches], had_config) == (([slot], []) if searched else
                                                                             ([], [slot]))
+        # A run that searched the key before (this one's earlier job, or a carried run) left it this config.
+        launches, elsewhere, _ = to_search([(kernel, args)], [slot], base, False, own_config_fails)
+        assert ([[k.name, str(x)] for k, _, x in launches], elsewhere) == (([slot], []) if searched else
+                                                                           ([], [slot]))
     refused = triton.runtime.errors.OutOfResources(403476, 232448, "shared memory")
     monkeypatch.setattr(type(kernel), "compiled", lambda *a, **k: (_ for _ in ()).throw(refused))
     assert "shared memory" in own_config_fails(kernel, args, runs)
