@@ -511,8 +511,9 @@ class Accepted:
 def accepted(entries: Iterable[Mapping[str, Any]], order: Mapping[str, int]) -> list[Accepted]:
     """What the jobs' attempts store, in plan order (a job's latest attempt first): kept winners; Helion's
     default where it beat the search; and a ``nearest`` incumbent that was not replaced, pinned under its own
-    key (``pins_incumbent``). Unpinned, that key would follow its neighbour, which this run may change: on the H200 the
-    long-context dstates launch kept nemotron3-nano's config and ran 18 % slower on nemotron3-nano's new one.
+    key (``pins_incumbent``). Unpinned, that key would follow its neighbour, which this run may change: on the
+    H200 the long-context dstates launch kept nemotron3-nano's config and ran 18 % slower on nemotron3-nano's new
+    one.
 
     A (kernel, key) tuned by several jobs (two entries launching the same Helion kernel at the same key)
     belongs to the first job in the plan that tuned it, kept or not, so the result never depends on which

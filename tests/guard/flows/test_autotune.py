@@ -899,11 +899,12 @@ def test_missing_only_skips_launches_whose_key_has_its_own_config():
     assert had_config == [] and scan in [[kernel.name, str(key)] for kernel, _, key in launches]
 
 
-def test_missing_only_searches_a_key_whose_own_config_does_not_run_here(cumsum_launch, monkeypatch):
+def test_a_key_whose_own_config_does_not_run_here_is_searched(cumsum_launch, monkeypatch):
     """On an H100 whose file was withheld, a run pinned a nearest config of the state pass under a headdim-80
     key where it needs more shared memory than the GPU has (its search had failed on it as the reference).
-    Skipped as "has a config of its own" by every later stage, the key ran on whatever came next for good.
-    Such a config is drift: the key is searched, against Helion's default (``incumbent_of``)."""
+    Skipped as searched before by later runs, and as "has a config of its own" by the later stages, the key
+    ran on whatever came next for good. Such a config is drift: the key is searched, against Helion's default
+    (``incumbent_of``)."""
     import triton.runtime.errors
 
     from mamba2_guard.flows.autotune_worker import own_config_fails, to_search
