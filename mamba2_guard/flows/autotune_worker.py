@@ -140,7 +140,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     from mamba2_guard.bench.worker import gpu_identity
     from mamba2_guard.core import tuneplan
     from mamba2_kernels import config_store, registry, suites
-    from mamba2_kernels.tuning import capture_launches, device_capability, device_slug, launch_error, pinned_config
+    from mamba2_kernels.tuning import capture_launches, device_capability, device_slug, pinned_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("helion_tuner needs a CUDA GPU")
@@ -195,18 +195,11 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
         out.append(record)
         save_partial(spec, out)
 
-    def launches_here(kernel: Any, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
-        try:
-            return launch_error(kernel, args, config)
-        except Exception as exc:  # a stored config that fails here otherwise is no incumbent either
-            _raise_if_cuda_broken()
-            return f"{type(exc).__name__}: {exc}"
-
     for i, (tk, kargs, key) in enumerate(launches):
         record: dict[str, Any] = {"kernel": tk.name, "key": str(key), "entry": entry.name, "shape": shape.name,
                                   "device_ms": device_ms[i]}
         incumbent_kind, incumbent, why = incumbent_of(tk, kargs, base, key, borrowed,
-                                                      launches=functools.partial(launches_here, tk, kargs))
+                                                      launches=functools.partial(launch_failure, tk, kargs))
         if why is not None:
             record["stored_passed_over"] = why  # the first stored candidate, invalid or not launching here
         default = dict(tk.bound(kargs).config_spec.default_config())
@@ -323,16 +316,23 @@ def to_search(captured: Any, elsewhere: Any, base: Any, missing_only: bool,
 def own_config_fails(kernel: Any, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
     """Why a key's own stored ``config`` does not run at ``args`` here (invalid under this helion, or refused
     at launch), or None."""
-    from mamba2_kernels.tuning import complete_config, launch_error, validate_config
+    from mamba2_kernels import config_store
 
-    why = validate_config(kernel, args, config, False)
-    if why is None:
-        try:
-            why = launch_error(kernel, args, complete_config(kernel, args, config, False) or dict(config))
-        except Exception as exc:  # a config that fails otherwise serves no better
-            _raise_if_cuda_broken()
-            why = f"{type(exc).__name__}: {exc}"
-    return why
+    served, why = as_served(kernel, args, config_store.Lookup(dict(config), "exact", None))
+    return why if served is None else launch_failure(kernel, args, served)
+
+
+def launch_failure(kernel: Any, args: tuple[Any, ...], config: dict[str, Any]) -> str | None:
+    """Why ``config`` (as the call runs it) does not launch at ``args`` here, or None: Triton's refusal
+    (``tuning.launch_error``), or any other error of the launch, since a config that fails otherwise serves no
+    better, as an incumbent or as a key's own config."""
+    from mamba2_kernels.tuning import launch_error
+
+    try:
+        return launch_error(kernel, args, config)
+    except Exception as exc:
+        _raise_if_cuda_broken()
+        return f"{type(exc).__name__}: {exc}"
 
 
 def launch_device_ms(timer: Any, launches: list[tuple[Any, tuple, Any]], captured: list[tuple[Any, tuple]]
