@@ -1,13 +1,15 @@
 """Generate ``docs/results/<slug>.md`` and its chart ``<slug>-speedups.svg`` from each ``baselines/<slug>.yaml``,
-and ``docs/results/traffic.md`` (launches and modelled bytes per call) from the registry's traffic model.
+``docs/results/bringup-<slug>.md`` and its chart from each ``baselines/bringup/<slug>.yaml`` (the anytime curve
+of a bring-up with the GPU's file withheld, from the bench runs it cites), and ``docs/results/traffic.md``
+(launches and modelled bytes per call) from the registry's traffic model.
 
     python docs/results/build.py           # (re)write every page
     python docs/results/build.py --check   # exit 1, naming the stale page, when a committed page differs (CI)
 
-The rendering is ``mamba2_guard.core.results_page`` (pure); this file reads the baselines, maps each case's
-``recorded_at`` to the raw run in ``baselines/runs/`` whose ``started_at`` it is, reads the tuned shapes
-(suites ``default`` and ``zoo-fit`` of ``mamba2_kernels/suites.yaml``), the steered (``zoo-steered``) and the
-held-out ones (``heldout-wide``), and the first calls
+The rendering is ``mamba2_guard.core.results_page`` and ``.bringup_curve`` (pure); this file reads the
+baselines, maps each case's ``recorded_at`` to the raw run in ``baselines/runs/`` whose ``started_at`` it is,
+reads the tuned shapes (suites ``default`` and ``zoo-fit`` of ``mamba2_kernels/suites.yaml``), the steered
+(``zoo-steered``) and the held-out ones (``heldout-wide``), and the first calls
 (``baselines/first-call/<slug>.yaml``), and writes or compares the pages. The chart (``adapters.charts``,
 matplotlib) is compared by the digest of the data it was drawn from, which it carries.
 """
@@ -18,6 +20,7 @@ import argparse
 import difflib
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -27,9 +30,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mamba2_guard.adapters import charts  # noqa: E402
-from mamba2_guard.core import traffic_table  # noqa: E402
+from mamba2_guard.core import bringup_curve, traffic_table  # noqa: E402
 from mamba2_guard.core.results_page import call_speedups, render, shape_classes  # noqa: E402
-from mamba2_guard.flows.baselines import read_first_calls  # noqa: E402
+from mamba2_guard.flows.baselines import read_first_calls, read_result  # noqa: E402
+from mamba2_kernels.files import load_yaml  # noqa: E402
+
+WHOLE_CALL = "ssd_combined_fwd_bwd"
 
 STARTED_AT = re.compile(r'"started_at":\s*"([^"]+)"')
 
@@ -56,10 +62,11 @@ def suite_lists(root: Path) -> dict[str, list[str]]:
     return {name: list(members or []) for name, members in (data.get("suites") or {}).items()}
 
 
-def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[dict, str]]]:
-    """The pages (path -> text) and their charts (path -> (data, title))."""
+def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[Callable, dict, str]]]:
+    """The pages (path -> text) and their charts (path -> (drawing function, data, title)). ValueError naming
+    the file where a bring-up curve file or a run it cites is malformed or missing."""
     out: dict[Path, str] = {}
-    drawn: dict[Path, tuple[dict, str]] = {}
+    drawn: dict[Path, tuple[Callable, dict, str]] = {}
     lists = suite_lists(root)
     tuned = lists.get("default", []) + lists.get("zoo-fit", [])
     steered, heldout = lists.get("zoo-steered", []), lists.get("heldout-wide", [])
@@ -71,12 +78,66 @@ def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[dict, str]]]:
         chart = f"{slug}-speedups.svg" if series else None
         if chart:
             gpu = (data.get("fingerprint") or {}).get("gpu_name") or slug
-            drawn[root / "docs" / "results" / chart] = (series, f"{gpu}: speedup against mamba-ssm per shape")
+            drawn[root / "docs" / "results" / chart] = (charts.speedup_bars, series,
+                                                        f"{gpu}: speedup against mamba-ssm per shape")
         out[root / "docs" / "results" / f"{slug}.md"] = render(
             data, slug, runs=run_files(root / "baselines" / "runs", slug), tuned_shapes=tuned, heldout_shapes=heldout,
             source=f"baselines/{baseline.name}", first_calls=first_calls, chart=chart, steered_shapes=steered)
+    zoo = [s for suite in ("zoo-fit", "zoo-steered") for s in lists.get(suite, [])]
+    for curve_file in sorted((root / "baselines" / "bringup").glob("*.yaml")):
+        page, chart = bringup_page(root, curve_file, lists.get("default", []), zoo)
+        out[root / "docs" / "results" / f"bringup-{curve_file.stem}.md"] = page
+        drawn[root / "docs" / "results" / f"bringup-{curve_file.stem}.svg"] = chart
     out[root / "docs" / "results" / "traffic.md"] = traffic_page(root, shape_classes(tuned, heldout, steered))
     return out, drawn
+
+
+def whole_call_speedups(path: Path) -> tuple[dict[str, float], dict]:
+    """shape -> the whole call's speedup in the bench result ``path``, and the result's fingerprint."""
+    result = read_result(path)
+    return ({c.shape: c.speedup for c in result.cases if c.kernel == WHOLE_CALL and c.speedup},
+            result.fingerprint)
+
+
+def bringup_page(root: Path, curve_file: Path, suite: list[str], zoo: list[str]
+                 ) -> tuple[str, tuple[Callable, dict, str]]:
+    """The anytime-curve page of ``curve_file`` and its chart (``mamba2_guard.core.bringup_curve``)."""
+    source = str(curve_file.relative_to(root))
+    try:
+        doc = load_yaml(curve_file)
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{source}: not valid YAML: {exc}".splitlines()[0]) from None
+    curves = bringup_curve.parse(doc, source)
+    runs_dir = root / "baselines" / "runs" / "bringup"
+    cited = dict.fromkeys([*(r for c in curves.curves for p in c.points for r in p.runs), *curves.yardstick_runs])
+    by_run, prints = {}, []
+    for run in cited:
+        if not (runs_dir / run).is_file():
+            raise ValueError(f"{source}: cites {run}, which is not in baselines/runs/bringup/")
+        by_run[run], fingerprint = whole_call_speedups(runs_dir / run)
+        prints.append(fingerprint)
+    if curves.yardstick_runs:
+        yardstick = bringup_curve.point_speedups(
+            bringup_curve.Point(0.0, "the yardstick", curves.yardstick_runs), by_run)
+    else:
+        results = ((load_yaml(root / "baselines" / f"{curve_file.stem}.yaml") or {}).get("results") or {})
+        yardstick = {shape: float(case["speedup_vs_mamba_ssm"]) for shape, case in results.get(WHOLE_CALL, {}).items()
+                     if isinstance(case.get("speedup_vs_mamba_ssm"), (int, float))}
+    speedups = [[bringup_curve.point_speedups(p, by_run) for p in c.points] for c in curves.curves]
+    versions = "; ".join(sorted({", ".join(f"{name} {fp[key]}" for key, name in VERSION_FIELDS if fp.get(key))
+                                 for fp in prints}))
+    gpus = sorted({str(fp.get("gpu_uuid", ""))[:12] for fp in prints if fp.get("gpu_uuid")})
+    environment = (f"The runs name {versions}" + (f", on the cards {', '.join(gpus)}" if gpus else "") + "."
+                   if versions else "")
+    chart = f"bringup-{curve_file.stem}.svg"
+    page = bringup_curve.render(curves, speedups, yardstick, slug=curve_file.stem, source=source,
+                                suite_shapes=suite, zoo_shapes=zoo, chart=chart, versions=environment)
+    data = bringup_curve.chart_data(curves, speedups, yardstick, [*suite, *zoo])
+    return page, (charts.anytime_curves, data, f"{curves.gpu}, file withheld: the anytime curve")
+
+
+VERSION_FIELDS = (("driver_version", "driver"), ("torch", "torch"), ("triton", "triton"), ("helion", "helion"),
+                  ("mamba_ssm", "mamba-ssm"))
 
 
 def traffic_page(root: Path, classes: list[tuple[str, list[str]]]) -> str:
@@ -102,10 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     root = args.root.resolve()
-    generated, drawn = pages(root)
+    try:
+        generated, drawn = pages(root)
+    except ValueError as exc:
+        print(f"build.py: {exc}", file=sys.stderr)
+        return 2
     if args.check:
-        stale = [str(path.relative_to(root)) for path, (series, _) in drawn.items()
-                 if charts.drawn_from(path) != charts.digest(series)]
+        stale = [str(path.relative_to(root)) for path, (_, data, _) in drawn.items()
+                 if charts.drawn_from(path) != charts.digest(data)]
         for path, text in generated.items():
             current = path.read_text() if path.exists() else ""
             if current != text:
@@ -124,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(f"wrote {path.relative_to(root)}")
-    for path, (series, title) in drawn.items():
-        charts.speedup_bars(series, title, path)
+    for path, (draw, data, title) in drawn.items():
+        draw(data, title, path)
         print(f"wrote {path.relative_to(root)}")
     return 0
 

@@ -58,6 +58,42 @@ def speedup_bars(series: Mapping[str, Sequence[tuple[str, str, float]]], title: 
     _save_svg(fig, series, path)
 
 
+def anytime_curves(data: Mapping[str, Any], title: str, path: Path) -> None:
+    """One panel per curve of a bring-up (``mamba2_guard.core.bringup_curve.chart_data`` gives ``data``) over
+    the device-minutes spent: each shape's speedup against mamba-ssm as a grey line through the points that
+    benched it, and in bold the geometric mean over the shapes each point benched (their number beside it);
+    the black line at 1.0x (mamba-ssm's speed), the dashed one at the yardstick's geometric mean, the dotted
+    one at 95 % of it (the third target). Written atomically as SVG."""
+    _, Figure = _matplotlib()
+
+    panels = data["panels"]
+    fig = Figure(figsize=(5.2 * len(panels), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    yardstick = data.get("yardstick_geomean")
+    for ax, panel in zip(axes, panels, strict=True):
+        ax.axhline(1.0, color="black", linewidth=0.8, label="mamba-ssm")
+        if yardstick:
+            ax.axhline(yardstick, color="#2ca02c", linestyle="--", linewidth=1, label=f"yardstick {yardstick:.2f}x")
+            ax.axhline(0.95 * yardstick, color="#2ca02c", linestyle=":", linewidth=1, label="95 % of it")
+        for points in panel["shapes"].values():
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker=".", color="#bbbbbb", linewidth=0.7, markersize=4)
+        if panel["means"]:
+            xs, ys, counts = zip(*panel["means"], strict=True)
+            ax.plot(xs, ys, marker="o", color="#1f77b4", linewidth=2, markersize=5,
+                    label="geometric mean of the shapes benched")
+            for x, y, count in panel["means"]:
+                ax.annotate(f" {count}", (x, y), fontsize=7, color="#1f77b4")
+        ax.set_xlim(left=0)
+        ax.set_title(panel["name"], fontsize=8)
+        ax.set_xlabel("device-minutes of bring-up", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0].set_ylabel("speedup vs mamba-ssm (grey: each shape)", fontsize=8)
+    axes[0].legend(fontsize=6, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    _save_svg(fig, data, path)
+
+
 def speedup_trends(series: Mapping[str, Sequence[Mapping[str, Any]]], band: float, title: str, path: Path) -> None:
     """Small multiples, one panel per kernel: each shape's speedup against mamba-ssm as a ratio to its
     baseline's, over the history window with this run last (x = 0); the grey band is ``band`` (the regression
