@@ -36,6 +36,8 @@ from mamba2_guard.flows.baselines import read_first_calls, read_result  # noqa: 
 from mamba2_kernels.files import load_yaml  # noqa: E402
 
 WHOLE_CALL = "ssd_combined_fwd_bwd"
+VERSION_FIELDS = (("driver_version", "driver"), ("torch", "torch"), ("triton", "triton"), ("helion", "helion"),
+                  ("mamba_ssm", "mamba-ssm"))
 
 STARTED_AT = re.compile(r'"started_at":\s*"([^"]+)"')
 
@@ -120,7 +122,10 @@ def bringup_page(root: Path, curve_file: Path, suite: list[str], zoo: list[str]
         yardstick = bringup_curve.point_speedups(
             bringup_curve.Point(0.0, "the yardstick", curves.yardstick_runs), by_run)
     else:
-        results = ((load_yaml(root / "baselines" / f"{curve_file.stem}.yaml") or {}).get("results") or {})
+        baseline = root / "baselines" / f"{curve_file.stem}.yaml"
+        if not baseline.is_file():
+            raise ValueError(f"{source}: the yardstick names no runs, and there is no baselines/{baseline.name}")
+        results = (load_yaml(baseline) or {}).get("results") or {}
         yardstick = {shape: float(case["speedup_vs_mamba_ssm"]) for shape, case in results.get(WHOLE_CALL, {}).items()
                      if isinstance(case.get("speedup_vs_mamba_ssm"), (int, float))}
     speedups = [[bringup_curve.point_speedups(p, by_run) for p in c.points] for c in curves.curves]
@@ -132,12 +137,8 @@ def bringup_page(root: Path, curve_file: Path, suite: list[str], zoo: list[str]
     chart = f"bringup-{curve_file.stem}.svg"
     page = bringup_curve.render(curves, speedups, yardstick, slug=curve_file.stem, source=source,
                                 suite_shapes=suite, zoo_shapes=zoo, chart=chart, versions=environment)
-    data = bringup_curve.chart_data(curves, speedups, yardstick, [*suite, *zoo])
+    data = bringup_curve.chart_data(curves, speedups, yardstick, [*suite, *zoo], zoo)
     return page, (charts.anytime_curves, data, f"{curves.gpu}, file withheld: the anytime curve")
-
-
-VERSION_FIELDS = (("driver_version", "driver"), ("torch", "torch"), ("triton", "triton"), ("helion", "helion"),
-                  ("mamba_ssm", "mamba-ssm"))
 
 
 def traffic_page(root: Path, classes: list[tuple[str, list[str]]]) -> str:

@@ -62,8 +62,8 @@ def anytime_curves(data: Mapping[str, Any], title: str, path: Path) -> None:
     """One panel per curve of a bring-up (``mamba2_guard.core.bringup_curve.chart_data`` gives ``data``) over
     the device-minutes spent: each shape's speedup against mamba-ssm as a grey line through the points that
     benched it, and in bold the geometric mean over the shapes each point benched (their number beside it);
-    the black line at 1.0x (mamba-ssm's speed), the dashed one at the yardstick's geometric mean, the dotted
-    one at 95 % of it (the third target). Written atomically as SVG."""
+    the black line at 1.0x (mamba-ssm's speed), the dashed one at the yardstick's geometric mean over the zoo,
+    the dotted one at 95 % of it (the third target). Written atomically as SVG."""
     _, Figure = _matplotlib()
 
     panels = data["panels"]
@@ -79,9 +79,8 @@ def anytime_curves(data: Mapping[str, Any], title: str, path: Path) -> None:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker=".", color="#bbbbbb", linewidth=0.7, markersize=4)
         if panel["means"]:
-            xs, ys, counts = zip(*panel["means"], strict=True)
-            ax.plot(xs, ys, marker="o", color="#1f77b4", linewidth=2, markersize=5,
-                    label="geometric mean of the shapes benched")
+            ax.plot([m[0] for m in panel["means"]], [m[1] for m in panel["means"]], marker="o", color="#1f77b4",
+                    linewidth=2, markersize=5, label="geometric mean of the shapes benched")
             for x, y, count in panel["means"]:
                 ax.annotate(f" {count}", (x, y), fontsize=7, color="#1f77b4")
         ax.set_xlim(left=0)

@@ -181,10 +181,10 @@ def targets(curve: Curve, speedups: Sequence[Mapping[str, float]], yardstick: Ma
 
 
 def chart_data(curves: CurveFile, speedups: Sequence[Sequence[Mapping[str, float]]], yardstick: Mapping[str, float],
-               shapes: Sequence[str]) -> dict[str, Any]:
+               shapes: Sequence[str], zoo_shapes: Sequence[str]) -> dict[str, Any]:
     """What the chart draws (``adapters.charts.anytime_curves``): per curve, each shape's (minutes, speedup)
     where a point has it, each point's geometric mean over the shapes it has (minutes, mean, how many), and
-    the yardstick's geometric mean over ``shapes``."""
+    the yardstick's geometric mean over the zoo's shapes (the third target's)."""
     panels = []
     for curve, by_point in zip(curves.curves, speedups, strict=True):
         lines = {s: [[p.minutes, round(x[s], 4)] for p, x in zip(curve.points, by_point, strict=True) if s in x]
@@ -195,7 +195,7 @@ def chart_data(curves: CurveFile, speedups: Sequence[Sequence[Mapping[str, float
             if present:
                 means.append([point.minutes, round(geomean(present), 4), len(present)])
         panels.append({"name": curve.name, "shapes": {s: pts for s, pts in lines.items() if pts}, "means": means})
-    mean = geomean([yardstick[s] for s in shapes if s in yardstick])
+    mean = geomean([yardstick[s] for s in zoo_shapes if s in yardstick])
     return {"panels": panels, "yardstick": curves.yardstick,
             "yardstick_geomean": None if mean is None else round(mean, 4)}
 

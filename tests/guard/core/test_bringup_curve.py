@@ -115,3 +115,17 @@ def test_build_names_a_cited_run_that_is_not_there(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == ("build.py: baselines/bringup/test-gpu.yaml: cites gone.json, which is not in "
                                    "baselines/runs/bringup/")
+
+
+def test_build_names_a_yardstick_that_has_neither_runs_nor_a_baseline(tmp_path):
+    root = _tree(tmp_path)
+    runs = root / "baselines" / "runs" / "bringup"
+    runs.mkdir(parents=True)
+    run = bench_result(runs / "gpu-withheld-a.json", {"s1": 1.1})
+    (root / "baselines" / "bringup").mkdir()
+    (root / "baselines" / "bringup" / "other-gpu.yaml").write_text(yaml.safe_dump({
+        "gpu": "Other GPU", "curves": [{"name": "c", "points": [point(0, run)]}], "yardstick": {"name": "y"}}))
+    done = _build(root, "--check")
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("build.py: baselines/bringup/other-gpu.yaml: the yardstick names no runs, and "
+                                   "there is no baselines/other-gpu.yaml")
