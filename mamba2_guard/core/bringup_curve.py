@@ -11,7 +11,7 @@ a curve is the bring-up's device-minutes so far, what it had done, and the bench
 later run of a point overrides an earlier one at the same shape. A run benches some shapes only, so each point
 says how many shapes it has, and compares with the yardstick over those shapes alone.
 
-The targets (issue 50) are judged per point, on the shapes each needs: the suite's three after the first
+The bring-up's targets are judged per point, on the shapes each needs: the suite's three after the first
 night, every zoo shape by 60 minutes, and the zoo's geometric mean within 5 % of the yardstick's by 120.
 """
 
