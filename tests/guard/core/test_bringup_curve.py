@@ -14,9 +14,9 @@ from tests.guard.core.test_results_page import _build, _tree
 SUITE, ZOO = ["s1"], ["z1", "z2"]
 
 
-def curve_file(points: list[dict], yardstick_runs: list[str] | None = None) -> bringup_curve.CurveFile:
+def curve_file(points: list[dict]) -> bringup_curve.CurveFile:
     doc = {"gpu": "Test GPU", "curves": [{"name": "from zero", "points": points}],
-           "yardstick": {"name": "the committed file", **({"runs": yardstick_runs} if yardstick_runs else {})}}
+           "yardstick": {"name": "the committed file"}}
     return bringup_curve.parse(doc, "curve.yaml")
 
 
