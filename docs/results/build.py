@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 from mamba2_guard.adapters import charts  # noqa: E402
 from mamba2_guard.core import bringup_curve, traffic_table  # noqa: E402
-from mamba2_guard.core.results_page import call_speedups, render, shape_classes  # noqa: E402
+from mamba2_guard.core.results_page import call_speedups, case_speedup, render, shape_classes  # noqa: E402
 from mamba2_guard.flows.baselines import read_first_calls, read_result  # noqa: E402
 from mamba2_kernels.files import load_yaml  # noqa: E402
 
@@ -72,9 +72,10 @@ def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[Callable, dict,
     lists = suite_lists(root)
     tuned = lists.get("default", []) + lists.get("zoo-fit", [])
     steered, heldout = lists.get("zoo-steered", []), lists.get("heldout-wide", [])
+    baselines: dict[str, dict] = {}  # slug -> baseline document, read once: a bring-up curve's yardstick too
     for baseline in sorted((root / "baselines").glob("*.yaml")):
         slug = baseline.stem
-        data = yaml.safe_load(baseline.read_text()) or {}
+        data = baselines[slug] = yaml.safe_load(baseline.read_text()) or {}
         first_calls = read_first_calls(root / "baselines" / "first-call" / baseline.name)
         series = call_speedups(data, tuned, heldout, first_calls, steered_shapes=steered)
         chart = f"{slug}-speedups.svg" if series else None
@@ -87,7 +88,7 @@ def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[Callable, dict,
             source=f"baselines/{baseline.name}", first_calls=first_calls, chart=chart, steered_shapes=steered)
     zoo = [s for suite in ("zoo-fit", "zoo-steered") for s in lists.get(suite, [])]
     for curve_file in sorted((root / "baselines" / "bringup").glob("*.yaml")):
-        page, chart = bringup_page(root, curve_file, lists.get("default", []), zoo)
+        page, chart = bringup_page(root, curve_file, lists.get("default", []), zoo, baselines.get(curve_file.stem))
         out[root / "docs" / "results" / f"bringup-{curve_file.stem}.md"] = page
         drawn[root / "docs" / "results" / f"bringup-{curve_file.stem}.svg"] = chart
     out[root / "docs" / "results" / "traffic.md"] = traffic_page(root, shape_classes(tuned, heldout, steered))
@@ -101,9 +102,10 @@ def whole_call_speedups(path: Path) -> tuple[dict[str, float], dict]:
             result.fingerprint)
 
 
-def bringup_page(root: Path, curve_file: Path, suite: list[str], zoo: list[str]
+def bringup_page(root: Path, curve_file: Path, suite: list[str], zoo: list[str], baseline: dict | None
                  ) -> tuple[str, tuple[Callable, dict, str]]:
-    """The anytime-curve page of ``curve_file`` and its chart (``mamba2_guard.core.bringup_curve``)."""
+    """The anytime-curve page of ``curve_file`` and its chart (``mamba2_guard.core.bringup_curve``);
+    ``baseline``: the GPU's baseline document (None: it has none), the yardstick where the curve names no runs."""
     source = str(curve_file.relative_to(root))
     try:
         doc = load_yaml(curve_file)
@@ -119,16 +121,13 @@ def bringup_page(root: Path, curve_file: Path, suite: list[str], zoo: list[str]
         by_run[run], fingerprint = whole_call_speedups(runs_dir / run)
         prints.append(fingerprint)
     if curves.yardstick_runs:
-        yardstick = bringup_curve.point_speedups(
-            bringup_curve.Point(0.0, "the yardstick", curves.yardstick_runs), by_run)
+        yardstick = bringup_curve.merged_speedups(curves.yardstick_runs, by_run)
+    elif baseline is None:
+        raise ValueError(f"{source}: the yardstick names no runs, and there is no baselines/{curve_file.stem}.yaml")
     else:
-        baseline = root / "baselines" / f"{curve_file.stem}.yaml"
-        if not baseline.is_file():
-            raise ValueError(f"{source}: the yardstick names no runs, and there is no baselines/{baseline.name}")
-        results = (load_yaml(baseline) or {}).get("results") or {}
-        yardstick = {shape: float(case["speedup_vs_mamba_ssm"]) for shape, case in results.get(WHOLE_CALL, {}).items()
-                     if isinstance(case.get("speedup_vs_mamba_ssm"), (int, float))}
-    speedups = [[bringup_curve.point_speedups(p, by_run) for p in c.points] for c in curves.curves]
+        results = (baseline.get("results") or {}).get(WHOLE_CALL, {})
+        yardstick = {shape: x for shape, case in results.items() if (x := case_speedup(case)) is not None}
+    speedups = [[bringup_curve.merged_speedups(p.runs, by_run) for p in c.points] for c in curves.curves]
     versions = "; ".join(sorted({", ".join(f"{name} {fp[key]}" for key, name in VERSION_FIELDS if fp.get(key))
                                  for fp in prints}))
     gpus = sorted({str(fp.get("gpu_uuid", ""))[:12] for fp in prints if fp.get("gpu_uuid")})

@@ -106,10 +106,11 @@ def parse(doc: Any, source: str) -> CurveFile:
                      _text(doc, "note", source, "", required=False))
 
 
-def point_speedups(point: Point, speedups_by_run: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """shape -> the whole call's speedup at ``point``: its runs' speedups, a later run's over an earlier's."""
+def merged_speedups(runs: Sequence[str], speedups_by_run: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """shape -> the whole call's speedup over ``runs`` (a point's, or the yardstick's): a later run's over an
+    earlier's."""
     out: dict[str, float] = {}
-    for run in point.runs:
+    for run in runs:
         out.update(speedups_by_run.get(run, {}))
     return out
 
@@ -135,7 +136,7 @@ class Verdict:
 
 def targets(curve: Curve, speedups: Sequence[Mapping[str, float]], yardstick: Mapping[str, float],
             suite_shapes: Sequence[str], zoo_shapes: Sequence[str]) -> list[Verdict]:
-    """Issue 50's three targets on ``curve`` (``speedups``: each point's, as ``point_speedups`` gives them).
+    """Issue 50's three targets on ``curve`` (``speedups``: each point's, as ``merged_speedups`` gives them).
     A point judges a target only where it has every shape the target needs."""
     verdicts = []
 

@@ -56,7 +56,9 @@ def _ms(value: float | None) -> str:
     return f"{value:.3f}" if value >= 0.1 else f"{value:.4f}"
 
 
-def _speedup(case: Mapping[str, Any]) -> float | None:
+def case_speedup(case: Mapping[str, Any]) -> float | None:
+    """A baseline case's speedup against mamba-ssm: its recorded one, else the ratio of the two medians; None
+    where it has neither."""
     value = case.get("speedup_vs_mamba_ssm")
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
@@ -95,7 +97,7 @@ def _order(item: tuple[str, Mapping[str, Any]]) -> tuple[int, str, str]:
 
 
 def row(kernel: str, case: Mapping[str, Any], runs: Mapping[str, str]) -> str:
-    speedup = _speedup(case)
+    speedup = case_speedup(case)
     roofline = case.get("roofline_fraction")
     verdict, errs = _precision(case)
     cells = [
@@ -154,7 +156,7 @@ def _headline(results: Mapping[str, Mapping[str, Mapping[str, Any]]], order: lis
         cells = []
         for shape in shapes:
             case = results[kernel].get(shape)
-            speedup = _speedup(case) if case is not None else None
+            speedup = case_speedup(case) if case is not None else None
             cells.append(f"{speedup:.2f}x" if speedup is not None else "n/a")
         lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
     return lines
@@ -186,7 +188,8 @@ def _group_means(results: Mapping[str, Mapping[str, Mapping[str, Any]]],
     for kernel in _composite_kernels(results):
         cells = []
         for _, member in classes:
-            speedups = [x for shape, c in results[kernel].items() if shape in member and (x := _speedup(c)) is not None]
+            speedups = [x for shape, c in results[kernel].items()
+                        if shape in member and (x := case_speedup(c)) is not None]
             cells.append(f"{statistics.geometric_mean(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}x; "
                          f"{len(speedups)})" if speedups else "n/a")
         lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
@@ -226,7 +229,7 @@ def call_speedups(baseline: Mapping[str, Any], tuned_shapes: Iterable[str], held
     out = {}
     for kernel in _composite_kernels(results):
         points = [(shape, group, x) for group, shapes in groups for shape in shapes
-                  if shape in results[kernel] and (x := _speedup(results[kernel][shape])) is not None]
+                  if shape in results[kernel] and (x := case_speedup(results[kernel][shape])) is not None]
         if points:
             out[kernel] = points
     firsts = [(shape, group, round(rec["mamba_ssm_s"] / rec["helion_s"], 4)) for group, shapes in groups

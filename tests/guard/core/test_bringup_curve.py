@@ -25,8 +25,7 @@ def point(minutes: float, *runs: str) -> dict:
 
 
 def test_a_later_run_of_a_point_overrides_an_earlier_one_and_the_yardstick_compares_common_shapes():
-    got = bringup_curve.point_speedups(bringup_curve.Point(1.0, "x", ("a.json", "b.json")),
-                                       {"a.json": {"z1": 0.9, "z2": 1.2}, "b.json": {"z1": 1.1}})
+    got = bringup_curve.merged_speedups(["a.json", "b.json"], {"a.json": {"z1": 0.9, "z2": 1.2}, "b.json": {"z1": 1.1}})
     assert got == {"z1": 1.1, "z2": 1.2}
     common, ratio = bringup_curve.versus(got, {"z1": 1.1, "s1": 2.0}, [*SUITE, *ZOO])
     assert common == ["z1"] and ratio == pytest.approx(1.0)
