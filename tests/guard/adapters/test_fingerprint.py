@@ -62,3 +62,24 @@ def test_the_kernel_shaping_sources_are_all_but_the_host_ones():
     shaping = kernel_shaping(sources)
     assert set(sources) - set(shaping) == set(HOST_SOURCES)
     assert "ssd/chunk_scan.py" in shaping and "ssd/compose.py" in shaping
+
+
+def test_a_run_on_another_card_after_a_suites_loader_change_has_the_same_search_identity():
+    """What a bring-up met: its next night ran on another H100 of the same model, under a guard whose only
+    change below mamba2_kernels/ was the suites' loader. Its searches were still what a search would find, but
+    the run searched them all again. A kernel's change still makes a new identity."""
+    from mamba2_guard.flows.autotune import search_identity
+
+    plan = {"effort": "quick", "seed": 1234, "gpu_slug": "gpu-a", "jobs": ["ssd_combined_fwd_bwd@smoke"],
+            "fingerprint_digest": "a" * 64}
+    sources = kernel_source_hashes()
+    before = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-1", "hostname": "runner-1", "helion": "1.5.0",
+              "kernel_sources": sources}
+
+    def after(*changed: str) -> dict:
+        return {**before, "gpu_uuid": "GPU-2", "hostname": "runner-2",
+                "kernel_sources": {**sources, **{name: "0" * 64 for name in changed}}}
+
+    for host in ("suites.py", "_ops.py", "context_parallel.py", "_mamba_ssm.py"):
+        assert search_identity(plan, after(host)) == search_identity(plan, before), host
+    assert search_identity(plan, after("suites.py", "ssd/chunk_scan.py")) != search_identity(plan, before)
