@@ -18,7 +18,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -117,6 +117,14 @@ def _first_device(args: tuple[Any, ...]) -> torch.device:
     raise TypeError("a Helion kernel needs at least one tensor argument")
 
 
+def call_layout(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The exact shapes, strides and dtypes of a call's tensors: what Helion binds a kernel to. A
+    ``helion.Kernel`` keeps one prepared fast path, for the binding it ran last; called by turns at two
+    layouts (the backward's two ``bmm_chunk_bwd`` launches, the second on a transposed view) it rebuilt its
+    argument guard, an ``eval``, on every launch. The dispatch gives each layout a kernel object of its own."""
+    return tuple((arg.shape, arg.stride(), arg.dtype) for arg in args if isinstance(arg, torch.Tensor))
+
+
 def scaled_atol(expected: torch.Tensor, atol: float) -> float:
     """``atol`` scaled by max(1, rms(expected)), as Helion's autotuner does by default: outputs that are
     large reductions (sums over thousands of products) carry accumulation-order noise in proportion to
@@ -164,16 +172,20 @@ class TunedKernel:
         self.partial_sums = dict(partial_sums or {})
         self.finish = finish
         self.seeds = [dict(seed) for seed in seeds]
-        self._kernels: dict[tuple[str, str], Any] = {}
-        self._dispatch: dict[tuple[torch.device, ShapeKey, str], tuple[Any, bool]] = {}  # kernel, on default
+        self._kernels: dict[tuple[str, str, Hashable], Any] = {}
+        # (device, shape key, mode, layout) -> (kernel, on default); the layout is ``call_layout``'s
+        self._dispatch: dict[tuple[torch.device, ShapeKey, str, Hashable], tuple[Any, bool]] = {}
         functools.update_wrapper(self, fn)
 
-    def helion_kernel(self, config: dict[str, Any] | None, mode: str = "compiled", **settings: Any):
-        """A ``helion.Kernel`` of this function pinned to ``config`` (None: Helion's default config)."""
+    def helion_kernel(self, config: dict[str, Any] | None, mode: str = "compiled", layout: Hashable = None,
+                      **settings: Any):
+        """A ``helion.Kernel`` of this function pinned to ``config`` (None: Helion's default config); one per
+        ``layout`` (``call_layout``) that the dispatch serves, so that each keeps Helion's fast path."""
         import helion
         import helion.exc
 
-        cache_key = (json.dumps(config, sort_keys=True), mode + json.dumps(settings, sort_keys=True, default=str))
+        cache_key = (json.dumps(config, sort_keys=True), mode + json.dumps(settings, sort_keys=True, default=str),
+                     layout)
         kernel = self._kernels.get(cache_key)
         if kernel is None:
             # Host code around our kernels (allocations, sums of per-program partials) is deliberate, so
@@ -241,22 +253,17 @@ class TunedKernel:
             from mamba2_kernels.testing import patch_mm_out_dtype
 
             patch_mm_out_dtype()
-        key = self.shape_key(*args)
-        dispatch_key = (device, key, mode)
+        key, layout = self.shape_key(*args), call_layout(args)
+        dispatch_key = (device, key, mode, layout)
         cached = self._dispatch.get(dispatch_key)
         if cached is not None:
-            kernel, on_default = cached
-            if not on_default:
-                return kernel(*args)
-            # Same shape key, other exact shapes or strides: Helion binds again and would announce it.
-            with _without_implicit_config_notice():
-                return kernel(*args)
-        result, kernel, on_default = self._first_that_runs(args, key, device, mode)
+            return cached[0](*args)
+        result, kernel, on_default = self._first_that_runs(args, key, device, mode, layout)
         self._dispatch[dispatch_key] = (kernel, on_default)
         return result
 
     def _first_that_runs(self, args: tuple[Any, ...], key: ShapeKey, device: torch.device,
-                         mode: str) -> tuple[Any, Any, bool]:
+                         mode: str, layout: Hashable = None) -> tuple[Any, Any, bool]:
         """Run ``args`` on the first candidate config that this helion accepts for them, adapted to the call
         (``adapt_config``); a candidate of another key is first checked by generating its code, which needs
         no GPU. A stored exact config that is rejected is drift: recorded, counted and logged, never fatal;
@@ -270,12 +277,12 @@ class TunedKernel:
         bound = None
         for found in self.candidates(*args):
             if bound is None:  # even in reference mode: a tunable there still shapes the work (heads per program)
-                bound = self.helion_kernel(found.config, mode).bind(args)
+                bound = self.helion_kernel(found.config, mode, layout).bind(args)
             own_key = found.source in ("exact", PINNED)
             config = adapt_config(bound, found.config, other_key=not own_key)
             if mode != "ref" and not own_key and _config_error(bound, config) is not None:
                 continue
-            kernel = self.helion_kernel(config, mode)
+            kernel = self.helion_kernel(config, mode, layout)
             try:
                 with _without_implicit_config_notice():
                     result = kernel(*args)
@@ -292,7 +299,7 @@ class TunedKernel:
                 config_store.note_fallback(self.name, str(key), gpu_slug, reason or found.source, found.used)
             return result, kernel, False
         config_store.note_fallback(self.name, str(key), gpu_slug, reason or "default", None)
-        kernel = self.helion_kernel(None, mode)
+        kernel = self.helion_kernel(None, mode, layout)
         with _without_implicit_config_notice():
             return kernel(*args), kernel, True
 

@@ -456,7 +456,7 @@ def test_a_pinned_config_this_helion_rejects_fails_the_call_rather_than_running_
     assert before == config_store.FALLBACKS and not config_store.INVALID  # no drift of the stored configs
     with execution_mode("triton"), pinned_config(toy_exp_add, {"block_sizes": [16, 16]}, _key(x, x)):
         torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
-        kernel, on_default = toy_exp_add._dispatch[(x.device, _key(x, x), "compiled")]
+        kernel, on_default = toy_exp_add._dispatch[(x.device, _key(x, x), "compiled", _runtime.call_layout((x, x)))]
     assert not on_default and kernel.configs[0]["block_sizes"] == [16, 16]
 
 
@@ -481,3 +481,24 @@ def test_a_pin_for_one_key_leaves_the_other_keys_dispatch(store, monkeypatch):
         toy_exp_add(small, small)
     # the large key selected once; the pinned key once per pin, and once more after it (the store again)
     assert selections == [_key(large, large)] + [_key(small, small)] * 4
+
+
+def test_a_kernel_called_by_turns_at_two_layouts_keeps_helions_fast_path_for_each(store, monkeypatch):
+    """The backward launches bmm_chunk_bwd twice per step, the second time on a transposed view. One
+    ``helion.Kernel`` keeps one prepared fast path, so it rebuilt its argument guard (an ``eval``) on every
+    launch: a cost on the host each step, which an eager training loop pays in full."""
+    import importlib
+
+    kernel_module = importlib.import_module("helion.runtime.kernel")
+    guards = []
+    real = kernel_module._make_prepared_arg_guard
+    monkeypatch.setattr(kernel_module, "_make_prepared_arg_guard",
+                        lambda kernel, args: (guards.append(args), real(kernel, args))[1])
+    rows = torch.randn(100, 33)
+    columns = torch.randn(33, 100).t()  # the same shape and values' layout transposed
+    toy_exp_add._kernels.clear()  # no kernel object of an earlier test, its guards built already
+    with execution_mode("triton"):
+        for _ in range(4):
+            for x in (rows, columns):
+                torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
+    assert len(guards) == 2  # one per layout, built once
