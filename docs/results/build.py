@@ -1,12 +1,14 @@
 """Generate ``docs/results/<slug>.md`` and its chart ``<slug>-speedups.svg`` from each ``baselines/<slug>.yaml``,
 ``docs/results/bringup-<slug>.md`` and its chart from each ``baselines/bringup/<slug>.yaml`` (the anytime curve
-of a bring-up with the GPU's file withheld, from the bench runs it cites), and ``docs/results/traffic.md``
-(launches and modelled bytes per call) from the registry's traffic model.
+of a bring-up with the GPU's file withheld, from the bench runs it cites), ``docs/results/eager-<slug>.md``
+from each ``baselines/eager/<slug>.yaml`` (the SSD call in an eager loop, host included, from the ``dev
+eager-step`` runs it cites), and ``docs/results/traffic.md`` (launches and modelled bytes per call) from the
+registry's traffic model.
 
     python docs/results/build.py           # (re)write every page
     python docs/results/build.py --check   # exit 1, naming the stale page, when a committed page differs (CI)
 
-The rendering is ``mamba2_guard.core.results_page`` and ``.bringup_curve`` (pure); this file reads the
+The rendering is ``mamba2_guard.core.results_page``, ``.bringup_curve`` and ``.eager_table`` (pure); this file reads the
 baselines, maps each case's ``recorded_at`` to the raw run in ``baselines/runs/`` whose ``started_at`` it is,
 reads the tuned shapes (suites ``default`` and ``zoo-fit`` of ``mamba2_kernels/suites.yaml``), the steered
 (``zoo-steered``) and the held-out ones (``heldout-wide``), and the first calls
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -30,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mamba2_guard.adapters import charts  # noqa: E402
-from mamba2_guard.core import bringup_curve, traffic_table  # noqa: E402
+from mamba2_guard.core import bringup_curve, eager_table, traffic_table  # noqa: E402
 from mamba2_guard.core.results_page import call_speedups, case_speedup, render, shape_classes  # noqa: E402
 from mamba2_guard.flows.baselines import read_first_calls, read_result  # noqa: E402
 from mamba2_kernels.files import load_yaml  # noqa: E402
@@ -91,8 +94,30 @@ def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[Callable, dict,
         page, chart = bringup_page(root, curve_file, lists.get("default", []), zoo, baselines.get(curve_file.stem))
         out[root / "docs" / "results" / f"bringup-{curve_file.stem}.md"] = page
         drawn[root / "docs" / "results" / f"bringup-{curve_file.stem}.svg"] = chart
+    for eager_file in sorted((root / "baselines" / "eager").glob("*.yaml")):
+        out[root / "docs" / "results" / f"eager-{eager_file.stem}.md"] = eager_page(root, eager_file, [*tuned, *zoo])
     out[root / "docs" / "results" / "traffic.md"] = traffic_page(root, shape_classes(tuned, heldout, steered))
     return out, drawn
+
+
+def eager_page(root: Path, eager_file: Path, order: list[str]) -> str:
+    """The eager-loop page of ``eager_file`` from the ``dev eager-step`` runs it cites
+    (``mamba2_guard.core.eager_table``)."""
+    source = str(eager_file.relative_to(root))
+    try:
+        eager = eager_table.parse(load_yaml(eager_file), source)
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{source}: not valid YAML: {exc}".splitlines()[0]) from None
+    reports = {}
+    for ref in eager.runs:
+        path = root / "baselines" / "runs" / "eager" / ref.file
+        if not path.is_file():
+            raise ValueError(f"{source}: cites {ref.file}, which is not in baselines/runs/eager/")
+        try:
+            reports[ref.file] = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"baselines/runs/eager/{ref.file}: not valid JSON ({exc})") from None
+    return eager_table.render(eager, reports, source=source, order=order)
 
 
 def whole_call_speedups(path: Path) -> tuple[dict[str, float], dict]:

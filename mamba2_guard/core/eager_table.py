@@ -1,0 +1,179 @@
+"""The SSD call as an eager training loop sees it, host included: ``mamba2-guard dev eager-step``'s runs as one
+results page per GPU model, ``docs/results/eager-<gpu-slug>.md``.
+
+``baselines/eager/<gpu-slug>.yaml`` cites the runs (files of ``baselines/runs/eager/``) and says what each
+measured, since a run records its environment but not which commit or config file served the kernels::
+
+    gpu: NVIDIA H100 80GB HBM3
+    note: why these runs were taken
+    runs:
+      - file: nvidia-h100-80gb-hbm3-2026-12-07-eager-short.json
+        note: the code of commit bbae657; the H200 file lent
+
+Each row is one shape (``<shape>@L<n>``: the shape at n tokens) and call (the forward, or the training step:
+forward and backward through autograd): the wall medians of ours and mamba-ssm's, their ratio, the device-time
+ratio, and the host cost (how far the wall ratio falls below the device ratio). The training step's targets are
+judged per row: at least mamba-ssm's speed in the eager loop, and at the named shapes themselves (no ``@L``) a
+host cost of at most 5 %.
+
+Pure: plain data in and out; errors name the file and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CALLS = {"ssd_combined_fwd": "forward", "ssd_combined_fwd_bwd": "forward + backward"}
+STEP = "ssd_combined_fwd_bwd"
+HOST_COST_LIMIT = 0.05
+
+
+@dataclass(frozen=True)
+class RunRef:
+    file: str
+    note: str
+
+
+@dataclass(frozen=True)
+class EagerFile:
+    gpu: str
+    note: str
+    runs: tuple[RunRef, ...]
+
+
+@dataclass(frozen=True)
+class Row:
+    shape: str
+    call: str  # a key of CALLS
+    ours_ms: float | None
+    mamba_ssm_ms: float | None
+    wall: float | None  # mamba-ssm / ours, wall time
+    device: float | None  # the same, device time (CUDA-graph replays)
+    host_cost: float | None
+    error: str | None = None
+
+    @property
+    def short(self) -> bool:
+        """A shape put at another sequence length (``<shape>@L<n>``), not the zoo's own."""
+        return "@L" in self.shape
+
+
+def _text(raw: Mapping[str, Any], name: str, where: str, required: bool = True) -> str:
+    value = raw.get(name)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}.{name}: expected text, got {value!r}")
+    return value.strip()
+
+
+def parse(doc: Any, where: str) -> EagerFile:
+    """An eager file (``yaml.safe_load``'s result); ``where`` names it in errors."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{where}: expected a mapping with gpu and runs, got {type(doc).__name__}")
+    unknown = sorted(set(doc) - {"gpu", "note", "runs"})
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}")
+    runs = doc.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise ValueError(f"{where}.runs: expected a list of {{file, note}}, got {runs!r}")
+    refs = []
+    for i, raw in enumerate(runs):
+        at = f"{where}.runs[{i}]"
+        if not isinstance(raw, Mapping) or set(raw) - {"file", "note"}:
+            raise ValueError(f"{at}: expected a mapping with file and note")
+        refs.append(RunRef(_text(raw, "file", at), _text(raw, "note", at)))
+    return EagerFile(_text(doc, "gpu", where), _text(doc, "note", where, required=False), tuple(refs))
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return float(value)
+
+
+def rows(report: Any, where: str) -> list[Row]:
+    """The rows of one ``dev eager-step`` JSON report, in its order; ``where`` names it in errors."""
+    cases = report.get("cases") if isinstance(report, Mapping) else None
+    if not isinstance(cases, Mapping):
+        raise ValueError(f"{where}: not a dev eager-step report (expected an object with 'cases')")
+    out = []
+    for shape, calls in cases.items():
+        if not isinstance(calls, Mapping):
+            raise ValueError(f"{where}: cases.{shape}: expected a mapping of call -> result")
+        for call, result in calls.items():
+            if call not in CALLS or not isinstance(result, Mapping):
+                raise ValueError(f"{where}: cases.{shape}.{call}: expected one of {sorted(CALLS)} with a result")
+            if "error" in result:
+                out.append(Row(str(shape), call, None, None, None, None, None, str(result["error"])))
+                continue
+            wall, device = result.get("wall") or {}, result.get("device") or {}
+            medians = wall.get("median_ms") or {}
+            out.append(Row(str(shape), call, _number(medians.get("helion")), _number(medians.get("mamba_ssm")),
+                           _number(wall.get("speedup_vs_mamba_ssm")), _number(device.get("speedup_vs_mamba_ssm")),
+                           _number(result.get("host_cost"))))
+    return out
+
+
+def verdict(row: Row) -> str:
+    """The training step's targets at ``row``: ``met``, or what misses (empty for the forward alone)."""
+    if row.call != STEP:
+        return ""
+    if row.error or row.wall is None:
+        return "not measured"
+    misses = [f"{row.wall:.2f}x < 1.0x"] if row.wall < 1.0 else []
+    if not row.short and (row.host_cost is None or row.host_cost > HOST_COST_LIMIT):
+        cost = "unknown" if row.host_cost is None else f"{row.host_cost:.0%} > {HOST_COST_LIMIT:.0%}"
+        misses.append(f"host cost {cost}")
+    return "; ".join(misses) or "met"
+
+
+def _fmt(value: float | None, form: str, unit: str = "") -> str:
+    return "" if value is None else format(value, form) + unit
+
+
+def _environment(report: Mapping[str, Any]) -> str:
+    fp = report.get("fingerprint") or {}
+    parts = [f"{name} {fp[key]}" for key, name in (("driver_version", "driver"), ("torch", "torch"),
+                                                    ("triton", "triton"), ("helion", "helion"),
+                                                    ("mamba_ssm", "mamba-ssm")) if fp.get(key)]
+    card = str(fp.get("gpu_uuid") or "")[:12]
+    return (f"{fp.get('gpu_name') or 'unknown GPU'}" + (f" ({card})" if card else "") + f", {report.get('date', '?')}"
+            + (f"; {', '.join(parts)}" if parts else "") + f"; {report.get('rounds', '?')} rounds of "
+            + f"{report.get('steps', '?')} calls")
+
+
+def render(eager: EagerFile, reports: Mapping[str, Mapping[str, Any]], *, source: str,
+           order: Sequence[str] = ()) -> str:
+    """The page: per cited run, its environment, its note and its rows. ``reports``: file -> report (every
+    cited file); ``order``: shape names in the order to list them (others after, as the run lists them)."""
+    lines = [f"# Eager training loop, host included: {eager.gpu}", "",
+             f"Generated by `docs/results/build.py` from `{source}` and the `dev eager-step` runs it cites "
+             "(`baselines/runs/eager/`); do not edit.", ""]
+    if eager.note:
+        lines += [eager.note, ""]
+    lines += ["Columns: wall = the median of back-to-back calls with one synchronize after them, host work "
+              "included (no CUDA graphs); device = the same calls as CUDA-graph replays; ratio = mamba-ssm / "
+              "ours; host cost = 1 - wall ratio / device ratio. The training step's targets: >= 1.0x in the "
+              f"eager loop at every shape, and a host cost of at most {HOST_COST_LIMIT:.0%} at the named shapes "
+              "themselves (`<shape>@L<n>` is the shape at n tokens).", ""]
+    rank = {name: i for i, name in enumerate(order)}
+    for ref in eager.runs:
+        report = reports[ref.file]
+        table = sorted(rows(report, ref.file), key=lambda r: (rank.get(r.shape.split("@")[0], len(rank)),
+                                                               r.shape.split("@")[0], r.short, r.shape))
+        lines += [f"## `{ref.file}`", "", f"{_environment(report)}. {ref.note}", "",
+                  "| shape | call | ours ms | mamba-ssm ms | wall | device | host cost | step targets |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row in table:
+            if row.error:
+                lines.append(f"| `{row.shape}` | {CALLS[row.call]} | failed: {row.error} |  |  |  |  | "
+                             f"{verdict(row)} |")
+                continue
+            cells = (_fmt(row.ours_ms, ".3f"), _fmt(row.mamba_ssm_ms, ".3f"), _fmt(row.wall, ".2f", "x"),
+                     _fmt(row.device, ".2f", "x"), _fmt(row.host_cost, ".0%"), verdict(row))
+            lines.append(f"| `{row.shape}` | {CALLS[row.call]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
