@@ -5,12 +5,15 @@ function and a registered autograd, its backward another operator, so that ``tor
 in its graph (no graph break) while the operator runs the Helion kernels, with their config lookup and
 binding, outside anything Dynamo traces. An operator's schema has no optional returns, and two empty
 stand-ins would alias each other (which custom operators forbid), so optional results are left out of the
-returned list: ``present`` drops them, ``placed`` puts them back.
+returned list: ``present`` drops them, ``placed`` puts them back. The SSD call, whose eager host work
+sets a short training step's time, goes through an ``autograd.Function`` over the same implementation outside
+torch.compile instead (``differentiable``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -24,3 +27,23 @@ def placed(values: Sequence[torch.Tensor], given: Sequence[object | None]) -> li
     """``present``'s inverse: ``values`` back in the places where ``given`` is not None, None elsewhere."""
     rest = iter(values)
     return [None if g is None else next(rest) for g in given]
+
+
+def differentiable(op: Any, impl: Callable[..., Any], setup_context: Callable[..., None],
+                   backward: Callable[..., Any], *, grads_as_list: bool = False) -> Callable[..., Any]:
+    """A call of ``op`` (the operator made of ``impl``) whose gradient is ``backward``: while torch.compile
+    traces, the operator, with ``backward`` registered as its autograd for the compiler to trace; in eager code,
+    a ``torch.autograd.Function`` over ``impl`` with the same context and backward. The operator's own autograd
+    wrapper (schema defaults, pytree flattening, two redispatches) was a fifth of the SSD call's host work per
+    training step. ``grads_as_list``: ``op`` returns a list, whose gradients ``backward`` takes as one list."""
+    op.register_autograd(backward, setup_context=setup_context)
+    eager = type(f"{impl.__name__.strip('_')}_function", (torch.autograd.Function,), {
+        "forward": staticmethod((lambda *inputs: tuple(impl(*inputs))) if grads_as_list else impl),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod((lambda ctx, *grads: backward(ctx, list(grads))) if grads_as_list else backward),
+    })
+
+    def call(*inputs: Any) -> Any:
+        return op(*inputs) if torch.compiler.is_compiling() else eager.apply(*inputs)
+
+    return call

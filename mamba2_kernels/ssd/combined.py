@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from mamba2_kernels import seen
-from mamba2_kernels._ops import placed, present
+from mamba2_kernels._ops import differentiable, placed, present
 from mamba2_kernels.ssd import compose, naive
 from mamba2_kernels.ssd._keys import dtype_name
 from mamba2_kernels.ssd.chunk_cumsum_bwd import chunk_cumsum_bwd_of_terms
@@ -202,12 +202,11 @@ def call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx) -> dict:
             "dstate": B.shape[3], "chunk_size": chunk_size, "dtype": dtype_name(x.dtype), "call": pattern}
 
 
-@torch.library.custom_op("mamba2_kernels::ssd_combined_fwd", mutates_args=())
-def _ssd_fwd_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
-                D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
-                initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-                dt_softplus: bool, dt_limit: Sequence[float], return_final_states: bool,
-                state_dtype: torch.dtype | None) -> list[torch.Tensor]:
+def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+             D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+             initial_states: torch.Tensor | None, seq_idx: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+             dt_softplus: bool, dt_limit: Sequence[float], return_final_states: bool,
+             state_dtype: torch.dtype | None) -> list[torch.Tensor]:
     """The forward as one operator that torch.compile keeps whole (``_ssd_fwd_fake`` gives its outputs):
     [out, final_states, out_x (the pre-gate output, when z is given), varlen_states (with cu_seqlens)].
     ``return_final_states`` only tells the backward whether final_states can carry a gradient."""
@@ -219,6 +218,9 @@ def _ssd_fwd_op(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
                                                                  tuple(dt_limit), cu_seqlens=cu_seqlens,
                                                                  state_dtype=state_dtype)
     return present([out, final_states, out_x if z is not None else None, *varlen])
+
+
+_ssd_fwd_op = torch.library.custom_op("mamba2_kernels::ssd_combined_fwd", _ssd_fwd, mutates_args=())
 
 
 @_ssd_fwd_op.register_fake
@@ -258,16 +260,12 @@ def _ssd_backward(ctx, grads):
     return (dx, ddt, dA, dB, dC, None, dD, dz, ddt_bias, dinitial_states, None, None, None, None, None, None)
 
 
-_ssd_fwd_op.register_autograd(_ssd_backward, setup_context=_ssd_setup_context)
-
-
-@torch.library.custom_op("mamba2_kernels::ssd_combined_bwd", mutates_args=())
-def _ssd_bwd_op(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None,
-                dt_bias: torch.Tensor | None, initial_states: torch.Tensor | None,
-                dfinal_states: torch.Tensor | None, dvarlen_states: torch.Tensor | None,
-                cu_seqlens: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
-                dt_limit: Sequence[float], state_dtype: torch.dtype | None) -> list[torch.Tensor]:
+def _ssd_bwd(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, out: torch.Tensor, chunk_size: int, D: torch.Tensor | None, z: torch.Tensor | None,
+             dt_bias: torch.Tensor | None, initial_states: torch.Tensor | None,
+             dfinal_states: torch.Tensor | None, dvarlen_states: torch.Tensor | None,
+             cu_seqlens: torch.Tensor | None, seq_idx: torch.Tensor | None, dt_softplus: bool,
+             dt_limit: Sequence[float], state_dtype: torch.dtype | None) -> list[torch.Tensor]:
     """The backward as one operator: [dx, ddt, dA, dB, dC, then dD, dz, ddt_bias, dinitial_states for those of
     D, z, dt_bias, initial_states given]. ``out`` is the forward's pre-gate output when z is given;
     ``dvarlen_states`` the varlen states' gradient, with the forward's ``cu_seqlens``."""
@@ -283,11 +281,17 @@ def _ssd_bwd_op(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.
     return [dx, ddt, dA, dB, dC, *present([dD, dz, ddt_bias, dinitial_states])]
 
 
+_ssd_bwd_op = torch.library.custom_op("mamba2_kernels::ssd_combined_bwd", _ssd_bwd, mutates_args=())
+
+
 @_ssd_bwd_op.register_fake
 def _ssd_bwd_fake(dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, initial_states, dfinal_states,
                   dvarlen_states, cu_seqlens, seq_idx, dt_softplus, dt_limit, state_dtype):
     return [torch.empty_like(t, memory_format=torch.contiguous_format)
             for t in present([x, dt, A, B, C, D, z, dt_bias, initial_states])]
+
+
+_ssd_call = differentiable(_ssd_fwd_op, _ssd_fwd, _ssd_setup_context, _ssd_backward, grads_as_list=True)
 
 
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -311,7 +315,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         check_cu_seqlens(x, cu_seqlens)
     else:
         cu_seqlens = None  # unused, as in mamba-ssm
-    out, final_states, *rest = torch.ops.mamba2_kernels.ssd_combined_fwd(
+    out, final_states, *rest = _ssd_call(
         x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus,
         [float(v) for v in dt_limit], return_final_states, state_dtype)
     varlen_states = rest[-1] if return_varlen_states else None

@@ -80,6 +80,6 @@ def test_a_run_on_another_card_after_a_suites_loader_change_has_the_same_search_
         return {**before, "gpu_uuid": "GPU-2", "hostname": "runner-2",
                 "kernel_sources": {**sources, **{name: "0" * 64 for name in changed}}}
 
-    for host in ("suites.py", "_ops.py", "context_parallel.py", "_mamba_ssm.py"):
+    for host in ("suites.py", "_ops.py", "context_parallel.py", "_mamba_ssm.py", "ssd/combined.py"):
         assert search_identity(plan, after(host)) == search_identity(plan, before), host
     assert search_identity(plan, after("suites.py", "ssd/chunk_scan.py")) != search_identity(plan, before)

@@ -602,8 +602,8 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
     candidate = {"block_sizes": [16, 4], "num_warps": 2}
     built = []
     real = kernel.helion_kernel
-    monkeypatch.setattr(kernel, "helion_kernel", lambda config, mode="compiled", **kw: (
-        built.append(config), real(config, mode, **kw))[1])
+    monkeypatch.setattr(kernel, "helion_kernel", lambda config, mode="compiled", *layout, **kw: (
+        built.append(config), real(config, mode, *layout, **kw))[1])
     call = _entry_on(entry, inputs, kernel, candidate, kernel.shape_key(*args))
     with capture_launches() as timed, execution_mode("ref"):
         call()

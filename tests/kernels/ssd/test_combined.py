@@ -203,3 +203,20 @@ def test_a_state_dtype_the_kernels_cannot_keep_is_named(state_dtype):
     with pytest.raises(ValueError, match=r"state_dtype: expected None or one of torch.float32, torch.float16, "
                                          r"torch.bfloat16, got"):
         mamba2_kernels.mamba_chunk_scan_combined(**_problem(), chunk_size=32, state_dtype=state_dtype)
+
+
+def test_an_eager_call_takes_the_autograd_function_and_not_the_operators_wrapper():
+    """Only torch.compile needs the operator (its graph keeps the call whole); in eager code its autograd
+    wrapper (schema defaults, pytree flattening, two redispatches) was a fifth of a training step's host work
+    at small shapes, so an eager call goes through an autograd.Function over the same implementation."""
+    g = torch.Generator().manual_seed(0)
+    b, L, h, p, n = 1, 64, 2, 8, 8
+    x = torch.randn(b, L, h, p, generator=g, requires_grad=True)
+    dt = torch.rand(b, L, h, generator=g).requires_grad_()
+    A = -torch.rand(h, generator=g)
+    B, C = torch.randn(b, L, 1, n, generator=g), torch.randn(b, L, 1, n, generator=g)
+    with execution_mode("ref"):
+        out = mamba2_kernels.mamba_chunk_scan_combined(x, dt, A, B, C, 32)
+        assert type(out.grad_fn).__name__ == "ssd_fwd_functionBackward"
+        out.sum().backward()
+    assert x.grad is not None and dt.grad is not None
