@@ -32,10 +32,11 @@ def placed(values: Sequence[torch.Tensor], given: Sequence[object | None]) -> li
 def differentiable(op: Any, impl: Callable[..., Any], setup_context: Callable[..., None],
                    backward: Callable[..., Any], *, grads_as_list: bool = False) -> Callable[..., Any]:
     """A call of ``op`` (the operator made of ``impl``) whose gradient is ``backward``: while torch.compile
-    traces, the operator, with ``backward`` registered as its autograd for the compiler to trace; in eager code,
-    a ``torch.autograd.Function`` over ``impl`` with the same context and backward. The operator's own autograd
-    wrapper (schema defaults, pytree flattening, two redispatches) was a fifth of the SSD call's host work per
-    training step. ``grads_as_list``: ``op`` returns a list, whose gradients ``backward`` takes as one list."""
+    traces, or on a tensor subclass, the operator, with ``backward`` registered as its autograd; on plain
+    tensors in eager code, a ``torch.autograd.Function`` over ``impl`` with the same context and backward.
+    The operator's own autograd wrapper (schema defaults, pytree flattening, two redispatches) was a fifth of
+    the SSD call's host work per training step. ``grads_as_list``: ``op`` returns a list, whose gradients
+    ``backward`` takes as one list."""
     op.register_autograd(backward, setup_context=setup_context)
     eager = type(f"{impl.__name__.strip('_')}_function", (torch.autograd.Function,), {
         "forward": staticmethod((lambda *inputs: tuple(impl(*inputs))) if grads_as_list else impl),
@@ -44,6 +45,10 @@ def differentiable(op: Any, impl: Callable[..., Any], setup_context: Callable[..
     })
 
     def call(*inputs: Any) -> Any:
-        return op(*inputs) if torch.compiler.is_compiling() else eager.apply(*inputs)
+        # A tensor subclass (a fake tensor of a tracer other than torch.compile, a DTensor) needs the operator:
+        # its fake function, or its dispatch.
+        if torch.compiler.is_compiling() or type(inputs[0]) is not torch.Tensor:
+            return op(*inputs)
+        return eager.apply(*inputs)
 
     return call

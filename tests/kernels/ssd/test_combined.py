@@ -220,3 +220,16 @@ def test_an_eager_call_takes_the_autograd_function_and_not_the_operators_wrapper
         assert type(out.grad_fn).__name__ == "ssd_fwd_functionBackward"
         out.sum().backward()
     assert x.grad is not None and dt.grad is not None
+
+
+def test_a_call_on_fake_tensors_outside_torch_compile_gets_the_operators_fake_function():
+    """make_fx, AOTAutograd and opcheck trace with fake tensors without a torch.compile session: the call must
+    still reach the operator, whose fake function gives the outputs, and never run the kernels on them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, dt = torch.empty(2, 64, 4, 8), torch.empty(2, 64, 4)
+        B = C = torch.empty(2, 64, 1, 16)
+        out, final_states = mamba2_kernels.mamba_chunk_scan_combined(x, dt, torch.empty(4), B, C, 32,
+                                                                     return_final_states=True)
+    assert out.shape == x.shape and final_states.shape == (2, 4, 8, 16)
