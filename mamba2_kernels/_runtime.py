@@ -125,6 +125,20 @@ def call_layout(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple((arg.shape, arg.stride(), arg.dtype) for arg in args if isinstance(arg, torch.Tensor))
 
 
+def call_signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Everything a call's shape key and layout are made of: each tensor's shape, strides, dtype and device, and
+    each other argument itself. TypeError where an argument is unhashable."""
+    signature = tuple((arg.shape, arg.stride(), arg.dtype, arg.device) if isinstance(arg, torch.Tensor) else arg
+                      for arg in args)
+    hash(signature)
+    return signature
+
+
+# How many call signatures a kernel remembers (``TunedKernel._by_signature``): a scalar argument that changed on
+# every call would otherwise grow the map without end; past the cap, new signatures take the shape-key path.
+MAX_SIGNATURES = 1024
+
+
 def scaled_atol(expected: torch.Tensor, atol: float) -> float:
     """``atol`` scaled by max(1, rms(expected)), as Helion's autotuner does by default: outputs that are
     large reductions (sums over thousands of products) carry accumulation-order noise in proportion to
@@ -175,6 +189,9 @@ class TunedKernel:
         self._kernels: dict[tuple[str, str, Hashable], Any] = {}
         # (device, shape key, mode, layout) -> (kernel, on default); the layout is ``call_layout``'s
         self._dispatch: dict[tuple[torch.device, ShapeKey, str, Hashable], tuple[Any, bool]] = {}
+        # (mode, call_signature) -> the kernel its dispatch chose: a repeated call skips the shape key, a few
+        # microseconds of Python per launch that an eager training loop pays on all of them.
+        self._by_signature: dict[tuple[str, tuple[Any, ...]], Any] = {}
         functools.update_wrapper(self, fn)
 
     def helion_kernel(self, config: dict[str, Any] | None, mode: str = "compiled", layout: Hashable = None,
@@ -253,14 +270,31 @@ class TunedKernel:
             from mamba2_kernels.testing import patch_mm_out_dtype
 
             patch_mm_out_dtype()
+        try:
+            signature: tuple[str, tuple[Any, ...]] | None = (mode, call_signature(args))
+            kernel = self._by_signature.get(signature)
+        except TypeError:  # an unhashable argument: the shape key alone decides
+            signature, kernel = None, None
+        if kernel is not None:
+            return kernel(*args)
         key, layout = self.shape_key(*args), call_layout(args)
         dispatch_key = (device, key, mode, layout)
         cached = self._dispatch.get(dispatch_key)
         if cached is not None:
-            return cached[0](*args)
-        result, kernel, on_default = self._first_that_runs(args, key, device, mode, layout)
-        self._dispatch[dispatch_key] = (kernel, on_default)
+            kernel = cached[0]
+            result = kernel(*args)
+        else:
+            result, kernel, on_default = self._first_that_runs(args, key, device, mode, layout)
+            self._dispatch[dispatch_key] = (kernel, on_default)
+        if signature is not None and len(self._by_signature) < MAX_SIGNATURES:
+            self._by_signature[signature] = kernel
         return result
+
+    def forget_dispatch(self, key: ShapeKey | None = None) -> None:
+        """Select the configs of ``key`` (every key when None) again at their next call."""
+        for dispatch_key in [k for k in self._dispatch if key is None or k[1] == key]:
+            del self._dispatch[dispatch_key]
+        self._by_signature.clear()  # which signatures have ``key`` is the shape key's to say again
 
     def _first_that_runs(self, args: tuple[Any, ...], key: ShapeKey, device: torch.device,
                          mode: str, layout: Hashable = None) -> tuple[Any, Any, bool]:
@@ -351,8 +385,7 @@ def pinned_config(kernel: TunedKernel, config: dict[str, Any], key: ShapeKey | N
         """Drop the pinned key's dispatch; other keys keep theirs, as selecting their configs again on every
         call (an adapted config of another key is checked by generating its code) is host work a timed call
         would carry."""
-        for dispatch_key in [k for k in kernel._dispatch if key is None or k[1] == key]:
-            del kernel._dispatch[dispatch_key]
+        kernel.forget_dispatch(key)
 
     forget()
     kernel.candidates = candidates  # type: ignore[method-assign]

@@ -43,7 +43,7 @@ def toy_exp_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def store(tmp_path, monkeypatch):
     monkeypatch.setattr(config_store, "CONFIG_DIR", tmp_path)
     monkeypatch.setenv("MAMBA2_GUARD_GPU_SLUG", "test-gpu")
-    toy_exp_add._dispatch.clear()
+    toy_exp_add.forget_dispatch()
     return tmp_path
 
 
@@ -225,7 +225,7 @@ def test_config_written_before_a_tunable_existed_runs_with_its_default(store):
     cf = ConfigFile(kernels={"toy_two_ways": {str(_key(x, x)): {"block_sizes": [16, 16], "num_warps": 4}}})
     config_store.save(config_store.path_for("test-gpu", store), cf)
     config_store.forget()
-    toy_two_ways._dispatch.clear()
+    toy_two_ways.forget_dispatch()
     before = dict(config_store.FALLBACKS)
     with execution_mode("triton"):
         torch.testing.assert_close(toy_two_ways(x), 2 * x)
@@ -247,7 +247,7 @@ def test_a_call_on_a_stored_config_runs_helions_front_end_once(store, helion_bin
             cf = ConfigFile(kernels={"toy_two_ways": {str(_key(x, x)): stored}})
             config_store.save(config_store.path_for("test-gpu", store), cf)
         config_store.forget()
-        toy_two_ways._dispatch.clear()
+        toy_two_ways.forget_dispatch()
         toy_two_ways._kernels.clear()  # Helion's kernels, and the bindings each holds
         helion_bindings.clear()
         with execution_mode(mode):
@@ -264,7 +264,7 @@ def test_config_missing_a_tunable_and_invalid_falls_back_to_the_default(store):
     cf = ConfigFile(kernels={"toy_two_ways": {str(_key(x, x)): stored}})
     config_store.save(config_store.path_for("test-gpu", store), cf)
     config_store.forget()
-    toy_two_ways._dispatch.clear()
+    toy_two_ways.forget_dispatch()
     before = config_store.FALLBACKS[("toy_two_ways", "invalid")]
     with execution_mode("triton"):
         torch.testing.assert_close(toy_two_ways(x), 2 * x)
@@ -355,7 +355,7 @@ def test_a_gpu_nobody_tuned_runs_on_a_same_architecture_gpus_configs(store, monk
     config_store.forget()
     for capability, on_default_expected, source in (("9.0", False, "other-gpu"), ("8.0", True, "default")):
         monkeypatch.setattr(_runtime, "device_capability", lambda _device, c=capability: c)
-        toy_exp_add._dispatch.clear()
+        toy_exp_add.forget_dispatch()
         before = config_store.FALLBACKS[("toy_exp_add", source)]
         with execution_mode("triton"):
             torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
@@ -502,3 +502,26 @@ def test_a_kernel_called_by_turns_at_two_layouts_keeps_helions_fast_path_for_eac
             for x in (rows, columns):
                 torch.testing.assert_close(toy_exp_add(x, x), x.exp() + x)
     assert len(guards) == 2  # one per layout, built once
+
+
+def test_a_repeated_call_skips_the_shape_key_and_a_pin_or_a_new_signature_asks_it_again(store, monkeypatch):
+    """The shape key costs a few microseconds of Python per launch, which an eager training loop pays on every
+    one: a call with a signature seen before runs the kernel its dispatch chose then."""
+    from mamba2_kernels._runtime import pinned_config
+
+    asked = []
+    real = toy_exp_add.shape_key
+    monkeypatch.setattr(toy_exp_add, "shape_key", lambda *args: (asked.append(args[0].shape), real(*args))[1])
+    small, large = torch.randn(100, 33), torch.randn(300, 33)
+    with execution_mode("ref"):
+        toy_exp_add(small, small)
+        first = len(asked)  # the dispatch and the config store's lookup
+        toy_exp_add(small, small)
+        toy_exp_add(small, small)
+        assert len(asked) == first
+        toy_exp_add(large, large)  # another signature
+        assert asked[first:] and set(asked[first:]) == {large.shape}
+        seen = len(asked)
+        with pinned_config(toy_exp_add, {"block_sizes": [16, 16]}, _key(small, small)):
+            torch.testing.assert_close(toy_exp_add(small, small), small.exp() + small)
+        assert len(asked) > seen  # the pin asked the key again, to know whether the call has it

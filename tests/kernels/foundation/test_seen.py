@@ -79,7 +79,7 @@ def first_calls():
     from mamba2_kernels._runtime import TUNED_KERNELS
 
     for kernel in TUNED_KERNELS.values():
-        kernel._dispatch.clear()
+        kernel.forget_dispatch()
 
 
 def test_the_whole_call_records_its_shape_for_forward_and_backward_kernels(seen_file, monkeypatch, smoke_shape,

@@ -73,7 +73,7 @@ def reset_dispatch(modules: tuple[ModuleType, ...]) -> None:
     for module in modules:
         for value in vars(module).values():
             if isinstance(value, TunedKernel):
-                value._dispatch.clear()
+                value.forget_dispatch()
 
 
 def assert_ref_mode_matches_reference(name: str, shape) -> None:
