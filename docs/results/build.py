@@ -34,13 +34,17 @@ if str(ROOT) not in sys.path:
 
 from mamba2_guard.adapters import charts  # noqa: E402
 from mamba2_guard.core import bringup_curve, eager_table, traffic_table  # noqa: E402
-from mamba2_guard.core.results_page import call_speedups, case_speedup, render, shape_classes  # noqa: E402
+from mamba2_guard.core.results_page import (  # noqa: E402
+    call_speedups,
+    case_speedup,
+    render,
+    shape_classes,
+    software_versions,
+)
 from mamba2_guard.flows.baselines import read_first_calls, read_result  # noqa: E402
 from mamba2_kernels.files import load_yaml  # noqa: E402
 
 WHOLE_CALL = "ssd_combined_fwd_bwd"
-VERSION_FIELDS = (("driver_version", "driver"), ("torch", "torch"), ("triton", "triton"), ("helion", "helion"),
-                  ("mamba_ssm", "mamba-ssm"))
 
 STARTED_AT = re.compile(r'"started_at":\s*"([^"]+)"')
 
@@ -100,19 +104,31 @@ def pages(root: Path) -> tuple[dict[Path, str], dict[Path, tuple[Callable, dict,
     return out, drawn
 
 
+def read_source(root: Path, path: Path) -> tuple[str, object]:
+    """A page's source file under ``baselines/``: its name from ``root`` (what errors say) and its YAML."""
+    source = str(path.relative_to(root))
+    try:
+        return source, load_yaml(path)
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{source}: not valid YAML: {exc}".splitlines()[0]) from None
+
+
+def cited_run(root: Path, runs: str, name: str, source: str) -> Path:
+    """The run ``name`` of ``baselines/runs/<runs>/`` that ``source`` cites; ValueError where it is not there."""
+    path = root / "baselines" / "runs" / runs / name
+    if not path.is_file():
+        raise ValueError(f"{source}: cites {name}, which is not in baselines/runs/{runs}/")
+    return path
+
+
 def eager_page(root: Path, eager_file: Path, order: list[str]) -> str:
     """The eager-loop page of ``eager_file`` from the ``dev eager-step`` runs it cites
     (``mamba2_guard.core.eager_table``)."""
-    source = str(eager_file.relative_to(root))
-    try:
-        eager = eager_table.parse(load_yaml(eager_file), source)
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{source}: not valid YAML: {exc}".splitlines()[0]) from None
+    source, doc = read_source(root, eager_file)
+    eager = eager_table.parse(doc, source)
     reports = {}
     for ref in eager.runs:
-        path = root / "baselines" / "runs" / "eager" / ref.file
-        if not path.is_file():
-            raise ValueError(f"{source}: cites {ref.file}, which is not in baselines/runs/eager/")
+        path = cited_run(root, "eager", ref.file, source)
         try:
             reports[ref.file] = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -131,19 +147,12 @@ def bringup_page(root: Path, curve_file: Path, suite: list[str], zoo: list[str],
                  ) -> tuple[str, tuple[Callable, dict, str]]:
     """The anytime-curve page of ``curve_file`` and its chart (``mamba2_guard.core.bringup_curve``);
     ``baseline``: the GPU's baseline document (None: it has none), the yardstick where the curve names no runs."""
-    source = str(curve_file.relative_to(root))
-    try:
-        doc = load_yaml(curve_file)
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{source}: not valid YAML: {exc}".splitlines()[0]) from None
+    source, doc = read_source(root, curve_file)
     curves = bringup_curve.parse(doc, source)
-    runs_dir = root / "baselines" / "runs" / "bringup"
     cited = dict.fromkeys([*(r for c in curves.curves for p in c.points for r in p.runs), *curves.yardstick_runs])
     by_run, prints = {}, []
     for run in cited:
-        if not (runs_dir / run).is_file():
-            raise ValueError(f"{source}: cites {run}, which is not in baselines/runs/bringup/")
-        by_run[run], fingerprint = whole_call_speedups(runs_dir / run)
+        by_run[run], fingerprint = whole_call_speedups(cited_run(root, "bringup", run, source))
         prints.append(fingerprint)
     if curves.yardstick_runs:
         yardstick = bringup_curve.merged_speedups(curves.yardstick_runs, by_run)
@@ -153,8 +162,7 @@ def bringup_page(root: Path, curve_file: Path, suite: list[str], zoo: list[str],
         results = (baseline.get("results") or {}).get(WHOLE_CALL, {})
         yardstick = {shape: x for shape, case in results.items() if (x := case_speedup(case)) is not None}
     speedups = [[bringup_curve.merged_speedups(p.runs, by_run) for p in c.points] for c in curves.curves]
-    versions = "; ".join(sorted({", ".join(f"{name} {fp[key]}" for key, name in VERSION_FIELDS if fp.get(key))
-                                 for fp in prints}))
+    versions = "; ".join(sorted({software_versions(fp) for fp in prints}))
     gpus = sorted({str(fp.get("gpu_uuid", ""))[:12] for fp in prints if fp.get("gpu_uuid")})
     environment = (f"The runs name {versions}" + (f", on the cards {', '.join(gpus)}" if gpus else "") + "."
                    if versions else "")

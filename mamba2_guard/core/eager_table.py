@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mamba2_guard.core.results_page import software_versions
+
 CALLS = {"ssd_combined_fwd": "forward", "ssd_combined_fwd_bwd": "forward + backward"}
 STEP = "ssd_combined_fwd_bwd"
 HOST_COST_LIMIT = 0.05
@@ -136,12 +138,10 @@ def _fmt(value: float | None, form: str, unit: str = "") -> str:
 
 def _environment(report: Mapping[str, Any]) -> str:
     fp = report.get("fingerprint") or {}
-    parts = [f"{name} {fp[key]}" for key, name in (("driver_version", "driver"), ("torch", "torch"),
-                                                    ("triton", "triton"), ("helion", "helion"),
-                                                    ("mamba_ssm", "mamba-ssm")) if fp.get(key)]
+    versions = software_versions(fp)
     card = str(fp.get("gpu_uuid") or "")[:12]
     return (f"{fp.get('gpu_name') or 'unknown GPU'}" + (f" ({card})" if card else "") + f", {report.get('date', '?')}"
-            + (f"; {', '.join(parts)}" if parts else "") + f"; {report.get('rounds', '?')} rounds of "
+            + (f"; {versions}" if versions else "") + f"; {report.get('rounds', '?')} rounds of "
             + f"{report.get('steps', '?')} calls")
 
 

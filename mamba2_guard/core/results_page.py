@@ -26,6 +26,9 @@ FINGERPRINT_FIELDS = (("gpu_name", "GPU"), ("compute_capability", "compute capab
                       ("driver_version", "driver"), ("cuda_runtime", "CUDA"), ("torch", "torch"),
                       ("triton", "triton"), ("helion", "helion"), ("mamba_ssm", "mamba-ssm"),
                       ("python", "python"), ("kernels_source_hash", "kernel source hash"))
+# The software a measurement names beside its numbers, wherever a page cites runs (the bring-up and eager pages).
+SOFTWARE_FIELDS = (("driver_version", "driver"), ("torch", "torch"), ("triton", "triton"), ("helion", "helion"),
+                   ("mamba_ssm", "mamba-ssm"))
 HEADER = ("| kernel | phase | ours ms | mamba-ssm ms | speedup | roofline | precision | "
           "max rel err vs fp64 (ours / mamba-ssm) | timing | run |")
 RULE = "|---|---|--:|--:|--:|--:|---|---|---|---|"
@@ -54,6 +57,11 @@ def _ms(value: float | None) -> str:
     if value is None:
         return "n/a"
     return f"{value:.3f}" if value >= 0.1 else f"{value:.4f}"
+
+
+def software_versions(fingerprint: Mapping[str, Any]) -> str:
+    """``driver ..., torch ..., ...``: the ``SOFTWARE_FIELDS`` that ``fingerprint`` has."""
+    return ", ".join(f"{name} {fingerprint[key]}" for key, name in SOFTWARE_FIELDS if fingerprint.get(key))
 
 
 def case_speedup(case: Mapping[str, Any]) -> float | None:
