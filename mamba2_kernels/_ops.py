@@ -7,7 +7,8 @@ binding, outside anything Dynamo traces. An operator's schema has no optional re
 stand-ins would alias each other (which custom operators forbid), so optional results are left out of the
 returned list: ``present`` drops them, ``placed`` puts them back. The SSD call, whose eager host work
 sets a short training step's time, goes through an ``autograd.Function`` over the same implementation outside
-torch.compile instead (``differentiable``).
+torch.compile instead (``differentiable``), and its backward skips the backward operator's dispatch there too
+(``eager_or_operator``).
 """
 
 from __future__ import annotations
@@ -38,17 +39,30 @@ def differentiable(op: Any, impl: Callable[..., Any], setup_context: Callable[..
     the SSD call's host work per training step. ``grads_as_list``: ``op`` returns a list, whose gradients
     ``backward`` takes as one list."""
     op.register_autograd(backward, setup_context=setup_context)
+
+    def forward(ctx: Any, *inputs: Any) -> Any:
+        # The forward takes ctx itself, with no separate setup_context: a Function that has one binds its
+        # arguments to the forward's signature (``inspect.signature``) on every call.
+        output = impl(*inputs)
+        setup_context(ctx, inputs, output)
+        return tuple(output) if grads_as_list else output
+
     eager = type(f"{impl.__name__.strip('_')}_function", (torch.autograd.Function,), {
-        "forward": staticmethod((lambda *inputs: tuple(impl(*inputs))) if grads_as_list else impl),
-        "setup_context": staticmethod(setup_context),
+        "forward": staticmethod(forward),
         "backward": staticmethod((lambda ctx, *grads: backward(ctx, list(grads))) if grads_as_list else backward),
     })
 
+    return eager_or_operator(op, eager.apply)
+
+
+def eager_or_operator(op: Any, eager: Callable[..., Any]) -> Callable[..., Any]:
+    """A call of ``op`` that runs ``eager`` instead on plain tensors outside torch.compile, sparing the
+    operator's dispatch. A tensor subclass (a fake tensor of a tracer other than torch.compile, a DTensor)
+    needs the operator: its fake function, or its dispatch."""
+
     def call(*inputs: Any) -> Any:
-        # A tensor subclass (a fake tensor of a tracer other than torch.compile, a DTensor) needs the operator:
-        # its fake function, or its dispatch.
         if torch.compiler.is_compiling() or type(inputs[0]) is not torch.Tensor:
             return op(*inputs)
-        return eager.apply(*inputs)
+        return eager(*inputs)
 
     return call

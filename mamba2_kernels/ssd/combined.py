@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from mamba2_kernels import seen
-from mamba2_kernels._ops import differentiable, placed, present
+from mamba2_kernels._ops import differentiable, eager_or_operator, placed, present
 from mamba2_kernels.ssd import compose, naive
 from mamba2_kernels.ssd._keys import dtype_name
 from mamba2_kernels.ssd.chunk_cumsum_bwd import chunk_cumsum_bwd_of_terms
@@ -252,7 +252,7 @@ def _ssd_backward(ctx, grads):
     if dout is None:  # a loss of the states alone
         dout = torch.zeros_like(out, memory_format=torch.contiguous_format)
     optional = (D, z, dt_bias, initial_states)
-    dx, ddt, dA, dB, dC, *given = torch.ops.mamba2_kernels.ssd_combined_bwd(
+    dx, ddt, dA, dB, dC, *given = _ssd_bwd_call(
         dout, x, dt, A, B, C, out, ctx.chunk_size, D, z, dt_bias, initial_states,
         dfinal_states if ctx.return_final_states else None, dvarlen_states, cu_seqlens, seq_idx, ctx.dt_softplus,
         ctx.dt_limit, ctx.state_dtype)
@@ -291,6 +291,7 @@ def _ssd_bwd_fake(dout, x, dt, A, B, C, out, chunk_size, D, z, dt_bias, initial_
             for t in present([x, dt, A, B, C, D, z, dt_bias, initial_states])]
 
 
+_ssd_bwd_call = eager_or_operator(_ssd_bwd_op, _ssd_bwd)
 _ssd_call = differentiable(_ssd_fwd_op, _ssd_fwd, _ssd_setup_context, _ssd_backward, grads_as_list=True)
 
 

@@ -218,8 +218,25 @@ def test_an_eager_call_takes_the_autograd_function_and_not_the_operators_wrapper
     with execution_mode("ref"):
         out = mamba2_kernels.mamba_chunk_scan_combined(x, dt, A, B, C, 32)
         assert type(out.grad_fn).__name__ == "ssd_fwd_functionBackward"
-        out.sum().backward()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            out.sum().backward()
     assert x.grad is not None and dt.grad is not None
+    # Nor does its backward dispatch the backward's operator.
+    assert "mamba2_kernels::ssd_combined_bwd" not in {event.name for event in profile.events()}
+
+
+def test_an_eager_call_does_not_bind_its_arguments_by_signature(monkeypatch):
+    """An autograd.Function with a separate setup_context makes torch bind the call's arguments to the
+    forward's signature (``inspect.signature``) on every call; the SSD call's Function takes ctx itself."""
+    import inspect
+
+    signature = inspect.signature
+    forwards = []
+    monkeypatch.setattr(inspect, "signature", lambda fn, *a, **k: forwards.append(fn) or signature(fn, *a, **k))
+    problem = _problem()
+    with execution_mode("ref"):
+        mamba2_kernels.mamba_chunk_scan_combined(**problem, chunk_size=32)
+    assert [fn for fn in forwards if "differentiable.<locals>" in getattr(fn, "__qualname__", "")] == []
 
 
 def test_a_call_on_fake_tensors_outside_torch_compile_gets_the_operators_fake_function():
