@@ -187,8 +187,8 @@ class TunedKernel:
         self.finish = finish
         self.seeds = [dict(seed) for seed in seeds]
         self._kernels: dict[tuple[str, str, Hashable], Any] = {}
-        # (device, shape key, mode, layout) -> (kernel, on default); the layout is ``call_layout``'s
-        self._dispatch: dict[tuple[torch.device, ShapeKey, str, Hashable], tuple[Any, bool]] = {}
+        # (device, shape key, mode, layout) -> the helion.Kernel chosen; the layout is ``call_layout``'s
+        self._dispatch: dict[tuple[torch.device, ShapeKey, str, Hashable], Any] = {}
         # (mode, call_signature) -> the kernel its dispatch chose: a repeated call skips the shape key, a few
         # microseconds of Python per launch that an eager training loop pays on all of them.
         self._by_signature: dict[tuple[str, tuple[Any, ...]], Any] = {}
@@ -279,13 +279,12 @@ class TunedKernel:
             return kernel(*args)
         key, layout = self.shape_key(*args), call_layout(args)
         dispatch_key = (device, key, mode, layout)
-        cached = self._dispatch.get(dispatch_key)
-        if cached is not None:
-            kernel = cached[0]
+        kernel = self._dispatch.get(dispatch_key)
+        if kernel is not None:
             result = kernel(*args)
         else:
-            result, kernel, on_default = self._first_that_runs(args, key, device, mode, layout)
-            self._dispatch[dispatch_key] = (kernel, on_default)
+            result, kernel = self._first_that_runs(args, key, device, mode, layout)
+            self._dispatch[dispatch_key] = kernel
         if signature is not None and len(self._by_signature) < MAX_SIGNATURES:
             self._by_signature[signature] = kernel
         return result
@@ -302,7 +301,7 @@ class TunedKernel:
         (``adapt_config``); a candidate of another key is first checked by generating its code, which needs
         no GPU. A stored exact config that is rejected is drift: recorded, counted and logged, never fatal;
         a pinned one's rejection propagates. Only when no candidate runs does the call get Helion's default
-        config. Returns (result, kernel, on_default)."""
+        config. Returns (result, kernel)."""
         gpu_slug = device_slug(device)
         reason = None  # why the call is not served by its exact key's config, once known
         # Binding runs Helion's front end (seconds on a CPU, and on a GPU runner's CPU in a job's first step).
@@ -331,11 +330,11 @@ class TunedKernel:
                 continue
             if not own_key:
                 config_store.note_fallback(self.name, str(key), gpu_slug, reason or found.source, found.used)
-            return result, kernel, False
+            return result, kernel
         config_store.note_fallback(self.name, str(key), gpu_slug, reason or "default", None)
         kernel = self.helion_kernel(None, mode, layout)
         with _without_implicit_config_notice():
-            return kernel(*args), kernel, True
+            return kernel(*args), kernel
 
 
 @contextlib.contextmanager
