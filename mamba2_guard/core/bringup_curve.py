@@ -132,16 +132,21 @@ class Verdict:
     target: str
     met_at: float | None  # the device-minutes of the first point that meets it, within its minutes
     best: str  # the closest point within its minutes, in words: what it reached, or what it lacked
+    # the first later point within its minutes that no longer meets it (a config of a later job can serve
+    # another shape worse than the one before it did); None where none, or a point after it meets it again
+    lost_at: float | None = None
 
 
 def targets(curve: Curve, speedups: Sequence[Mapping[str, float]], yardstick: Mapping[str, float],
             suite_shapes: Sequence[str], zoo_shapes: Sequence[str]) -> list[Verdict]:
     """Issue 50's three targets on ``curve`` (``speedups``: each point's, as ``merged_speedups`` gives them).
-    A point judges a target only where it has every shape the target needs."""
+    A point judges a target only where it has every shape the target needs; a target met is lost at a later
+    point within its minutes that misses it, until one meets it again."""
     verdicts = []
 
-    def first(minutes: float, judge) -> tuple[float | None, str]:
-        best, best_text = None, "no point within the minutes has every shape it needs"
+    def first(minutes: float, judge) -> tuple[float | None, float | None, str]:
+        met_at = lost_at = best = None
+        best_text = met_text = "no point within the minutes has every shape it needs"
         for point, by_shape in zip(curve.points, speedups, strict=True):
             if point.minutes > minutes:
                 break
@@ -149,11 +154,18 @@ def targets(curve: Curve, speedups: Sequence[Mapping[str, float]], yardstick: Ma
             if judged is None:
                 continue
             ok, value, text = judged
-            if ok:
-                return point.minutes, f"{text} at {point.minutes:g} minutes"
-            if best is None or value > best:
-                best, best_text = value, f"{text} at {point.minutes:g} minutes"
-        return None, best_text
+            where = f"{text} at {point.minutes:g} minutes"
+            if met_at is None:
+                if ok:
+                    met_at, met_text = point.minutes, where
+                elif best is None or value > best:
+                    best, best_text = value, where
+            elif ok:
+                if lost_at is not None:  # met again
+                    lost_at, met_text = None, where
+            elif lost_at is None:
+                lost_at, met_text = point.minutes, where
+        return met_at, lost_at, best_text if met_at is None else met_text
 
     def all_at_least_one(shapes: Sequence[str]):
         def judge(by_shape: Mapping[str, float]):
@@ -176,8 +188,8 @@ def targets(curve: Curve, speedups: Sequence[Mapping[str, float]], yardstick: Ma
              all_at_least_one(zoo_shapes)),
             (f"the zoo's geometric mean within {100 * (1 - NEAR_YARDSTICK_RATIO):g} % of the yardstick's within "
              f"{NEAR_YARDSTICK_MINUTES:g} minutes", NEAR_YARDSTICK_MINUTES, near_yardstick)]:
-        met_at, text = first(minutes, judge)
-        verdicts.append(Verdict(name, met_at, text))
+        met_at, lost_at, text = first(minutes, judge)
+        verdicts.append(Verdict(name, met_at, text, lost_at))
     return verdicts
 
 
@@ -228,7 +240,8 @@ def render(curves: CurveFile, speedups: Sequence[Sequence[Mapping[str, float]]],
     for curve, by_point in zip(curves.curves, speedups, strict=True):
         out += [f"## {curve.name}", "", "| target | met at (device-minutes) | closest |", "|---|--:|---|"]
         for verdict in targets(curve, by_point, yardstick, suite_shapes, zoo_shapes):
-            met = "not yet" if verdict.met_at is None else f"{verdict.met_at:g}"
+            met = "not yet" if verdict.met_at is None else f"{verdict.met_at:g}" + (
+                "" if verdict.lost_at is None else f", lost at {verdict.lost_at:g}")
             out.append(f"| {verdict.target} | {met} | {verdict.best} |")
         out += ["", "| shape | " + " | ".join(f"{p.minutes:g} min" for p in curve.points) + " | yardstick |",
                 "|---|" + "--:|" * (len(curve.points) + 1)]

@@ -44,6 +44,23 @@ def test_each_target_is_met_at_the_first_point_within_its_minutes_that_has_every
     assert near.met_at is None and near.best == "90.1 % of the yardstick's geometric mean at 50 minutes"
 
 
+def test_a_target_met_and_then_missed_within_its_minutes_is_lost_until_a_point_meets_it_again():
+    """A later job's configs can serve another shape worse than those before them: the page must not keep
+    saying the target is met once a later point within its minutes misses it."""
+    curves = curve_file([point(20, "a.json"), point(40, "b.json"), point(55, "c.json"), point(70, "d.json")])
+    speedups = [{"s1": 1.2, "z1": 1.05, "z2": 1.3},  # met
+                {"s1": 1.2, "z1": 0.94, "z2": 1.3},  # lost
+                {"s1": 1.2, "z1": 0.97, "z2": 1.3},  # still lost: the first loss is the one named
+                {"s1": 1.2, "z1": 0.5, "z2": 1.3}]  # past 60 minutes: not judged for the zoo's target
+    every_zoo_shape = bringup_curve.targets(curves.curves[0], speedups, {}, SUITE, ZOO)[1]
+    assert (every_zoo_shape.met_at, every_zoo_shape.lost_at) == (20, 40)
+    assert every_zoo_shape.best == "lowest 0.94x (`z1`) at 40 minutes"
+    speedups[2]["z1"] = 1.01
+    every_zoo_shape = bringup_curve.targets(curves.curves[0], speedups, {}, SUITE, ZOO)[1]
+    assert (every_zoo_shape.met_at, every_zoo_shape.lost_at) == (20, None)
+    assert every_zoo_shape.best == "lowest 1.01x (`z1`) at 55 minutes"
+
+
 def test_a_target_no_point_can_judge_says_so():
     curves = curve_file([point(10, "a.json")])
     verdicts = bringup_curve.targets(curves.curves[0], [{"z1": 1.5}], {"z1": 1.0, "z2": 1.0}, SUITE, ZOO)
