@@ -12,9 +12,10 @@ measured, since a run records its environment but not which commit or config fil
 
 Each row is one shape (``<shape>@L<n>``: the shape at n tokens) and call (the forward, or the training step:
 forward and backward through autograd): the wall medians of ours and mamba-ssm's, their ratio, the device-time
-ratio, and the host cost (how far the wall ratio falls below the device ratio). The training step's targets are
-judged per row: at least mamba-ssm's speed in the eager loop, and at the named shapes themselves (no ``@L``) a
-host cost of at most 5 %.
+ratio, the host cost (how far the wall ratio falls below the device ratio), and where the run compiled, how our
+call under torch.compile compares with our eager one. The training step's targets are judged per row: at least
+mamba-ssm's speed in the eager loop, at the named shapes themselves (no ``@L``) a host cost of at most 5 %, and
+compiled, at least the eager loop's speed.
 
 Pure: plain data in and out; errors name the file and the field.
 """
@@ -55,6 +56,7 @@ class Row:
     device: float | None  # the same, device time (CUDA-graph replays)
     host_cost: float | None
     error: str | None = None
+    compiled: float | None = None  # our eager wall / ours under torch.compile: above 1, compiling is faster
 
     @property
     def short(self) -> bool:
@@ -115,7 +117,7 @@ def rows(report: Any, where: str) -> list[Row]:
             medians = wall.get("median_ms") or {}
             out.append(Row(str(shape), call, _number(medians.get("helion")), _number(medians.get("mamba_ssm")),
                            _number(wall.get("speedup_vs_mamba_ssm")), _number(device.get("speedup_vs_mamba_ssm")),
-                           _number(result.get("host_cost"))))
+                           _number(result.get("host_cost")), compiled=_number(wall.get("compiled_vs_eager"))))
     return out
 
 
@@ -129,6 +131,8 @@ def verdict(row: Row) -> str:
     if not row.short and (row.host_cost is None or row.host_cost > HOST_COST_LIMIT):
         cost = "unknown" if row.host_cost is None else f"{row.host_cost:.0%} > {HOST_COST_LIMIT:.0%}"
         misses.append(f"host cost {cost}")
+    if row.compiled is not None and row.compiled < 1.0:
+        misses.append(f"compiled {row.compiled:.2f}x of eager")
     return "; ".join(misses) or "met"
 
 
@@ -156,24 +160,27 @@ def render(eager: EagerFile, reports: Mapping[str, Mapping[str, Any]], *, source
         lines += [eager.note, ""]
     lines += ["Columns: wall = the median of back-to-back calls with one synchronize after them, host work "
               "included (no CUDA graphs); device = the same calls as CUDA-graph replays; ratio = mamba-ssm / "
-              "ours; host cost = 1 - wall ratio / device ratio. The training step's targets: >= 1.0x in the "
-              f"eager loop at every shape, and a host cost of at most {HOST_COST_LIMIT:.0%} at the named shapes "
-              "themselves (`<shape>@L<n>` is the shape at n tokens).", ""]
+              "ours; host cost = 1 - wall ratio / device ratio; compiled = our eager wall over ours under "
+              "`torch.compile(fullgraph=True, dynamic=True)` (above 1.0x, compiling makes the call faster; empty "
+              "where the run did not compile). The training step's targets: >= 1.0x in the eager loop at every "
+              f"shape, a host cost of at most {HOST_COST_LIMIT:.0%} at the named shapes themselves (`<shape>@L<n>` "
+              "is the shape at n tokens), and, where compiled, at least the eager loop's speed.", ""]
     rank = {name: i for i, name in enumerate(order)}
     for ref in eager.runs:
         report = reports[ref.file]
         table = sorted(rows(report, ref.file), key=lambda r: (rank.get(r.shape.split("@")[0], len(rank)),
                                                                r.shape.split("@")[0], r.short, r.shape))
         lines += [f"## `{ref.file}`", "", f"{_environment(report)}. {ref.note}", "",
-                  "| shape | call | ours ms | mamba-ssm ms | wall | device | host cost | step targets |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| shape | call | ours ms | mamba-ssm ms | wall | device | host cost | compiled | step targets |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for row in table:
             if row.error:
-                lines.append(f"| `{row.shape}` | {CALLS[row.call]} | failed: {row.error} |  |  |  |  | "
+                lines.append(f"| `{row.shape}` | {CALLS[row.call]} | failed: {row.error} |  |  |  |  |  | "
                              f"{verdict(row)} |")
                 continue
             cells = (_fmt(row.ours_ms, ".3f"), _fmt(row.mamba_ssm_ms, ".3f"), _fmt(row.wall, ".2f", "x"),
-                     _fmt(row.device, ".2f", "x"), _fmt(row.host_cost, ".0%"), verdict(row))
+                     _fmt(row.device, ".2f", "x"), _fmt(row.host_cost, ".0%"), _fmt(row.compiled, ".2f", "x"),
+                     verdict(row))
             lines.append(f"| `{row.shape}` | {CALLS[row.call]} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -11,9 +11,12 @@ process as the bench times whole calls (CUDA-graph replays, L2 flushed before ea
   * ``gemms``: its two projections alone (forward, or forward and both gradients), for their share.
 
 It also reports how far the patched module's output and gradients are from mamba-ssm's (the kernels'
-precision is judged by the bench; this is a cross-check of the patch). Writes one JSON file.
+precision is judged by the bench; this is a cross-check of the patch). With ``--compiled``, also the patched
+module's training step in an eager loop, host included (``bench.timing.wall_interleaved``), eager against
+``torch.compile(fullgraph=True, dynamic=True)``: compiling a model should never make its step slower. Writes one
+JSON file.
 
-    mamba2-guard dev module-bench --shape nemotron3-nano --d-model 2688 --out module.json
+    mamba2-guard dev module-bench --shape nemotron3-nano --d-model 2688 --compiled --out module.json
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch.nn.functional as F
 import mamba2_kernels
 from mamba2_guard.adapters import fingerprint
 from mamba2_guard.adapters.state import write_json
-from mamba2_guard.bench.timing import Timer
+from mamba2_guard.bench.timing import Timer, wall_interleaved
 from mamba2_guard.core import stats
 from mamba2_guard.dev import require_gpu
 from mamba2_kernels import suites
@@ -125,7 +128,27 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, Any]:
             "samples_ms": samples}
 
 
-def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int) -> dict[str, Any]:
+def compiled_step(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, *, rounds: int, steps: int,
+                  backend: str = "inductor") -> dict[str, Any]:
+    """The patched module's forward + backward, ``steps`` calls back to back per sample, eager against the module
+    under ``torch.compile(fullgraph=True, dynamic=True, backend=backend)``, interleaved. The patch stays on
+    throughout: switching it would fail the compiled module's guards and compile it again. Leaves the
+    gradients as it found them (none)."""
+    _on_kernels(True)
+    compiled = torch.compile(module, fullgraph=True, dynamic=True, backend=backend)
+    sync: Callable[[], None] = (lambda: torch.cuda.synchronize(u.device)) if u.device.type == "cuda" else (lambda: None)
+    started = time.monotonic()
+    steps_of = {"eager": lambda: module(u).backward(dout), "compiled": lambda: compiled(u).backward(dout)}
+    samples = wall_interleaved(steps_of, rounds=rounds, steps=steps, synchronize=sync)
+    module.zero_grad(set_to_none=True)
+    u.grad = None
+    return {"median_ms": {name: stats.median(values) for name, values in samples.items()},
+            "compiled_vs_eager": stats.speedup(samples["compiled"], samples["eager"]), "samples_ms": samples,
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int, compiled: bool = False,
+            steps: int = 10) -> dict[str, Any]:
     module, u, dout = build(shape, d_model, "cuda", seed)
     timer = Timer("cuda")
     result: dict[str, Any] = {"shape": shape.name, "d_model": d_model,
@@ -142,6 +165,8 @@ def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int) ->
         torch.cuda.empty_cache()
     result["precision"] = differences(gradients(module, u, dout, patched=True),
                                       gradients(module, u, dout, patched=False))
+    if compiled:
+        result["compiled_step"] = compiled_step(module, u, dout, rounds=rounds, steps=steps)
     mamba2_kernels.unpatch_mamba_ssm()
     return result
 
@@ -150,7 +175,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shape = suites.load().shape(args.shape)
     require_gpu(parser, "it times the module")
     report = {"fingerprint": fingerprint.collect().to_dict(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
-              "rounds": args.rounds, **measure(shape, args.d_model, rounds=args.rounds, seed=args.seed)}
+              "rounds": args.rounds, **measure(shape, args.d_model, rounds=args.rounds, seed=args.seed,
+                                               compiled=args.compiled, steps=args.steps)}
     write_json(args.out, report)
     for phase in ("fwd", "fwd_bwd"):
         r = report[phase]
@@ -158,6 +184,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"{shape.name} d_model={args.d_model} {phase}: ours {m['helion']:.3f} ms, "
               f"mamba-ssm {m['mamba_ssm']:.3f} ms ({r['speedup_vs_mamba_ssm']:.3f}x); "
               f"the two GEMMs {m['gemms']:.3f} ms")
+    if "compiled_step" in report:
+        step = report["compiled_step"]
+        print(f"{shape.name} d_model={args.d_model} fwd_bwd in an eager loop, ours: eager "
+              f"{step['median_ms']['eager']:.3f} ms, torch.compile {step['median_ms']['compiled']:.3f} ms "
+              f"({step['compiled_vs_eager']:.3f}x eager)")
     worst = max(report["precision"].items(), key=lambda kv: kv[1]["max_abs_diff_over_rms"])
     print(f"largest difference from mamba-ssm: {worst[0]} {worst[1]['max_abs_diff']:.3g} "
           f"({worst[1]['max_abs_diff_over_rms']:.3g} of its rms)")

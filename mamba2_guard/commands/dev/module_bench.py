@@ -18,6 +18,11 @@ def register(tools: Any) -> None:
     p.add_argument("--d-model", type=flags.integer(1), required=True, help="the model width (the suite has none)")
     p.add_argument("--rounds", type=flags.integer(1), default=30)
     p.add_argument("--seed", type=flags.integer(0), default=0)
+    p.add_argument("--compiled", action="store_true",
+                   help="also time our training step in an eager loop, host included, eager against "
+                        "torch.compile(fullgraph=True, dynamic=True)")
+    p.add_argument("--steps", type=flags.integer(1), default=10,
+                   help="with --compiled: steps back to back per wall sample (default 10)")
     p.add_argument("--out", type=common.output_file, required=True, help="JSON file to write")
     p.set_defaults(func=run, parser=p)
 

@@ -12,9 +12,10 @@ from mamba2_guard.core import eager_table
 from tests.guard.core.test_results_page import _build, _tree
 
 
-def result(ours: float, theirs: float, device: float) -> dict:
+def result(ours: float, theirs: float, device: float, compiled: float | None = None) -> dict:
     wall = theirs / ours
-    return {"wall": {"median_ms": {"helion": ours, "mamba_ssm": theirs}, "speedup_vs_mamba_ssm": wall},
+    return {"wall": {"median_ms": {"helion": ours, "mamba_ssm": theirs}, "speedup_vs_mamba_ssm": wall,
+                     **({} if compiled is None else {"compiled_vs_eager": compiled})},
             "device": {"median_ms": {"helion": 1.0, "mamba_ssm": device}, "speedup_vs_mamba_ssm": device},
             "host_cost": round(1 - wall / device, 4)}
 
@@ -27,7 +28,9 @@ REPORT = {"date": "2026-03-03", "rounds": 5, "steps": 20,
                     "s2": {"ssd_combined_fwd_bwd": result(2.0, 2.04, 1.05)},  # 1.02x, within 5 %
                     "s2@L2048": {"ssd_combined_fwd_bwd": result(1.0, 0.9, 1.2)},  # slower in the eager loop
                     "s3": {"ssd_combined_fwd_bwd": {"error": "OutOfMemoryError: no room"}},
-                    "grid1": {"ssd_combined_fwd_bwd": result(1.0, 1.2, 1.2)}}}
+                    "grid1": {"ssd_combined_fwd_bwd": result(1.0, 1.2, 1.2)},
+                    "s4": {"ssd_combined_fwd_bwd": result(1.0, 1.2, 1.2, compiled=0.83)},  # compiling slows it
+                    "s4@L1024": {"ssd_combined_fwd_bwd": result(1.0, 1.2, 1.2, compiled=1.02)}}}
 
 
 def test_the_step_targets_are_judged_per_row_and_the_forward_alone_is_not():
@@ -38,7 +41,9 @@ def test_the_step_targets_are_judged_per_row_and_the_forward_alone_is_not():
                         ("s2", "ssd_combined_fwd_bwd"): "met",
                         ("s2@L2048", "ssd_combined_fwd_bwd"): "0.90x < 1.0x",
                         ("s3", "ssd_combined_fwd_bwd"): "not measured",
-                        ("grid1", "ssd_combined_fwd_bwd"): "met"}
+                        ("grid1", "ssd_combined_fwd_bwd"): "met",
+                        ("s4", "ssd_combined_fwd_bwd"): "compiled 0.83x of eager",
+                        ("s4@L1024", "ssd_combined_fwd_bwd"): "met"}
 
 
 @pytest.mark.parametrize(("doc", "message"), [
@@ -76,8 +81,10 @@ def test_build_renders_the_eager_page_from_the_runs_it_cites_and_check_catches_a
     assert _build(root).returncode == 0
     page = (root / "docs" / "results" / "eager-test-gpu.md").read_text()
     assert "Test GPU (GPU-0000aaaa), 2026-03-03; helion 9.9; 5 rounds of 20 calls. The code of then." in page
-    assert "| `s1` | forward + backward | 2.000 | 2.600 | 1.30x | 1.40x | 7% | host cost 7% > 5% |" in page
-    assert "| `s3` | forward + backward | failed: OutOfMemoryError: no room |  |  |  |  | not measured |" in page
+    assert "| `s1` | forward + backward | 2.000 | 2.600 | 1.30x | 1.40x | 7% |  | host cost 7% > 5% |" in page
+    assert "| `s3` | forward + backward | failed: OutOfMemoryError: no room |  |  |  |  |  | not measured |" in page
+    assert ("| `s4` | forward + backward | 1.000 | 1.200 | 1.20x | 1.20x | 0% | 0.83x | compiled 0.83x of eager |"
+            in page)
     # the suites' shapes first, in their order (s1, then grid1), then the others by name; each shape before
     # its other lengths
     assert (page.index("| `s1` | forward |") < page.index("| `s1@L1024` |") < page.index("| `grid1` |")

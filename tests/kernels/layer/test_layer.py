@@ -557,6 +557,32 @@ def test_module_script_builds_the_suite_layer_at_any_width(mamba2):
     assert report["du"]["max_abs_diff"] == pytest.approx(1.0) and not report["dD"]["finite"]
 
 
+def test_module_script_times_the_patched_steps_eager_against_compiled(mamba2):
+    """``--compiled``: the patched module's training step both ways, the compiled one really compiled (one
+    graph, the drop-ins' operators in it), and the gradients left as found."""
+    from mamba2_guard.dev import module_bench
+    from mamba2_kernels import suites
+
+    module, u, dout = module_bench.build(suites.load().shape("smoke"), 42, "cpu", seed=0)
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return aot_eager(graph, example_inputs)
+
+    torch._dynamo.reset()
+    try:
+        with execution_mode("ref"):
+            step = module_bench.compiled_step(module, u, dout, rounds=2, steps=1, backend=backend)
+    finally:
+        mamba2_kernels.unpatch_mamba_ssm()
+    assert [len(times) for times in step["samples_ms"].values()] == [2, 2]
+    assert step["median_ms"]["eager"] > 0 and step["median_ms"]["compiled"] > 0 and step["compiled_vs_eager"] > 0
+    ops = {str(node.target) for g in graphs for node in g.graph.nodes if node.op == "call_function"}
+    assert "mamba2_kernels.ssd_combined_fwd.default" in ops
+    assert all(p.grad is None for p in module.parameters()) and u.grad is None
+
+
 def test_module_script_rejects_bad_arguments(mamba2, capsys):
     from mamba2_kernels import suites
 
