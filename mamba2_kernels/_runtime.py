@@ -16,14 +16,13 @@ import functools
 import io
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from mamba2_kernels import config_store
+from mamba2_kernels import _environ, config_store
 from mamba2_kernels.config_store import ShapeKey
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ def capture_launches() -> Iterator[list[tuple[TunedKernel, tuple[Any, ...]]]]:
 
 
 def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+    return (_environ.get(name) or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def exec_mode(device: torch.device) -> str:

@@ -63,7 +63,7 @@ from typing import Any
 
 import yaml
 
-from mamba2_kernels import seen
+from mamba2_kernels import _environ, seen
 from mamba2_kernels.files import UnreadableFile, atomic_write, load_yaml
 
 log = logging.getLogger(__name__)
@@ -437,7 +437,7 @@ SLUG_ENV = "MAMBA2_GUARD_GPU_SLUG"  # run as another GPU model: its file, baseli
 
 def slug_override() -> str | None:
     """The slug ``MAMBA2_GUARD_GPU_SLUG`` names, or None."""
-    return os.environ.get(SLUG_ENV, "").strip() or None
+    return (_environ.get(SLUG_ENV) or "").strip() or None
 
 
 def borrowing() -> bool:

@@ -18,13 +18,15 @@ from mamba2_guard.core.fingerprint_hash import TIMING_METHOD, fingerprint_hash
 KERNELS_DIR = PROJECT_ROOT / "mamba2_kernels"
 
 # Source files under mamba2_kernels/ that run on the host only: they choose among stored configs, launch them and
-# record what ran, load the suites' shapes and mamba-ssm, or wrap the public calls (the SSD call's arguments,
-# operators and autograd, context parallelism); they shape no generated code, so a config searched before a change to
-# them is still what the search would find. A guard upgrade that touched only them (the selection rule's weights, say)
-# must not send a GPU's finished tuning jobs through their searches again. tests/guard/adapters/test_fingerprint.py
-# checks that none of them defines a kernel, and pins the compile options _runtime.py gives Helion.
-HOST_SOURCES = ("_mamba_ssm.py", "_ops.py", "_runtime.py", "config_store.py", "context_parallel.py", "files.py",
-                "seen.py", "ssd/combined.py", "suites.py", "targets.py", "testing.py", "tuning.py")
+# record what ran, load the suites' shapes and mamba-ssm, read the environment's switches (a fused stage's forced
+# path), or wrap the public calls (the SSD call's arguments, operators and autograd, context parallelism); they shape
+# no generated code, so a config searched before a change to them is still what the search would find. A guard upgrade
+# that touched only them (the selection rule's weights, say) must not send a GPU's finished tuning jobs through their
+# searches again. tests/guard/adapters/test_fingerprint.py checks that none of them defines a kernel, and pins the
+# compile options _runtime.py gives Helion.
+HOST_SOURCES = ("_environ.py", "_mamba_ssm.py", "_ops.py", "_runtime.py", "config_store.py", "context_parallel.py",
+                "files.py", "seen.py", "ssd/combined.py", "ssd/forcing.py", "suites.py", "targets.py", "testing.py",
+                "tuning.py")
 
 
 def _version(dist: str) -> str | None:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mamba2_kernels import seen
+from mamba2_kernels import _environ, seen
 from mamba2_kernels._ops import differentiable, eager_or_operator, placed, present
 from mamba2_kernels.ssd import compose, naive
 from mamba2_kernels.ssd._keys import dtype_name
@@ -212,7 +212,7 @@ def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     ``return_final_states`` only tells the backward whether final_states can carry a gradient."""
     if cu_seqlens is not None:
         check_cu_seqlens_values(cu_seqlens, x.shape[1])
-    with seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
+    with _environ.read_once(), seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
         out, out_x, _, _, _, final_states, *varlen = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias,
                                                                  initial_states, seq_idx, dt_softplus,
                                                                  tuple(dt_limit), cu_seqlens=cu_seqlens,
@@ -271,7 +271,7 @@ def _ssd_bwd(dout: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Ten
     ``dvarlen_states`` the varlen states' gradient, with the forward's ``cu_seqlens``."""
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    with seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
+    with _environ.read_once(), seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
         dx, ddt, dA, dB, dC, dD, dz, ddt_bias, dinitial_states = ssd_backward(
             dout, x, dt, A, B, C, out, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
             dfinal_states=dfinal_states, seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=tuple(dt_limit),

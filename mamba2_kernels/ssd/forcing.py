@@ -6,9 +6,10 @@ before a rule can pick it. No torch here: the CLI checks the variable before any
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
+
+from mamba2_kernels import _environ
 
 # The fused kernels, the rules' keys: the state passes (a chain rule: fused unless it says chain) and the
 # fusions of kernels that exist unfused (a fuse rule: the chain unless it says fused). CUMSUM is chunk_cumsum
@@ -53,7 +54,7 @@ def forced_path(stage: str) -> str | None:
     path = getattr(_forced, stage, None)
     if path is not None:
         return path
-    text = os.environ.get(PATHS_ENV)
+    text = _environ.get(PATHS_ENV)
     if not text:
         return None
     try:
