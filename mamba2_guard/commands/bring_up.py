@@ -21,7 +21,7 @@ from mamba2_guard.core import bringup, flags
 def register(commands: Any) -> None:
     p = common.add_command(commands, "bring-up", "bring a new GPU model up: borrowed configs validated here, then "
                            "searches ordered by value, then the fit")
-    p.add_argument("--budget-minutes", type=flags.seconds(), default=30.0, metavar="N",
+    p.add_argument("--budget-minutes", type=flags.minutes(), default=30.0, metavar="N",
                    help="device time for this run (default 30); what is left resumes on the next run")
     p.add_argument("--job-seconds", type=flags.seconds(), metavar="S",
                    help="Helion's search per job (default: autotune.bringup_job_seconds of the guard config, 120)")

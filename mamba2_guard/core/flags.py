@@ -33,6 +33,15 @@ def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
 
 def seconds(zero: bool = False) -> Callable[[str], float]:
     """A finite number of seconds, > 0 (>= 0 with ``zero``)."""
+    return _amount("seconds", zero)
+
+
+def minutes() -> Callable[[str], float]:
+    """A finite number of minutes, > 0."""
+    return _amount("minutes", zero=False)
+
+
+def _amount(unit: str, zero: bool) -> Callable[[str], float]:
     bound = ">= 0" if zero else "> 0"
 
     def parse(text: str) -> float:
@@ -41,7 +50,7 @@ def seconds(zero: bool = False) -> Callable[[str], float]:
         except ValueError:
             value = math.nan
         if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-            raise argparse.ArgumentTypeError(f"expected a number of seconds {bound}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a number of {unit} {bound}, got {text!r}")
         return value
 
     return parse
