@@ -29,7 +29,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from mamba2_kernels import layer_compose, seen
+from mamba2_kernels import _environ, layer_compose, seen
 from mamba2_kernels.conv.causal_conv1d import causal_conv1d_bwd, causal_conv1d_fn, causal_conv1d_fwd
 from mamba2_kernels.norm.gated_rmsnorm import gated_rmsnorm_bwd, gated_rmsnorm_fwd
 from mamba2_kernels.norm.rmsnorm import rmsnorm_fn
@@ -227,7 +227,7 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
     @staticmethod
     @_custom_amp("custom_bwd")
     def backward(ctx, dout, *args):
-        with seen.calling(**ctx.call) if ctx.call else contextlib.nullcontext():
+        with _environ.read_once(), seen.calling(**ctx.call) if ctx.call else contextlib.nullcontext():
             return _backward(ctx, dout, *args)
 
 
@@ -320,7 +320,7 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
             headdim, ngroups, norm_before_gate, state_dtype)
     shape = layer_call_shape(dims, zxbcdt, conv1d_weight, D, chunk_size, initial_states, seq_idx, rmsnorm_weight,
                              norm_before_gate)
-    with seen.calling(**shape):
+    with _environ.read_once(), seen.calling(**shape):
         return MambaSplitConv1dScanCombinedFn.apply(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
                                                     initial_states, seq_idx, tuple(dt_limit), return_final_states,
                                                     activation, rmsnorm_weight, rmsnorm_eps, outproj_weight,

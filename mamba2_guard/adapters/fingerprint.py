@@ -25,8 +25,8 @@ KERNELS_DIR = PROJECT_ROOT / "mamba2_kernels"
 # searches again. tests/guard/adapters/test_fingerprint.py checks that none of them defines a kernel, and pins the
 # compile options _runtime.py gives Helion.
 HOST_SOURCES = ("_environ.py", "_mamba_ssm.py", "_ops.py", "_runtime.py", "config_store.py", "context_parallel.py",
-                "files.py", "seen.py", "ssd/combined.py", "ssd/forcing.py", "suites.py", "targets.py", "testing.py",
-                "tuning.py")
+                "files.py", "layer_fn.py", "seen.py", "ssd/combined.py", "ssd/forcing.py", "suites.py", "targets.py",
+                "testing.py", "tuning.py")
 
 
 def _version(dist: str) -> str | None:
