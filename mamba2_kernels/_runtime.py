@@ -298,7 +298,7 @@ class TunedKernel:
         self._by_signature.clear()  # which signatures have ``key`` is the shape key's to say again
 
     def _first_that_runs(self, args: tuple[Any, ...], key: ShapeKey, device: torch.device,
-                         mode: str, layout: Hashable = None) -> tuple[Any, Any, bool]:
+                         mode: str, layout: Hashable = None) -> tuple[Any, Any]:
         """Run ``args`` on the first candidate config that this helion accepts for them, adapted to the call
         (``adapt_config``); a candidate of another key is first checked by generating its code, which needs
         no GPU. A stored exact config that is rejected is drift: recorded, counted and logged, never fatal;
