@@ -133,6 +133,13 @@ class Timer:
         return {name: [s.elapsed_time(e) / calls_per_sample for s, e in pairs] for name, pairs in events.items()}
 
 
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """What ``wall_interleaved`` waits on for ``device``: its CUDA stream's work, or nothing on a CPU."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
 def wall_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int, steps: int, warmup: int = 3,
                      synchronize: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
     """Host-inclusive wall milliseconds per call, as an eager training loop sees them: each sample is

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 
 from mamba2_guard.adapters import fingerprint
 from mamba2_guard.adapters.state import write_json
-from mamba2_guard.bench.timing import Timer, wall_interleaved
+from mamba2_guard.bench.timing import Timer, synchronizer, wall_interleaved
 from mamba2_guard.core import stats
 from mamba2_guard.dev import require_gpu
 from mamba2_kernels import registry, suites
@@ -67,8 +67,8 @@ def measure(entry: registry.KernelEntry, shape: suites.ShapeSpec, *, device: tor
     if compile_backend is not None:
         compiled = torch.compile(entry.helion_fn(), fullgraph=True, dynamic=True, backend=compile_backend)
         walls["helion_compiled"] = entry.bind(compiled, inputs)
-    sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    out: dict[str, Any] = {"wall": compare(wall_interleaved(walls, rounds=rounds, steps=steps, synchronize=sync))}
+    out: dict[str, Any] = {"wall": compare(wall_interleaved(walls, rounds=rounds, steps=steps,
+                                                            synchronize=synchronizer(device)))}
     if graphs is not None:
         out["device"] = compare(graphs.interleaved_graphs(fns, rounds=rounds))
         wall, dev = out["wall"]["speedup_vs_mamba_ssm"], out["device"]["speedup_vs_mamba_ssm"]

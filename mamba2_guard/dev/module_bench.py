@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import mamba2_kernels
 from mamba2_guard.adapters import fingerprint
 from mamba2_guard.adapters.state import write_json
-from mamba2_guard.bench.timing import Timer, wall_interleaved
+from mamba2_guard.bench.timing import Timer, synchronizer, wall_interleaved
 from mamba2_guard.core import stats
 from mamba2_guard.dev import require_gpu
 from mamba2_kernels import suites
@@ -136,10 +136,9 @@ def compiled_step(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, 
     gradients as it found them (none)."""
     _on_kernels(True)
     compiled = torch.compile(module, fullgraph=True, dynamic=True, backend=backend)
-    sync: Callable[[], None] = (lambda: torch.cuda.synchronize(u.device)) if u.device.type == "cuda" else (lambda: None)
     started = time.monotonic()
     steps_of = {"eager": lambda: module(u).backward(dout), "compiled": lambda: compiled(u).backward(dout)}
-    samples = wall_interleaved(steps_of, rounds=rounds, steps=steps, synchronize=sync)
+    samples = wall_interleaved(steps_of, rounds=rounds, steps=steps, synchronize=synchronizer(u.device))
     module.zero_grad(set_to_none=True)
     u.grad = None
     return {"median_ms": {name: stats.median(values) for name, values in samples.items()},
