@@ -17,6 +17,8 @@
 # selects and mamba-ssm's autotune candidates, which took over 170 s for two shapes on an H100). Needs
 # PYTHONPATH with the guard's wheels.
 set -uo pipefail
+# shellcheck source=scripts/gpu-machine.sh
+source "${BASH_SOURCE[0]%/*}/gpu-machine.sh"
 out=${1:?usage: gpu-bringup-night.sh OUTDIR [SECONDS] [STATE_TGZ]}
 limit=${2:-570}
 restore=${3:-}
@@ -26,22 +28,17 @@ bench_at=${BENCH_AT-before after}
 mkdir -p "$out" .gpu/state
 exec > >(tee -a "$out/night.log") 2>&1
 if [[ -n "$restore" ]]; then tar xzf "$restore" || exit 2; fi
-# mamba-ssm's autotune picks (Triton's *.autotune.json files), kept from call to call as a runner keeps its
-# caches from night to night: on a bare machine every new key re-times all of mamba-ssm's configs, in the
-# tuner's precision checks and in both benches.
-picks=.gpu/state/mamba-ssm-autotune-picks.tgz
-if [[ -f $picks ]]; then tar xzPf "$picks" || exit 2; fi
+restore_mamba_ssm_picks
 night=$(( $(cat .gpu/state/nights 2>/dev/null || echo 0) + 1 ))
 echo "$night" > .gpu/state/nights
-slug=$(python3 -c 'from mamba2_guard.adapters import fingerprint as f; print(f.gpu_slug(f.collect()))') || exit 2
+slug=$(gpu_slug) || exit 2
 file=$slug withhold=()
 if [[ ${WITHHOLD:-1} != 0 ]]; then
   file=$slug-withheld withhold=(--withhold-configs)
   export MAMBA2_GUARD_GPU_SLUG=$file MAMBA2_GUARD_BORROW=0
 fi
 echo "night $night on $slug, $(date -u +%FT%TZ)"
-nvidia-smi --query-gpu=name,uuid,driver_version --format=csv,noheader
-python3 -c 'from importlib.metadata import version as v; print(*(f"{p} {v(p)}" for p in ("torch", "triton", "helion", "mamba-ssm")))'
+print_machine
 
 bench() {  # one point of the curve: the whole call at $shapes, $1 (before|after) this call's bring-up
   [[ " $bench_at " == *" $1 "* ]] || return 0
@@ -59,8 +56,7 @@ if (( left > 60 )); then
   echo "bring-up exit ${PIPESTATUS[0]}"
 fi
 bench after
-find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" /tmp/torchinductor_* -name '*.autotune.json' -print0 2>/dev/null \
-  | tar czPf "$picks" --null -T -
+save_mamba_ssm_picks "$MAMBA_SSM_PICKS"
 tar czf "$out/state.tgz" .gpu/state "mamba2_kernels/configs/$file.yaml" 2>/dev/null \
   || tar czf "$out/state.tgz" .gpu/state
 echo "night $night done after $SECONDS s"
