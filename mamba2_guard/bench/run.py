@@ -172,14 +172,17 @@ def with_layer_shares(cases: Sequence[CaseResult]) -> list[CaseResult]:
             if case in counted and totals[case.shape] else case for case in cases]
 
 
-def kept_cases(done: Sequence[CaseResult], planned: Sequence[tuple[str, str]], progress: Progress
-               ) -> list[CaseResult]:
-    """The cases of ``done`` (a resumed run's) in this plan of (shape, kernel): they are not measured again."""
+def resumed_plan(done: Sequence[CaseResult], planned: Sequence[tuple[str, str]], progress: Progress
+                 ) -> tuple[list[CaseResult], list[tuple[str, str]]]:
+    """A resumed run's cases measured before (``done``), not measured again, and its plan of (shape, kernel):
+    ``planned``, behind the cases of ``done`` outside it, which stay in the result as they were."""
     keys = set(planned)
-    kept = [case for case in done if (case.shape, case.kernel) in keys]
-    if kept:
-        progress(f"resumed: {len(kept)} of {len(planned)} case(s) measured before, {len(planned) - len(kept)} to go")
-    return kept
+    outside = [(case.shape, case.kernel) for case in done if (case.shape, case.kernel) not in keys]
+    plan = [*outside, *planned]
+    if done:
+        progress(f"resumed: {len(done)} of {len(plan)} case(s) measured before, {len(plan) - len(done)} to go"
+                 + (f" ({len(outside)} outside this selection, kept as they were)" if outside else ""))
+    return list(done), plan
 
 
 def result_so_far(cases: Sequence[CaseResult], planned: Sequence[tuple[str, str]], *, fingerprint: dict[str, Any],
@@ -205,14 +208,14 @@ def run_bench(entries: Sequence[KernelEntry], shapes: Sequence[ShapeSpec], *, fi
               warmup: int = 3, progress: Progress = plain_progress, cuda_graphs: bool = False,
               check_precision: bool = True, done: Sequence[CaseResult] = (), started_at: str | None = None,
               checkpoint: Callable[[BenchResult], None] | None = None) -> BenchResult:
-    """Every entry x shape, shape-major. ``done``: cases of this plan measured before (a resumed run, which
-    keeps its ``started_at``), not measured again. ``checkpoint`` gets the result so far after each case,
-    marked ``extra["partial"]`` until the last, so that a run killed midway keeps what it measured."""
+    """Every entry x shape, shape-major. ``done``: cases measured before (a resumed run, which keeps its
+    ``started_at``), not measured again; those outside this plan stay in the result ahead of it.
+    ``checkpoint`` gets the result so far after each case, marked ``extra["partial"]`` until the last, so that
+    a run killed midway keeps what it measured."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     started = started_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     plan = [(shape, entry) for shape in shapes for entry in entries]
-    planned = [(shape.name, entry.name) for shape, entry in plan]
-    cases = kept_cases(done, planned, progress)
+    cases, planned = resumed_plan(done, [(shape.name, entry.name) for shape, entry in plan], progress)
     measured = {(case.shape, case.kernel) for case in cases}
     todo = [(shape, entry) for shape, entry in plan if (shape.name, entry.name) not in measured]
     total = len(todo)

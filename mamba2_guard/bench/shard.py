@@ -356,15 +356,14 @@ def run_sharded(entries: Sequence[Any], shapes: Sequence[Any], *, fingerprint: d
     (``run_bench``'s partial marking) whenever workers have finished cases."""
     import torch
 
-    from mamba2_guard.bench.run import kept_cases, result_so_far
+    from mamba2_guard.bench.run import result_so_far, resumed_plan
 
     devices = list(devices) if devices is not None else devices_for(workers)
     if len(devices) != workers:
         raise ValueError(f"devices: expected {workers} CUDA_VISIBLE_DEVICES values, got {len(devices)}")
     started = started_at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     plan = plan_jobs([e.name for e in entries], [s.name for s in shapes])
-    planned = [(j.shape, j.kernel) for j in plan]
-    kept = kept_cases(done, planned, progress)
+    kept, planned = resumed_plan(done, [(j.shape, j.kernel) for j in plan], progress)
     measured = {(c.shape, c.kernel) for c in kept}
     # numbered among the cases left, so that round-robin spreads them evenly over the workers
     jobs = [Job(i, j.kernel, j.shape) for i, j in enumerate(j for j in plan if (j.shape, j.kernel) not in measured)]

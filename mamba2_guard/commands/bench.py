@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     state = Path(args.state_dir)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = Path(args.json) if args.json else state / common.RESULTS_DIR / f"{stamp}{common.RESULT_SUFFIX}"
-    kept = kept_cases(args, out, fp.to_dict()) if args.resume else None
+    planned = {(shape.name, entry.name) for shape in shapes for entry in entries}
+    kept = kept_cases(args, out, fp.to_dict(), planned) if args.resume else None
 
     def write(result: BenchResult) -> None:  # after every case too: a killed run keeps what it measured
         atomic_write(out, json.dumps(result.to_dict(), indent=1, allow_nan=False) + "\n")
@@ -74,8 +75,10 @@ def run(args: argparse.Namespace) -> int:
     return common.EXIT_FAIL if bad else common.EXIT_OK
 
 
-def kept_cases(args: argparse.Namespace, out: Path, fingerprint: dict[str, Any]) -> BenchResult | None:
-    """``bench --resume``: the cases of ``out`` that this run keeps (None where the file is not there yet)."""
+def kept_cases(args: argparse.Namespace, out: Path, fingerprint: dict[str, Any], planned: set[tuple[str, str]]
+               ) -> BenchResult | None:
+    """``bench --resume``: the cases of ``out`` that this run of ``planned`` (shape, kernel) cases keeps (None
+    where the file is not there yet)."""
     import dataclasses
 
     from mamba2_guard.bench.timing import measured_under
@@ -90,7 +93,7 @@ def kept_cases(args: argparse.Namespace, out: Path, fingerprint: dict[str, Any])
         raise ValueError(f"--resume: {exc}") from None
     try:
         kept = kept_on_resume(prior, measured_under(fingerprint),
-                              {"seed": args.seed, "rounds": args.rounds, "cuda_graphs": args.cuda_graphs})
+                              {"seed": args.seed, "rounds": args.rounds, "cuda_graphs": args.cuda_graphs}, planned)
     except ValueError as exc:
         raise ValueError(f"--resume: {out}: {exc}") from None
     return dataclasses.replace(prior, cases=kept)

@@ -38,7 +38,7 @@ Validation errors name the offending key as a path, e.g. ``cases[3].samples_ms.h
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -387,12 +387,14 @@ class BenchResult:
         )
 
 
-def kept_on_resume(prior: BenchResult, fingerprint: Mapping[str, Any], settings: Mapping[str, Any]
-                   ) -> tuple[CaseResult, ...]:
-    """The cases of ``prior`` that a run continuing it keeps (those that neither failed, lacked a kernel nor
-    ran throttled: a throttled case is no baseline row, and throttling passes), when that run has ``prior``'s
-    environment (``fingerprint``, as a result records it), GPU and ``settings`` (seed, rounds, ...: keys of a
-    result's ``extra``); otherwise ValueError saying what differs."""
+def kept_on_resume(prior: BenchResult, fingerprint: Mapping[str, Any], settings: Mapping[str, Any],
+                   planned: Collection[tuple[str, str]]) -> tuple[CaseResult, ...]:
+    """The cases of ``prior`` that a run continuing it keeps, when that run has ``prior``'s environment
+    (``fingerprint``, as a result records it), GPU and ``settings`` (seed, rounds, ...: keys of a result's
+    ``extra``); otherwise ValueError saying what differs. Of the run's ``planned`` (shape, kernel) cases it
+    keeps those that neither failed, lacked a kernel nor ran throttled (a throttled case is no baseline row,
+    and throttling passes); every case outside them stays as it was, so that resuming with a narrower
+    selection, for the cases a stopped run left, never drops what the file holds."""
     if prior.fingerprint_hash != fingerprint_hash(fingerprint):
         raise ValueError(f"measured in another environment (fingerprint {prior.fingerprint_hash[:12]}, "
                          f"this one {fingerprint_hash(fingerprint)[:12]})")
@@ -402,7 +404,8 @@ def kept_on_resume(prior: BenchResult, fingerprint: Mapping[str, Any], settings:
     for name, value in settings.items():
         if prior.extra.get(name) != value:
             raise ValueError(f"measured with {name} {prior.extra.get(name)!r}, this run has {value!r}")
-    return tuple(case for case in prior.cases if not (case.error or case.missing or case.throttled))
+    return tuple(case for case in prior.cases
+                 if (case.shape, case.kernel) not in planned or not (case.error or case.missing or case.throttled))
 
 
 # ----------------------------------------------------------------------------------------------

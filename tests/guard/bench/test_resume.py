@@ -35,7 +35,14 @@ def case(kernel: str, **fields) -> CaseResult:
 def test_a_resumed_run_keeps_the_cases_that_were_measured():
     good, failed, missing, throttled = case("a"), case("b", error="boom"), case("c", missing=True), case(
         "d", throttled=True)
-    assert kept_on_resume(prior(good, failed, missing, throttled), FINGERPRINT, SETTINGS) == (good,)
+    planned = {("smoke", kernel) for kernel in "abcd"}
+    assert kept_on_resume(prior(good, failed, missing, throttled), FINGERPRINT, SETTINGS, planned) == (good,)
+
+
+def test_a_resumed_run_of_fewer_shapes_keeps_every_case_outside_them_as_it_was():
+    elsewhere = [CaseResult(kernel="a", shape="other", phase="fwd", error=error) for error in (None, "boom")]
+    here = case("a", error="boom")
+    assert kept_on_resume(prior(*elsewhere, here), FINGERPRINT, SETTINGS, {("smoke", "a")}) == tuple(elsewhere)
 
 
 def test_the_progress_line_says_a_throttled_case_is_measured_again():
@@ -51,7 +58,8 @@ def test_the_progress_line_says_a_throttled_case_is_measured_again():
 ])
 def test_a_run_under_other_conditions_does_not_resume(changed, says):
     with pytest.raises(ValueError, match=says):
-        kept_on_resume(prior(case("a")), changed.get("fingerprint", FINGERPRINT), changed.get("settings", SETTINGS))
+        kept_on_resume(prior(case("a")), changed.get("fingerprint", FINGERPRINT), changed.get("settings", SETTINGS),
+                       {("smoke", "a")})
 
 
 def bench(entries, shape, **kwargs) -> BenchResult:
@@ -75,6 +83,18 @@ def test_cases_measured_before_are_kept_as_they_are_and_in_plan_order(smoke_shap
     assert [c.kernel for c in result.cases] == ["chunk_cumsum", "chunk_state"]
     assert result.cases[1] is before and result.cases[0].precision is not None
     assert result.started_at == "then" and "partial" not in result.extra
+
+
+@pytest.mark.slow
+def test_a_resume_of_fewer_shapes_writes_the_cases_of_the_others_first(smoke_shape):
+    other = CaseResult(kernel="chunk_cumsum", shape="other", phase="fwd", extra={"measured": "earlier"})
+    lines: list[str] = []
+    result = run_bench([registry.get("chunk_cumsum")], [smoke_shape], fingerprint={"gpu_name": None},
+                       fingerprint_digest="cpu", state_dir=Path("unused"), suite=None, progress=lines.append,
+                       done=[other], started_at="then")
+    assert [(c.shape, c.kernel) for c in result.cases] == [("other", "chunk_cumsum"), ("smoke", "chunk_cumsum")]
+    assert result.cases[0] is other and "partial" not in result.extra
+    assert "resumed: 1 of 2 case(s) measured before, 1 to go (1 outside this selection, kept as they were)" in lines
 
 
 def guard(*argv: str) -> subprocess.CompletedProcess:
