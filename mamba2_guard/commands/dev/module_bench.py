@@ -9,6 +9,9 @@ from typing import Any
 from mamba2_guard.commands import common
 from mamba2_guard.core import flags
 
+# the torch.compile modes worth timing a training step in
+COMPILE_MODES = ("default", "reduce-overhead")
+
 HELP = "the full mamba-ssm Mamba2 module, GEMMs included, on mamba-ssm's kernels and on ours"
 
 
@@ -18,9 +21,10 @@ def register(tools: Any) -> None:
     p.add_argument("--d-model", type=flags.integer(1), required=True, help="the model width (the suite has none)")
     p.add_argument("--rounds", type=flags.integer(1), default=30)
     p.add_argument("--seed", type=flags.integer(0), default=0)
-    p.add_argument("--compiled", action="store_true",
+    p.add_argument("--compiled", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
                    help="also time our training step in an eager loop, host included, eager against "
-                        "torch.compile(fullgraph=True, dynamic=True)")
+                        "torch.compile(fullgraph=True, dynamic=True, mode=MODE): "
+                        f"{', '.join(COMPILE_MODES)} (the first if none is named)")
     p.add_argument("--steps", type=flags.integer(1), default=10,
                    help="with --compiled: steps back to back per wall sample (default 10)")
     p.add_argument("--out", type=common.output_file, required=True, help="JSON file to write")

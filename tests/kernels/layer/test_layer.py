@@ -356,6 +356,30 @@ def test_patched_mamba2_compiles_whole_once_for_three_lengths(patched, device, u
     assert expected <= ops, sorted(ops)
 
 
+@pytest.mark.gpu
+def test_patched_mamba2_trains_under_cuda_graphs(patched):
+    """``torch.compile(mode="reduce-overhead")``: Inductor records the patched module's forward and backward,
+    the drop-ins' launches with them, into CUDA graphs and replays them; every step's output and gradients are
+    the eager step's. The drop-ins' host work (config lookup, argument checks) runs at the warm-up and the
+    recording; a replay is their launches alone."""
+    module, u, dout = _module_case(patched, True, ngroups=2)
+    module, u, dout = module.cuda(), u.cuda(), dout.cuda()
+    torch._dynamo.reset()
+    compiled_module = torch.compile(module, fullgraph=True, dynamic=True, mode="reduce-overhead")
+    for step in range(4):  # warm-up, recording, then replays
+        module.zero_grad(set_to_none=True)
+        eager = module(u)
+        eager.backward(dout)
+        grads = {name: param.grad.clone() for name, param in module.named_parameters()}
+        module.zero_grad(set_to_none=True)
+        torch.compiler.cudagraph_mark_step_begin()
+        compiled = compiled_module(u)
+        compiled.backward(dout)
+        torch.testing.assert_close(compiled, eager, atol=1e-3, rtol=1e-3, msg=f"out at step {step}")
+        for name, param in module.named_parameters():
+            torch.testing.assert_close(param.grad, grads[name], atol=1e-3, rtol=1e-3, msg=f"d{name} at step {step}")
+
+
 def test_patch_routes_both_paths_through_our_kernels(patched, monkeypatch):
     from mamba2_kernels.conv import causal_conv1d as conv_mod
     from mamba2_kernels.norm import gated_rmsnorm as norm_mod
@@ -576,11 +600,21 @@ def test_module_script_times_the_patched_steps_eager_against_compiled(mamba2):
             step = module_bench.compiled_step(module, u, dout, rounds=2, steps=1, backend=backend)
     finally:
         mamba2_kernels.unpatch_mamba_ssm()
-    assert [len(times) for times in step["samples_ms"].values()] == [2, 2]
+    assert step["mode"] == "default" and [len(times) for times in step["samples_ms"].values()] == [2, 2]
     assert step["median_ms"]["eager"] > 0 and step["median_ms"]["compiled"] > 0 and step["compiled_vs_eager"] > 0
     ops = {str(node.target) for g in graphs for node in g.graph.nodes if node.op == "call_function"}
     assert "mamba2_kernels.ssd_combined_fwd.default" in ops
     assert all(p.grad is None for p in module.parameters()) and u.grad is None
+
+
+@pytest.mark.parametrize(("argv", "mode"), [([], None), (["--compiled"], "default"),
+                                             (["--compiled", "reduce-overhead"], "reduce-overhead")])
+def test_module_script_names_the_compile_mode_it_times(argv, mode):
+    from mamba2_guard import cli
+
+    args = cli.build_parser().parse_args(["dev", "module-bench", "--shape", "smoke", "--d-model", "8",
+                                          "--out", "x.json", *argv])
+    assert args.compiled == mode
 
 
 def test_module_script_rejects_bad_arguments(mamba2, capsys):
@@ -590,6 +624,9 @@ def test_module_script_rejects_bad_arguments(mamba2, capsys):
     with pytest.raises(SystemExit):
         script.main(["--shape", "smoke", "--d-model", "0", "--out", "x.json"])
     assert "--d-model: expected an integer >= 1, got '0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["--shape", "smoke", "--d-model", "8", "--compiled", "fast", "--out", "x.json"])
+    assert "--compiled: invalid choice: 'fast' (choose from 'default', 'reduce-overhead')" in capsys.readouterr().err
     with pytest.raises(KeyError, match="nemotron3-nano"):
         script.main(["--shape", "nemotron3-nan", "--d-model", "64", "--out", "x.json"])
     other_groups = suites.load().shape("smoke").replace(norm_group_size=64)
