@@ -11,7 +11,8 @@
 #
 # SECONDS: this call's wall-clock limit (default 570). SHAPES: the shapes (default: the suites zoo-fit and
 # zoo-steered, the third target's). RESUME: an earlier call's OUTDIR/curve.json to continue (`bench
-# --resume`), for a zoo that outlasts one call. Needs PYTHONPATH with the guard's wheels.
+# --resume`), for a zoo that outlasts one call; with SHAPES naming the shapes it left, only those are warmed
+# and benched, and the file keeps the others. Needs PYTHONPATH with the guard's wheels.
 set -uo pipefail
 # shellcheck source=scripts/gpu-machine.sh
 source "${BASH_SOURCE[0]%/*}/gpu-machine.sh"
