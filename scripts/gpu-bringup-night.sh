@@ -14,8 +14,9 @@
 # SHAPES: the shapes benched before and after (default: the suite's). BENCH_AT: which of the two benches run
 # (default "before after"; a call that only resumes the bring-up can skip one or both and leave the time to it).
 # BENCH_SECONDS: each bench's limit (default 240: on a bare machine the first bench compiles every config it
-# selects and mamba-ssm's autotune candidates, which took over 170 s for two shapes on an H100). Needs
-# PYTHONPATH with the guard's wheels.
+# selects and mamba-ssm's autotune candidates, which took over 170 s for two shapes on an H100). SPEEDUPS:
+# bench results (a curve point's curve.json files) whose calls below mamba-ssm's speed the bring-up searches
+# first, as the nightly does with its own bench (`bring-up --speedups`). Needs PYTHONPATH with the guard's wheels.
 set -uo pipefail
 # shellcheck source=scripts/gpu-machine.sh
 source "${BASH_SOURCE[0]%/*}/gpu-machine.sh"
@@ -51,8 +52,11 @@ left=$(( limit - SECONDS - 20 ))
 [[ " $bench_at " == *" after "* ]] && left=$(( left - bench_limit ))
 echo "bring-up: $left s of this call left for it"
 if (( left > 60 )); then
-  timeout "$left" python3 -m mamba2_guard bring-up "${withhold[@]}" --budget-minutes "$(( left / 60 ))" \
-    --state-dir .gpu/state --json | tee "$out/bringup-$night.txt"
+  speedups=()
+  # shellcheck disable=SC2206  # $SPEEDUPS is a list of paths
+  [[ -n ${SPEEDUPS:-} ]] && speedups=(--speedups $SPEEDUPS)
+  timeout "$left" python3 -m mamba2_guard bring-up "${withhold[@]}" "${speedups[@]}" \
+    --budget-minutes "$(( left / 60 ))" --state-dir .gpu/state --json | tee "$out/bringup-$night.txt"
   echo "bring-up exit ${PIPESTATUS[0]}"
 fi
 bench after

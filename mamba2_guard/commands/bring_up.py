@@ -8,7 +8,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,10 @@ def register(commands: Any) -> None:
     p.add_argument("--withhold-configs", action="store_true",
                    help="run as if this GPU were new: as <slug>-withheld, with no other GPU's file serving or "
                         "seeding it (measures the bring-up on a GPU that has configs)")
+    p.add_argument("--speedups", nargs="+", metavar="RESULT",
+                   help="bench results (`bench --json`) of the whole call on this GPU: the searches start with "
+                        "the shapes measured below mamba-ssm's speed, the slowest first (the nightly passes its "
+                        "own bench's; a later file overrides an earlier one at the same shape)")
     p.add_argument("--force", action="store_true", help="run the stages left even where no bring-up is due")
     p.add_argument("--out", metavar="PATH", type=files.creatable_file,
                    help="config file (default: mamba2_kernels/configs/<gpu-slug>.yaml)")
@@ -52,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from mamba2_kernels import config_store
 
     cfg = common.guard_config(args)
+    call_speedups = measured_speedups(args.speedups or ())
     if args.withhold_configs:
         flow.withhold_configs()
     fp = fingerprint.collect()
@@ -69,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     opts = flow.options_from_config(
         cfg, job_budget_seconds=args.job_seconds, state_dir=state_dir, gpu_slug=gpu_slug,
         budget_seconds=args.budget_minutes * 60, fingerprint=fp.to_dict(), fingerprint_digest=fp.digest(), out=out,
-        devices=visible_devices(), tuner=tuner, until=args.until, stages=stages)
+        devices=visible_devices(), tuner=tuner, until=args.until, stages=stages,
+        call_speedups=call_speedups)
     on_configs = _proposer(state_dir, cfg, fp, gpu_slug) if args.pr else None
     state = flow.load_state(state_dir, gpu_slug)
     total = sum(stage.jobs for stage in stages)
@@ -84,6 +90,20 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(outcome.to_dict(), indent=1, sort_keys=True, default=str))
     failed = sum(int((r.get("summary") or {}).get("failed") or 0) for r in outcome.runs)
     return common.EXIT_FAIL if failed else common.EXIT_OK
+
+
+def measured_speedups(paths: Sequence[str]) -> dict[str, float]:
+    """``--speedups``: the whole call's speedup per shape in these bench results, a later file's first."""
+    from mamba2_guard.flows import baselines
+    from mamba2_guard.flows import bringup as flow
+
+    speedups: dict[str, float] = {}
+    for path in paths:
+        try:
+            speedups.update(flow.call_speedups(baselines.read_result(Path(path)).cases))
+        except ValueError as exc:
+            raise ValueError(f"--speedups: {exc}") from None
+    return speedups
 
 
 def _proposer(state_dir: Path, cfg: Any, fp: Any, gpu_slug: str) -> Callable[[dict[str, Any]], None]:

@@ -12,7 +12,8 @@ below, each started only once those before it are done or skipped:
 ``hot``     Helion's search, seeded from what ``borrow`` stored, on the whole SSD call at the suite's and the
             zoo's shapes in the order of their reach (``by_reach``): the call of most device time first, then
             each time the call whose time the calls before it serve least, so that the first nights fix
-            most of the time at every kind of shape, not only at the costliest kind.
+            most of the time at every kind of shape, not only at the costliest kind. A call the night's
+            bench measured below mamba-ssm's goes first (``below_par``), the slowest first.
             Skipped on a GPU whose file held configs when the bring-up began (a kernel added since): its calls
             are tuned, and the new kernel is the suite stage's.
 ``suite``   every kernel of the suite at the suite's shapes, searching only the launches still without a config.
@@ -103,6 +104,20 @@ def by_reach(shapes: Sequence[str], weight: Mapping[str, float],
                 d = distance(shape, best)
                 nearest[shape] = d if len(order) == 1 else min(nearest[shape], d)
     return order
+
+
+PAR = 1.0  # the product's promise: the whole call at least as fast as mamba-ssm's at every shape
+
+
+def below_par(shapes: Sequence[str], speedups: Mapping[str, float]) -> list[str]:
+    """The shapes of ``shapes`` whose whole call was last measured below ``PAR`` against mamba-ssm
+    (``speedups``: mamba-ssm's time over ours, per shape), slowest first: a stage's search starts with them.
+
+    The order of reach is a plan made before anything was measured: a call served by the configs of a
+    nearer key can measure slower than mamba-ssm's for nights while its own job waits its turn. A night's
+    bench says which calls those are, and the promise they break is the one users see."""
+    measured = [shape for shape in dict.fromkeys(shapes) if speedups.get(shape, PAR) < PAR]
+    return sorted(measured, key=lambda shape: speedups[shape])
 
 
 def plan(*, whole_call: str, suite_kernels: Sequence[str], suite_shapes: Sequence[str], zoo_shapes: Sequence[str],

@@ -82,9 +82,12 @@ def plan_jobs(kernels: Sequence[str], shapes: Sequence[str]) -> list[Job]:
     return [Job(i, k, s) for i, (s, k) in enumerate((s, k) for s in shapes for k in kernels)]
 
 
-def assign(jobs: Sequence[Job], workers: int, cost: Mapping[str, float] | None = None) -> list[list[Job]]:
-    """Jobs to workers, each worker's list in plan order. Without ``cost``: static round-robin by plan
-    index, job i to worker ``i % workers``, so neighbours in the plan (the same shape) spread over the GPUs.
+def assign(jobs: Sequence[Job], workers: int, cost: Mapping[str, float] | None = None,
+           first: Sequence[str] = ()) -> list[list[Job]]:
+    """Jobs to workers, each worker's list in plan order, but for the jobs at the shapes of ``first``, which
+    start before the others, in that order (a priority of this run's, not part of its plan: the run's id and
+    journal stay). Without ``cost``: static round-robin by plan index, job i to worker ``i % workers``, so
+    neighbours in the plan (the same shape) spread over the GPUs.
 
     With ``cost`` (seconds per job id, from an earlier run): longest first. Jobs in decreasing cost (plan
     index breaks ties) each go to the worker with the least cost so far (the lower index breaks ties); a job
@@ -92,13 +95,18 @@ def assign(jobs: Sequence[Job], workers: int, cost: Mapping[str, float] | None =
     cases of a bench (161 s against 93 s). Either way deterministic: no dependence on this run's timing."""
     if workers < 1:
         raise ValueError(f"workers: expected >= 1, got {workers}")
+    rank = {shape: i for i, shape in enumerate(dict.fromkeys(first))}
+
+    def position(job: Job) -> tuple[int, int]:
+        return rank.get(job.shape, len(rank)), job.index
+
     ordered = sorted(jobs, key=lambda j: j.index)
     shards: list[list[Job]] = [[] for _ in range(workers)]
     known = sorted(float(cost[j.id]) for j in ordered if cost and j.id in cost)
     if not known:
         for job in ordered:
             shards[job.index % workers].append(job)
-        return shards
+        return [sorted(shard, key=position) for shard in shards]
     typical = known[len(known) // 2]
     weight = {j.id: float(cost[j.id]) if j.id in cost else typical for j in ordered}
     loads = [0.0] * workers
@@ -106,7 +114,7 @@ def assign(jobs: Sequence[Job], workers: int, cost: Mapping[str, float] | None =
         target = min(range(workers), key=lambda w: (loads[w], w))
         shards[target].append(job)
         loads[target] += weight[job.id]
-    return [sorted(shard, key=lambda j: j.index) for shard in shards]
+    return [sorted(shard, key=position) for shard in shards]
 
 
 def run_id(plan: Mapping[str, Any]) -> str:

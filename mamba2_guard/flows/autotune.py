@@ -96,6 +96,8 @@ class AutotuneOptions:
     # "helion": Helion's search; "borrowed": the configs other GPUs' files hold, adapted and tried here (bring-up)
     search: str = "helion"
     extra: dict[str, Any] = field(default_factory=dict)  # handed to the tuner (tests)
+    # shapes whose jobs start before the others, in this order (``tuneplan.assign``): not part of the plan
+    first_shapes: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         for name in ("budget_seconds", "total_budget_seconds", "job_timeout_seconds", "rounds", "max_attempts",
@@ -545,7 +547,7 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
     if run.carried:
         progress(f"{len(tuneplan.tuned_launches(run.carried))} launches searched by earlier runs of the same "
                  "search settings and kernel sources are not searched again")
-    shards = tuneplan.assign(todo, len(opts.devices), cost)
+    shards = tuneplan.assign(todo, len(opts.devices), cost, first=opts.first_shapes)
     if len(opts.devices) > 1:
         progress(f"split: longest first, by the job times of {sources} earlier run(s)" if cost else
                  "split: round-robin (no earlier run to take job times from)")

@@ -23,7 +23,7 @@ import datetime
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +140,12 @@ def _set_aside(path: Path, state: dict[str, Any]) -> None:
     path.rename(path.with_name(f"{path.stem}.{started}.json"))
 
 
+def call_speedups(cases: Iterable[Any]) -> dict[str, float]:
+    """The whole call's speedup against mamba-ssm per shape in a bench's ``cases`` (``CaseResult``), for
+    ``BringUpOptions.call_speedups``; a shape measured twice keeps the later."""
+    return {case.shape: case.speedup for case in cases if case.kernel == WHOLE_CALL and case.speedup}
+
+
 def stages_for(gpu_slug: str, tuned: bool = False) -> list[bringup.Stage]:
     from mamba2_kernels import registry, suites
 
@@ -172,6 +178,8 @@ class BringUpOptions:
     until: str | None = None  # stop after this stage (None: run them all)
     stages: Sequence[bringup.Stage] | None = None  # the plan (default: ``stages_for`` the GPU)
     measure: Callable[..., Any] | None = None  # the fit stage's measurement (tests); default selection_measure.measure
+    # the whole call's latest speedup against mamba-ssm per shape (the night's bench): below 1.0x goes first
+    call_speedups: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Each is checked as the guard config's setting it comes from; neither may be left out here.
@@ -283,12 +291,16 @@ def run_bring_up(opts: BringUpOptions, progress: Progress,
 def _search(opts: BringUpOptions, stage: bringup.Stage, left: float, progress: Progress,
             on_job: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
     fields = {"effort": "quick", "seed": 1234, **opts.tuning}
+    first = bringup.below_par(stage.shapes, opts.call_speedups)
+    if first:
+        progress(f"stage {stage.name}: first the calls measured below mamba-ssm's: "
+                 + ", ".join(f"{shape} ({opts.call_speedups[shape]:.2f}x)" for shape in first))
     options = autotune.AutotuneOptions(
         kernels=list(stage.kernels), shapes=list(stage.shapes), out=opts.config_path, state_dir=Path(opts.state_dir),
         gpu_slug=opts.gpu_slug, fingerprint=opts.fingerprint, fingerprint_digest=opts.fingerprint_digest,
         budget_seconds=opts.job_budget_seconds, total_budget_seconds=left, devices=list(opts.devices),
         tuner=opts.tuner, missing_only=stage.missing_only, whole_suite=False,
-        search="borrowed" if stage.search == bringup.BORROWED else "helion", **fields)
+        search="borrowed" if stage.search == bringup.BORROWED else "helion", first_shapes=first, **fields)
     outcome = autotune.run_autotune(options, progress, on_job=on_job)
     left_over = tuneplan.pending(outcome.jobs, outcome.entries, options.max_attempts)
     finished = not outcome.skipped and not left_over

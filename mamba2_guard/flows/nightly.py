@@ -356,9 +356,8 @@ def _cycle(state_dir: Path, options: CycleOptions, cfg: guard_config.GuardConfig
             paths["baseline"] = str(baseline_path)
             if left_out:
                 progress(f"not written to the baseline: {', '.join(left_out)}")
-        speedups = [c.speedup for c in result.cases if c.kernel in ZOO_ENTRIES and c.speedup]
         steps = retune_or_bring_up(state_dir, stamp, options, cfg, fp, gpu_slug, drift, entries, shapes, paths,
-                                   progress, speedups)
+                                   progress, result.cases)
         if (steps.get("bringup") or {}).get("progress"):
             add_bring_up_section(paths, steps["bringup"]["progress"])
         paths.update(export_metrics(state_dir, result, verdicts, fp, drift, steps))
@@ -387,8 +386,9 @@ def retune_plan(entries: Sequence[registry.KernelEntry], shapes: Sequence, seen:
 def retune_or_bring_up(state_dir: Path, stamp: str, options: CycleOptions, cfg, fp: fingerprint.Fingerprint,
                        gpu_slug: str, drift: drift_mod.DriftReport, entries: Sequence[registry.KernelEntry],
                        shapes: Sequence, paths: dict[str, str], progress: Progress,
-                       speedups: Sequence[float] = ()) -> dict[str, Any]:
-    """A new GPU's bring-up where one is due, else a re-tune where the drift policy says so (GPU only); then
+                       cases: Sequence[CaseResult] = ()) -> dict[str, Any]:
+    """A new GPU's bring-up where one is due (``cases``: the night's bench, which orders and reports it), else
+    a re-tune where the drift policy says so (GPU only); then
     whether the PR step is due (``steps["pr_due"]``, run by the cycle after the history and the metrics; a
     bring-up opens and updates its PR itself as stages land). None of these steps can fail the cycle: their
     problems are reported and recorded in the outcome's ``steps``."""
@@ -403,7 +403,7 @@ def retune_or_bring_up(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
     from mamba2_guard.flows import bringup as bring_up
 
     if torch.cuda.is_available() and bring_up.is_due(state_dir, gpu_slug, configs_path):
-        produced = bring_up_step(state_dir, options, cfg, fp, gpu_slug, steps, propose, progress, speedups,
+        produced = bring_up_step(state_dir, options, cfg, fp, gpu_slug, steps, propose, progress, cases,
                                  configs_path, baseline_path, paths) or produced
     elif drift.action == "retune" or options.force_retune or seen:
         why = drift.summary() if drift.action == "retune" else "forced" if options.force_retune else (
@@ -455,20 +455,23 @@ def retune_or_bring_up(state_dir: Path, stamp: str, options: CycleOptions, cfg, 
 
 def bring_up_step(state_dir: Path, options: CycleOptions, cfg, fp: fingerprint.Fingerprint, gpu_slug: str,
                   steps: dict[str, Any], propose: Callable[..., dict[str, Any]], progress: Progress,
-                  speedups: Sequence[float], configs_path: Path, baseline_path: Path, paths: dict[str, str]) -> bool:
+                  cases: Sequence[CaseResult], configs_path: Path, baseline_path: Path, paths: dict[str, str]) -> bool:
     """The night's share of a new GPU's bring-up (``mamba2_guard.flows.bringup``) in the re-tune's budget: the
-    config PR is opened after the first stage that stored configs and updated after each later one. Returns
-    whether the config file was written."""
+    config PR is opened after the first stage that stored configs and updated after each later one. The
+    night's bench (``cases``) gives its progress the calls' speedups, and its searches the calls measured
+    below mamba-ssm's to start with. Returns whether the config file was written."""
     from mamba2_guard.bench import shard
     from mamba2_guard.core import bringup as plan
     from mamba2_guard.flows import autotune
     from mamba2_guard.flows import bringup as bring_up
 
     budget = cfg.autotune_value("total_budget_seconds", None) or autotune.DEFAULT_TOTAL_BUDGET_SECONDS
+    speedups = [c.speedup for c in cases if c.kernel in ZOO_ENTRIES and c.speedup]
     opts = bring_up.options_from_config(
         cfg, state_dir=state_dir, gpu_slug=gpu_slug, budget_seconds=float(budget), fingerprint=fp.to_dict(),
         fingerprint_digest=fp.digest(), out=configs_path, devices=shard.visible_devices(),
-        tuner=os.environ.get(autotune.TUNER_ENV) or autotune.DEFAULT_TUNER)
+        tuner=os.environ.get(autotune.TUNER_ENV) or autotune.DEFAULT_TUNER,
+        call_speedups=bring_up.call_speedups(cases))
 
     def on_configs(summary: dict[str, Any]) -> None:
         if options.pr and cfg.pr_enabled:

@@ -70,6 +70,12 @@ def test_the_calls_go_in_the_order_of_their_reach_not_of_their_weight_alone():
     assert bringup.by_reach(["x", "y", "x", "z"], {}, distance=lambda a, b: 1.0) == ["x", "y", "z"]
 
 
+def test_the_calls_measured_below_mamba_ssms_speed_come_first_the_slowest_first():
+    speedups = {"a": 1.3, "b": 0.94, "c": 0.97, "d": 1.0, "gone": 0.5}
+    assert bringup.below_par(["a", "b", "c", "d", "e", "b"], speedups) == ["b", "c"]
+    assert bringup.below_par(["a", "d", "e"], speedups) == []  # at par, above it, or not measured
+
+
 def test_the_time_left_is_estimated_per_stage_from_its_own_jobs_once_it_has_some():
     stages = bringup.plan(whole_call="call", suite_kernels=["k1", "k2", "k3"], suite_shapes=["a", "b"],
                           zoo_shapes=["c", "d"], grid_shapes=[], weight={}, other_files=False)

@@ -15,6 +15,7 @@ from pathlib import Path
 from mamba2_guard import config as guard_config
 from mamba2_guard.adapters import fingerprint
 from mamba2_guard.core import bringup, tuneplan
+from mamba2_guard.core.results import CaseResult, SamplesMs
 from mamba2_guard.flows import bringup as flow
 from mamba2_guard.flows import pr as prflow
 from mamba2_kernels import config_store
@@ -47,6 +48,12 @@ def launch(kernel: str, key: str, ok: bool = True, faster: bool = True) -> dict:
             "samples_ms": {"incumbent": BASE, "candidate": FASTER if faster else [1.2 * x for x in BASE]}}
 
 
+def bench_case(shape: str, speedup: float) -> CaseResult:
+    """A night's bench of the whole call at ``shape``, ``speedup`` times faster than mamba-ssm's."""
+    return CaseResult(kernel="ssd_combined_fwd_bwd", shape=shape, phase="fwd_bwd",
+                      samples_ms=SamplesMs(helion=BASE, mamba_ssm=[speedup * x for x in BASE]))
+
+
 def calls(path: Path) -> list[tuple[str, str]]:
     return [(line.split()[0], line.split()[3]) for line in path.read_text().splitlines()]
 
@@ -67,6 +74,24 @@ def test_the_stages_run_in_order_of_value_and_each_searches_what_it_should(tmp_p
     assert {name: s["status"] for name, s in state["stages"].items()} == {
         "borrow": "done", "hot": "done", "suite": "done", "grid": "skipped"}
     assert set(config_store.load(tmp_path / f"{SLUG}.yaml").kernels) == {"ssd_combined_fwd_bwd_k", "chunk_cumsum_k"}
+
+
+def test_the_searches_start_with_the_calls_the_nights_bench_measured_below_mamba_ssms(tmp_path, monkeypatch):
+    """mamba2-default outreaches smoke, but smoke measured 0.9x: every stage's search starts with it. The
+    runs' plans keep the order of reach, so their ids and journals are those of a night without a bench."""
+    record = tmp_path / "calls.txt"
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(record))
+    lines: list[str] = []
+    outcome = flow.run_bring_up(options(tmp_path, call_speedups={"smoke": 0.9, "mamba2-default": 1.2}), lines.append)
+    assert outcome.complete
+    assert calls(record) == [
+        ("ssd_combined_fwd_bwd@smoke", "borrowed"), ("ssd_combined_fwd_bwd@mamba2-default", "borrowed"),
+        ("ssd_combined_fwd_bwd@smoke", "helion"), ("ssd_combined_fwd_bwd@mamba2-default", "helion"),
+        ("chunk_cumsum@smoke", "helion"), ("chunk_cumsum@mamba2-default", "helion")]
+    assert "stage hot: first the calls measured below mamba-ssm's: smoke (0.90x)" in lines
+    hot = next(run for run in outcome.runs if run["stage"] == "hot")
+    plan = json.loads(Path(hot["run_dir"], "plan.json").read_text())
+    assert plan["jobs"] == ["ssd_combined_fwd_bwd@mamba2-default", "ssd_combined_fwd_bwd@smoke"]
 
 
 def test_a_borrowed_config_that_fails_here_is_never_stored(tmp_path):
@@ -317,6 +342,11 @@ def test_the_console_script_runs_the_bring_up_and_says_where_it_stands(tmp_path)
     again = subprocess.run([*cmd[:-4], "--budget-minutes", "0"], env=env, capture_output=True, text=True)
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert "argument --budget-minutes: expected a number of minutes > 0, got '0'" in again.stderr
+    broken = tmp_path / "bench.json"
+    broken.write_text("{not json")
+    unread = subprocess.run([*cmd, "--speedups", str(broken)], env=env, capture_output=True, text=True)
+    assert unread.returncode == 2 and unread.stderr.strip().splitlines()[-1].startswith(
+        f"mamba2-guard: --speedups: {broken}: not a bench result"), unread.stderr
 
 
 def test_a_nightly_on_a_gpu_without_configs_brings_it_up_and_proposes_them(tmp_path, monkeypatch):
@@ -330,6 +360,8 @@ def test_a_nightly_on_a_gpu_without_configs_brings_it_up_and_proposes_them(tmp_p
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(flow, "stages_for", lambda slug, tuned=False: stages(other_files=False))
     monkeypatch.setenv("MAMBA2_GUARD_TUNER", FAKE)
+    record = tmp_path / "calls.txt"
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(record))
     fp = fingerprint.collect()
     report = tmp_path / "report.md"
     report.write_text("## mamba2-guard check\n")
@@ -338,7 +370,8 @@ def test_a_nightly_on_a_gpu_without_configs_brings_it_up_and_proposes_them(tmp_p
     steps = nightly.retune_or_bring_up(state, "20261205T000000Z", nightly.CycleOptions(root=str(root)),
                                        guard_config.load(None, state), fp, SLUG, drift_mod.classify(fp.to_dict(), None,
                                                                                                      None),
-                                       [], [], paths, messages.append, speedups=[1.2, 1.3])
+                                       [], [], paths, messages.append, cases=[bench_case("smoke", 0.9),
+                                                                              bench_case("mamba2-default", 1.3)])
     assert "retune" not in steps  # the bring-up replaced the warm re-tune
     assert steps["bringup"]["status"] == "done" and steps["bringup"]["progress"]["stage"] == "complete"
     assert steps["pr"]["status"] == "done"
@@ -347,6 +380,9 @@ def test_a_nightly_on_a_gpu_without_configs_brings_it_up_and_proposes_them(tmp_p
                             capture_output=True, text=True, check=True).stdout
     assert "ssd_combined_fwd_bwd_k" in pushed and "chunk_cumsum_k" in pushed
     nightly.add_bring_up_section(paths, steps["bringup"]["progress"])
-    assert "## Bring-up of this GPU" in report.read_text() and "1.25x mamba-ssm" in report.read_text()
+    assert "## Bring-up of this GPU" in report.read_text() and "1.08x mamba-ssm" in report.read_text()
+    # The bench's call below mamba-ssm's speed went first, though mamba2-default outreaches it.
+    assert calls(record)[:2] == [("ssd_combined_fwd_bwd@smoke", "helion"),
+                                 ("ssd_combined_fwd_bwd@mamba2-default", "helion")]
     # The next night: the bring-up is complete, so none is due (the warm re-tune takes over).
     assert not flow.is_due(state, SLUG, root / "mamba2_kernels" / "configs" / f"{SLUG}.yaml")

@@ -222,6 +222,18 @@ def test_assignment_by_known_cost_puts_the_longest_jobs_on_different_workers():
     assert sorted(j.index for s in tuneplan.assign(jobs, 4, cost) for j in s) == list(range(6))
 
 
+@pytest.mark.parametrize("cost", [None, {"k@s0": 5.0, "k@s1": 1.0}])
+def test_the_jobs_at_the_shapes_named_first_start_first_on_their_workers(cost):
+    jobs = tuneplan.plan_jobs(["k", "m"], ["s0", "s1", "s2"])
+    (alone,) = tuneplan.assign(jobs, 1, cost, first=["s2", "s1"])
+    assert [j.id for j in alone] == ["k@s2", "m@s2", "k@s1", "m@s1", "k@s0", "m@s0"]
+    plain = tuneplan.assign(jobs, 2, cost)
+    named = tuneplan.assign(jobs, 2, cost, first=["s2"])
+    assert [sorted(j.id for j in s) for s in named] == [sorted(j.id for j in s) for s in plain]  # same split
+    for shard in named:  # on each worker its s2 jobs first, the others in plan order after them
+        assert [j.index for j in shard] == sorted((j.index for j in shard), key=lambda i: (jobs[i].shape != "s2", i))
+
+
 def test_only_a_job_that_crashed_or_hung_isolates_its_candidates_next_time():
     entries = [{"job": "a@s", "status": "failed", "reason": "crash"},
                {"job": "b@s", "status": "failed", "reason": "timeout"},
