@@ -189,9 +189,10 @@ def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int, co
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shape = suites.load().shape(args.shape)
     require_gpu(parser, "it times the module")
+    measured = measure(shape, args.d_model, rounds=args.rounds, seed=args.seed, compiled=args.compiled,
+                       steps=args.steps)
     report = {"fingerprint": fingerprint.collect().to_dict(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
-              "rounds": args.rounds, **measure(shape, args.d_model, rounds=args.rounds, seed=args.seed,
-                                               compiled=args.compiled, steps=args.steps)}
+              "rounds": args.rounds, "steps": args.steps, **measured}
     write_json(args.out, report)
     for phase in ("fwd", "fwd_bwd"):
         r = report[phase]

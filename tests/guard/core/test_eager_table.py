@@ -65,6 +65,35 @@ def test_a_report_that_is_not_dev_eager_steps_is_an_error_naming_it():
         eager_table.rows({"cases": {"s1": {"ssd_combined_bwd": {}}}}, "run.json")
 
 
+def block_report(compiled: dict | None = None) -> dict:
+    """A ``dev module-bench`` report: the block 1.25x mamba-ssm's forward, 1.10x its training step."""
+    phase = {"fwd": 1.25, "fwd_bwd": 1.10}
+    return {"date": "2026-03-03", "rounds": 5, "steps": 10, "shape": "s1", "d_model": 2688,
+            "fingerprint": {"gpu_name": "Test GPU", "gpu_uuid": "GPU-0000aaaa-1111", "helion": "9.9"},
+            **{name: {"speedup_vs_mamba_ssm": ratio, "gemm_share": {"helion": 0.4, "mamba_ssm": 0.35}}
+               for name, ratio in phase.items()},
+            **({} if compiled is None else {"compiled_step": compiled})}
+
+
+@pytest.mark.parametrize(("compiled", "verdict"), [
+    (None, "not compiled"),
+    ({"median_ms": {"eager": 3.0, "compiled": 3.6}, "compiled_vs_eager": 0.83}, "compiled 0.83x of eager"),
+    ({"mode": "reduce-overhead", "median_ms": {"eager": 3.0, "compiled": 2.0}, "compiled_vs_eager": 1.5}, "met"),
+    ({"mode": "default", "median_ms": {}}, "not measured"),
+])
+def test_a_whole_blocks_compiled_step_is_judged_against_its_eager_one(compiled, verdict):
+    run = eager_table.block(block_report(compiled), "block.json")
+    assert (run.shape, run.d_model, run.forward, run.step, run.gemm_share) == ("s1", 2688, 1.25, 1.10, 0.4)
+    assert run.mode == (None if compiled is None else compiled.get("mode", "default"))  # runs before modes: default
+    assert eager_table.block_verdict(run) == verdict
+
+
+def test_a_block_report_without_its_phases_is_an_error_naming_it():
+    assert eager_table.is_block_report(block_report()) and not eager_table.is_block_report(REPORT)
+    with pytest.raises(ValueError, match=r"^block.json: not a dev module-bench report"):
+        eager_table.block({"shape": "s1", "d_model": 64, "fwd": {}}, "block.json")
+
+
 def _eager_tree(tmp_path: Path, runs: list[str]) -> Path:
     root = _tree(tmp_path)
     (root / "baselines" / "runs" / "eager").mkdir(parents=True)
@@ -93,6 +122,18 @@ def test_build_renders_the_eager_page_from_the_runs_it_cites_and_check_catches_a
     run.write_text(json.dumps({**REPORT, "date": "2026-03-04"}))
     stale = _build(root, "--check")
     assert stale.returncode == 1 and "docs/results/eager-test-gpu.md is stale" in stale.stderr
+
+
+def test_build_renders_a_cited_block_run_as_a_section_of_its_own(tmp_path):
+    root = _eager_tree(tmp_path, ["test-gpu-eager.json", "test-gpu-block.json"])
+    (root / "baselines" / "runs" / "eager" / "test-gpu-eager.json").write_text(json.dumps(REPORT))
+    compiled = {"mode": "reduce-overhead", "median_ms": {"eager": 3.0, "compiled": 2.0}, "compiled_vs_eager": 1.5}
+    (root / "baselines" / "runs" / "eager" / "test-gpu-block.json").write_text(json.dumps(block_report(compiled)))
+    assert _build(root).returncode == 0
+    page = (root / "docs" / "results" / "eager-test-gpu.md").read_text()
+    assert "## `test-gpu-block.json`: the whole `Mamba2` block" in page
+    assert ("| `s1` | 2688 | 1.25x | 1.10x | 40% | `reduce-overhead` | 3.000 | 2.000 | 1.50x | met |"
+            in page.split("## `test-gpu-block.json`")[1])
 
 
 def test_build_names_a_cited_eager_run_that_is_not_there(tmp_path):
