@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measured_speedups(paths: Sequence[str]) -> dict[str, float]:
-    """``--speedups``: the whole call's speedup per shape in these bench results, a later file's first."""
+    """``--speedups``: the whole call's speedup per shape in these bench results; at a shape two of them
+    measured, the later file's."""
     from mamba2_guard.flows import baselines
     from mamba2_guard.flows import bringup as flow
 
