@@ -101,9 +101,13 @@ def measured_speedups(paths: Sequence[str]) -> dict[str, float]:
     speedups: dict[str, float] = {}
     for path in paths:
         try:
-            speedups.update(flow.call_speedups(baselines.read_result(Path(path)).cases))
+            measured = flow.call_speedups(baselines.read_result(Path(path)).cases)
         except ValueError as exc:
             raise ValueError(f"--speedups: {exc}") from None
+        if not measured:
+            raise ValueError(f"--speedups: {path}: expected a bench of the whole call ({flow.WHOLE_CALL}) "
+                             "against mamba-ssm; it has no such case")
+        speedups.update(measured)
     return speedups
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from mamba2_guard import config as guard_config
 from mamba2_guard.adapters import fingerprint
 from mamba2_guard.core import bringup, tuneplan
-from mamba2_guard.core.results import CaseResult, SamplesMs
+from mamba2_guard.core.results import BenchResult, CaseResult, SamplesMs
 from mamba2_guard.flows import bringup as flow
 from mamba2_guard.flows import pr as prflow
 from mamba2_kernels import config_store
@@ -347,6 +347,13 @@ def test_the_console_script_runs_the_bring_up_and_says_where_it_stands(tmp_path)
     unread = subprocess.run([*cmd, "--speedups", str(broken)], env=env, capture_output=True, text=True)
     assert unread.returncode == 2 and unread.stderr.strip().splitlines()[-1].startswith(
         f"mamba2-guard: --speedups: {broken}: not a bench result"), unread.stderr
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(BenchResult(fingerprint={}, cases=(CaseResult("chunk_cumsum", "smoke", "fwd"),)
+                                            ).to_dict()))
+    unfit = subprocess.run([*cmd, "--speedups", str(other)], env=env, capture_output=True, text=True)
+    assert unfit.returncode == 2 and unfit.stderr.strip().splitlines() == [
+        f"mamba2-guard: --speedups: {other}: expected a bench of the whole call (ssd_combined_fwd_bwd) against "
+        "mamba-ssm; it has no such case"], unfit.stderr
 
 
 def test_a_nightly_on_a_gpu_without_configs_brings_it_up_and_proposes_them(tmp_path, monkeypatch):
