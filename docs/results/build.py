@@ -121,18 +121,22 @@ def cited_run(root: Path, runs: str, name: str, source: str) -> Path:
     return path
 
 
+def read_cited_json(root: Path, runs: str, name: str, source: str) -> object:
+    """The JSON of the run ``name`` of ``baselines/runs/<runs>/`` that ``source`` cites (``cited_run``);
+    ValueError naming it where it is not valid JSON."""
+    path = cited_run(root, runs, name, source)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"baselines/runs/{runs}/{name}: not valid JSON ({exc})") from None
+
+
 def eager_page(root: Path, eager_file: Path, order: list[str]) -> str:
     """The eager-loop page of ``eager_file`` from the ``dev eager-step`` runs it cites
     (``mamba2_guard.core.eager_table``)."""
     source, doc = read_source(root, eager_file)
     eager = eager_table.parse(doc, source)
-    reports = {}
-    for ref in eager.runs:
-        path = cited_run(root, "eager", ref.file, source)
-        try:
-            reports[ref.file] = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"baselines/runs/eager/{ref.file}: not valid JSON ({exc})") from None
+    reports = {ref.file: read_cited_json(root, "eager", ref.file, source) for ref in eager.runs}
     return eager_table.render(eager, reports, source=source, order=order)
 
 
@@ -161,7 +165,11 @@ def bringup_page(root: Path, curve_file: Path, suite: list[str], zoo: list[str],
     else:
         results = (baseline.get("results") or {}).get(WHOLE_CALL, {})
         yardstick = {shape: x for shape, case in results.items() if (x := case_speedup(case)) is not None}
-    speedups = [[bringup_curve.merged_speedups(p.runs, by_run) for p in c.points] for c in curves.curves]
+    evidence = dict.fromkeys(p.carried.evidence for c in curves.curves for p in c.points if p.carried)
+    unchanged = {name: bringup_curve.unchanged_shapes(read_cited_json(root, "bringup", name, source),
+                                                      f"baselines/runs/bringup/{name}") for name in evidence}
+    speedups = [bringup_curve.with_carried(c, [bringup_curve.merged_speedups(p.runs, by_run) for p in c.points],
+                                           unchanged, source, i) for i, c in enumerate(curves.curves)]
     versions = "; ".join(sorted({software_versions(fp) for fp in prints}))
     gpus = sorted({str(fp.get("gpu_uuid", ""))[:12] for fp in prints if fp.get("gpu_uuid")})
     environment = (f"The runs name {versions}" + (f", on the cards {', '.join(gpus)}" if gpus else "") + "."

@@ -9,7 +9,8 @@ The file holds one or more curves, each a bring-up from zero on one code (a new 
 yardstick: what the GPU gets from configs nobody withheld (its committed file, or one lent to it). A point of
 a curve is the bring-up's device-minutes so far, what it had done, and the bench runs taken on that state; a
 later run of a point overrides an earlier one at the same shape. A run benches some shapes only, so each point
-says how many shapes it has, and compares with the yardstick over those shapes alone.
+says how many shapes it has, and compares with the yardstick over those shapes alone. A point may carry shapes
+from an earlier point instead (``Carried``): those whose every launch selects the same config as then.
 
 The bring-up's targets are judged per point, on the shapes each needs: the suite's three after the first
 night, every zoo shape by 60 minutes, and the zoo's geometric mean within 5 % of the yardstick's by 120.
@@ -28,11 +29,24 @@ NEAR_YARDSTICK_MINUTES, NEAR_YARDSTICK_RATIO = 120.0, 0.95
 
 
 @dataclass(frozen=True)
+class Carried:
+    """Shapes a point takes from an earlier point of its curve rather than benching them again: shapes whose
+    every launch selects the config it selected at that point, as ``evidence`` shows (a ``dev selected
+    --against`` report, in ``baselines/runs/bringup/``, of the point's config file against the earlier one's).
+    The same configs run the same generated code: the shapes re-benched on such states moved by under 1 %."""
+
+    from_minutes: float
+    shapes: tuple[str, ...]
+    evidence: str
+
+
+@dataclass(frozen=True)
 class Point:
     minutes: float
     after: str  # what the bring-up had done, in words
     runs: tuple[str, ...]  # bench result files, in the order they override each other
     note: str = ""
+    carried: Carried | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,24 @@ def _files(value: Any, source: str, path: str, required: bool = True) -> tuple[s
     return tuple(value)
 
 
+def _carried(raw: Any, earlier: Sequence[Point], source: str, path: str) -> Carried | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or set(raw) != {"from", "shapes", "evidence"}:
+        raise _fail(source, path, "a mapping with from, shapes and evidence", raw)
+    minutes = raw["from"]
+    if isinstance(minutes, bool) or not any(minutes == p.minutes for p in earlier):
+        raise _fail(source, f"{path}.from", "the minutes of an earlier point of the curve", minutes)
+    shapes = raw["shapes"]
+    if not isinstance(shapes, list) or not shapes or not all(isinstance(s, str) and s for s in shapes):
+        raise _fail(source, f"{path}.shapes", "a non-empty list of shape names", shapes)
+    evidence = raw["evidence"]
+    if not isinstance(evidence, str) or not evidence.endswith(".json") or "/" in evidence:
+        raise _fail(source, f"{path}.evidence", "a `dev selected --against` report (.json) in baselines/runs/bringup/",
+                    evidence)
+    return Carried(float(minutes), tuple(shapes), evidence)
+
+
 def parse(doc: Any, source: str) -> CurveFile:
     """The curve file ``doc`` (``source``: its path, for errors); ValueError naming the field where it is
     malformed."""
@@ -96,7 +128,8 @@ def parse(doc: Any, source: str) -> CurveFile:
                 raise _fail(source, f"{where}minutes", f"at least the point before's {points[-1].minutes}", minutes)
             points.append(Point(float(minutes), _text(point, "after", source, where),
                                 _files(point.get("runs"), source, f"{where}runs"),
-                                _text(point, "note", source, where, required=False)))
+                                _text(point, "note", source, where, required=False),
+                                _carried(point.get("carried"), points, source, f"{where}carried")))
         curves.append(Curve(_text(curve, "name", source, f"curves[{i}]."), tuple(points)))
     yardstick = doc.get("yardstick")
     if not isinstance(yardstick, Mapping):
@@ -112,6 +145,47 @@ def merged_speedups(runs: Sequence[str], speedups_by_run: Mapping[str, Mapping[s
     out: dict[str, float] = {}
     for run in runs:
         out.update(speedups_by_run.get(run, {}))
+    return out
+
+
+def unchanged_shapes(report: Any, where: str) -> set[str]:
+    """The shapes of a ``dev selected --against`` report (``where`` names it in errors) at which every launch
+    selects the config it selected from the file it was compared against."""
+    shapes = report.get("shapes") if isinstance(report, Mapping) else None
+    if not isinstance(shapes, Mapping) or not report.get("against"):
+        raise ValueError(f"{where}: not a `dev selected --against` report (expected against and shapes)")
+    unchanged = set()
+    for shape, entries in shapes.items():
+        rows = [row for launches in (entries or {}).values() for row in launches]
+        if rows and all(isinstance(row.get("before"), Mapping) and row["before"].get("config") == row["now"].get(
+                "config") for row in rows):
+            unchanged.add(shape)
+    return unchanged
+
+
+def with_carried(curve: Curve, speedups: Sequence[Mapping[str, float]], unchanged: Mapping[str, set[str]],
+                 source: str, index: int) -> list[dict[str, float]]:
+    """Each point's speedups (``merged_speedups``'s) with the shapes it carries (``Carried``) taken from the
+    earlier point's; ``unchanged``: per evidence file, ``unchanged_shapes``. ValueError where a carried shape
+    is one the point's own runs bench, one the earlier point lacks, or one its evidence does not show
+    unchanged; ``index`` is the curve's, for the message."""
+    out: list[dict[str, float]] = []
+    for j, (point, own) in enumerate(zip(curve.points, speedups, strict=True)):
+        merged = dict(own)
+        if point.carried is not None:
+            where = f"{source}: curves[{index}].points[{j}].carried.shapes"
+            earlier = next(x for p, x in zip(curve.points[:j], out, strict=True)
+                           if p.minutes == point.carried.from_minutes)
+            for shape in point.carried.shapes:
+                if shape in own:
+                    raise ValueError(f"{where}: `{shape}` is benched by the point's own runs")
+                if shape not in earlier:
+                    raise ValueError(f"{where}: `{shape}` is not at the {point.carried.from_minutes:g}-minute point")
+                if shape not in unchanged.get(point.carried.evidence, set()):
+                    raise ValueError(f"{where}: `{shape}` does not select the same configs in "
+                                     f"{point.carried.evidence}")
+                merged[shape] = earlier[shape]
+        out.append(merged)
     return out
 
 
@@ -246,7 +320,8 @@ def render(curves: CurveFile, speedups: Sequence[Sequence[Mapping[str, float]]],
         out += ["", "| shape | " + " | ".join(f"{p.minutes:g} min" for p in curve.points) + " | yardstick |",
                 "|---|" + "--:|" * (len(curve.points) + 1)]
         for shape in shapes:
-            cells = [_cell(x.get(shape)) for x in by_point]
+            cells = [_cell(x.get(shape)) + ("†" if p.carried and shape in p.carried.shapes else "")
+                     for p, x in zip(curve.points, by_point, strict=True)]
             if any(cells):
                 out.append(f"| `{shape}` | " + " | ".join(cells) + f" | {_cell(yardstick.get(shape))} |")
         counts, means, ratios = [], [], []
@@ -256,15 +331,20 @@ def render(curves: CurveFile, speedups: Sequence[Sequence[Mapping[str, float]]],
             counts.append(f"{len(present)}/{len(shapes)}")
             means.append(_cell(geomean([by_shape[s] for s in present])))
             ratios.append("" if ratio is None else f"{ratio:.3f} ({len(common)})")
-        out += ["| shapes benched | " + " | ".join(counts) + " | "
+        out += [f"| shapes benched{' or carried (†)' if any(p.carried for p in curve.points) else ''} | "
+                + " | ".join(counts) + " | "
                 f"{sum(s in yardstick for s in shapes)}/{len(shapes)} |",
                 "| geometric mean of those | " + " | ".join(means) + " | "
                 f"{_cell(geomean([yardstick[s] for s in shapes if s in yardstick]))} |",
                 "| over the yardstick, same shapes (shapes) | " + " | ".join(ratios) + " | 1 |", ""]
         for point in curve.points:
             runs = ", ".join(f"`{run}`" for run in point.runs)
+            carried = "" if point.carried is None else (
+                f" † Carried from the {point.carried.from_minutes:g}-minute point, not benched again: "
+                + ", ".join(f"`{shape}`" for shape in point.carried.shapes) + ", whose every launch selects the "
+                f"config it selected then (`{point.carried.evidence}`, `mamba2-guard dev selected --against`).")
             out.append(f"- **{point.minutes:g} min**, after {point.after}: {runs}."
-                       + (f" {point.note}" if point.note else ""))
+                       + (f" {point.note}" if point.note else "") + carried)
         out.append("")
     return "\n".join(out)
 

@@ -86,6 +86,64 @@ def test_a_malformed_curve_file_is_an_error_naming_the_file_and_the_field(change
         bringup_curve.parse(doc, "curve.yaml")
 
 
+def selected_report(changed: dict[str, bool]) -> dict:
+    """A ``dev selected --against`` report: per shape, one launch whose config changed or not."""
+    def row(moved: bool) -> dict:
+        return {"now": {"kernel": "k", "config": {"w": 2 if moved else 1}},
+                "before": {"kernel": "k", "config": {"w": 1}}}
+
+    return {"gpu_slug": "g", "against": "/tmp/old.yaml",
+            "shapes": {shape: {"ssd_combined_fwd_bwd": [row(False), row(moved)]} for shape, moved in changed.items()}}
+
+
+def carrying(shapes: list[str], frm: float = 10) -> dict:
+    return {**point(20, "b.json"), "carried": {"from": frm, "shapes": shapes, "evidence": "sel.json"}}
+
+
+def test_a_point_carries_the_shapes_whose_launches_select_as_at_an_earlier_point():
+    unchanged = bringup_curve.unchanged_shapes(selected_report({"z1": False, "z2": True}), "sel.json")
+    assert unchanged == {"z1"}
+    curves = curve_file([point(10, "a.json"), carrying(["z1"])])
+    own = [{"s1": 1.0, "z1": 0.9, "z2": 1.1}, {"s1": 1.1, "z2": 1.3}]
+    assert bringup_curve.with_carried(curves.curves[0], own, {"sel.json": unchanged}, "curve.yaml", 0) == [
+        {"s1": 1.0, "z1": 0.9, "z2": 1.1}, {"s1": 1.1, "z2": 1.3, "z1": 0.9}]
+    # the second point judges the zoo's target with z1 carried: every zoo shape is there
+    every_zoo_shape = bringup_curve.targets(curves.curves[0], [own[0], {**own[1], "z1": 0.9}], {}, SUITE, ZOO)[1]
+    assert every_zoo_shape.best == "lowest 0.90x (`z1`) at 10 minutes"
+    page = bringup_curve.render(curves, [[own[0], {**own[1], "z1": 0.9}]], {}, slug="g", source="curve.yaml",
+                                suite_shapes=SUITE, zoo_shapes=ZOO)
+    assert "| `z1` | 0.90x | 0.90x† |  |" in page
+    assert ("† Carried from the 10-minute point, not benched again: `z1`, whose every launch selects the config "
+            "it selected then (`sel.json`, `mamba2-guard dev selected --against`).") in page
+
+
+@pytest.mark.parametrize(("carried", "own", "message"), [
+    (["z2"], {"s1": 1.1}, "`z2` does not select the same configs in sel.json"),
+    (["z1"], {"z1": 1.0}, "`z1` is benched by the point's own runs"),
+    (["z3"], {}, "`z3` is not at the 10-minute point"),
+])
+def test_a_carried_shape_must_be_unbenched_at_the_earlier_point_and_unchanged(carried, own, message):
+    unchanged = bringup_curve.unchanged_shapes(selected_report({"z1": False, "z2": True, "z3": False}), "sel.json")
+    curves = curve_file([point(10, "a.json"), carrying(carried)])
+    with pytest.raises(ValueError) as raised:
+        bringup_curve.with_carried(curves.curves[0], [{"z1": 0.9, "z2": 1.0}, own], {"sel.json": unchanged},
+                                   "curve.yaml", 0)
+    assert str(raised.value) == f"curve.yaml: curves[0].points[1].carried.shapes: {message}"
+
+
+@pytest.mark.parametrize(("carried", "message"), [
+    ({"from": 15, "shapes": ["z1"], "evidence": "sel.json"}, "carried.from: expected the minutes of an earlier"),
+    ({"from": 10, "shapes": [], "evidence": "sel.json"}, "carried.shapes: expected a non-empty list"),
+    ({"from": 10, "shapes": ["z1"], "evidence": "../sel.json"}, "carried.evidence: expected a `dev selected"),
+    ({"from": 10, "shapes": ["z1"]}, "carried: expected a mapping with from, shapes and evidence"),
+])
+def test_a_malformed_carry_is_an_error_naming_the_field(carried, message):
+    with pytest.raises(ValueError, match=r"^curve\.yaml: curves\[0\]\.points\[1\]\." + message.replace(".", r"\.")):
+        curve_file([point(10, "a.json"), {**point(20, "b.json"), "carried": carried}])
+    with pytest.raises(ValueError, match=r"^sel.json: not a `dev selected --against` report"):
+        bringup_curve.unchanged_shapes({"shapes": {}}, "sel.json")
+
+
 def bench_result(path: Path, speedups: dict[str, float], uuid: str = "GPU-0000aaaa-11") -> str:
     """A bench result at ``path`` with the whole call at each shape of ``speedups`` (ours 1 ms)."""
     cases = [{"kernel": "ssd_combined_fwd_bwd", "shape": shape, "phase": "call_fwd_bwd",
@@ -120,6 +178,25 @@ def test_build_renders_the_curve_from_the_runs_it_cites_and_check_catches_a_stal
     assert stale.returncode == 1
     assert "docs/results/bringup-test-gpu.md is stale" in stale.stderr
     assert "docs/results/bringup-test-gpu.svg is stale" in stale.stderr
+
+
+def test_build_carries_shapes_by_the_evidence_it_cites(tmp_path):
+    root = _tree(tmp_path)
+    runs = root / "baselines" / "runs" / "bringup"
+    runs.mkdir(parents=True)
+    early = bench_result(runs / "gpu-withheld-a.json", {"s1": 0.8, "grid1": 0.5})
+    late = bench_result(runs / "gpu-withheld-b.json", {"s1": 1.25})
+    (runs / "sel.json").write_text(json.dumps(selected_report({"s1": True, "grid1": False})))
+    (root / "baselines" / "bringup").mkdir()
+    curve = root / "baselines" / "bringup" / "test-gpu.yaml"
+    later = {**point(12.5, late), "carried": {"from": 0, "shapes": ["grid1"], "evidence": "sel.json"}}
+    curve.write_text(yaml.safe_dump({"gpu": "Test GPU", "curves": [{"name": "c", "points": [point(0, early), later]}],
+                                     "yardstick": {"name": "y", "runs": [early]}}))
+    assert _build(root).returncode == 0, _build(root).stderr
+    assert "| `grid1` | 0.50x | 0.50x† | 0.50x |" in (root / "docs" / "results" / "bringup-test-gpu.md").read_text()
+    (runs / "sel.json").write_text(json.dumps(selected_report({"s1": True, "grid1": True})))
+    moved = _build(root, "--check")
+    assert moved.returncode == 2 and "`grid1` does not select the same configs in sel.json" in moved.stderr
 
 
 def test_build_names_a_cited_run_that_is_not_there(tmp_path):
