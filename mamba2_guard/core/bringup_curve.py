@@ -33,7 +33,7 @@ class Carried:
     """Shapes a point takes from an earlier point of its curve rather than benching them again: shapes whose
     every launch selects the config it selected at that point, as ``evidence`` shows (a ``dev selected
     --against`` report, in ``baselines/runs/bringup/``, of the point's config file against the earlier one's).
-    The same configs run the same generated code: the shapes re-benched on such states moved by under 1 %."""
+    The same configs run the same generated code, so such a shape's time differs only by the machine's noise."""
 
     from_minutes: float
     shapes: tuple[str, ...]
@@ -154,11 +154,15 @@ def unchanged_shapes(report: Any, where: str) -> set[str]:
     shapes = report.get("shapes") if isinstance(report, Mapping) else None
     if not isinstance(shapes, Mapping) or not report.get("against"):
         raise ValueError(f"{where}: not a `dev selected --against` report (expected against and shapes)")
+    def same(row: Any) -> bool:
+        now, before = (row.get("now"), row.get("before")) if isinstance(row, Mapping) else (None, None)
+        return isinstance(now, Mapping) and isinstance(before, Mapping) and now.get("config") == before.get("config")
+
     unchanged = set()
     for shape, entries in shapes.items():
-        rows = [row for launches in (entries or {}).values() for row in launches]
-        if rows and all(isinstance(row.get("before"), Mapping) and row["before"].get("config") == row["now"].get(
-                "config") for row in rows):
+        rows = [row for launches in (entries.values() if isinstance(entries, Mapping) else ())
+                for row in (launches if isinstance(launches, list) else [None])]
+        if rows and all(same(row) for row in rows):
             unchanged.add(shape)
     return unchanged
 

@@ -103,6 +103,9 @@ def carrying(shapes: list[str], frm: float = 10) -> dict:
 def test_a_point_carries_the_shapes_whose_launches_select_as_at_an_earlier_point():
     unchanged = bringup_curve.unchanged_shapes(selected_report({"z1": False, "z2": True}), "sel.json")
     assert unchanged == {"z1"}
+    torn = selected_report({"z1": False, "z3": False})
+    torn["shapes"]["z3"]["ssd_combined_fwd_bwd"][0] = {"now": "?"}  # a malformed row moves nothing into the set
+    assert bringup_curve.unchanged_shapes(torn, "sel.json") == {"z1"}
     curves = curve_file([point(10, "a.json"), carrying(["z1"])])
     own = [{"s1": 1.0, "z1": 0.9, "z2": 1.1}, {"s1": 1.1, "z2": 1.3}]
     assert bringup_curve.with_carried(curves.curves[0], own, {"sel.json": unchanged}, "curve.yaml", 0) == [
