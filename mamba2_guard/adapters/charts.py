@@ -80,7 +80,7 @@ def anytime_curves(data: Mapping[str, Any], title: str, path: Path) -> None:
             ax.plot(xs, ys, marker=".", color="#bbbbbb", linewidth=0.7, markersize=4)
         if panel["means"]:
             ax.plot([m[0] for m in panel["means"]], [m[1] for m in panel["means"]], marker="o", color="#1f77b4",
-                    linewidth=2, markersize=5, label="geometric mean of the shapes benched")
+                    linewidth=2, markersize=5, label="geometric mean of the shapes a point has")
             for x, y, count in panel["means"]:
                 ax.annotate(f" {count}", (x, y), fontsize=7, color="#1f77b4")
         ax.set_xlim(left=0)
