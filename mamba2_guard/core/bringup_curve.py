@@ -154,6 +154,7 @@ def unchanged_shapes(report: Any, where: str) -> set[str]:
     shapes = report.get("shapes") if isinstance(report, Mapping) else None
     if not isinstance(shapes, Mapping) or not report.get("against"):
         raise ValueError(f"{where}: not a `dev selected --against` report (expected against and shapes)")
+
     def same(row: Any) -> bool:
         now, before = (row.get("now"), row.get("before")) if isinstance(row, Mapping) else (None, None)
         return isinstance(now, Mapping) and isinstance(before, Mapping) and now.get("config") == before.get("config")

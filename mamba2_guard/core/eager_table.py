@@ -164,13 +164,18 @@ def block(report: Mapping[str, Any], where: str) -> Block:
                  None if compiled is None else _number(compiled.get("compiled_vs_eager")))
 
 
+def _compiled_miss(compiled: float) -> str | None:
+    """What the compiled target misses at this eager / compiled ratio (None: compiling is at least as fast)."""
+    return f"compiled {compiled:.2f}x of eager" if compiled < 1.0 else None
+
+
 def block_verdict(run: Block) -> str:
     """The block's target: compiled, a training step at least as fast as the eager loop's."""
     if run.mode is None:
         return "not compiled"
     if run.compiled is None:
         return "not measured"
-    return "met" if run.compiled >= 1.0 else f"compiled {run.compiled:.2f}x of eager"
+    return _compiled_miss(run.compiled) or "met"
 
 
 def verdict(row: Row) -> str:
@@ -183,8 +188,8 @@ def verdict(row: Row) -> str:
     if not row.short and (row.host_cost is None or row.host_cost > HOST_COST_LIMIT):
         cost = "unknown" if row.host_cost is None else f"{row.host_cost:.0%} > {HOST_COST_LIMIT:.0%}"
         misses.append(f"host cost {cost}")
-    if row.compiled is not None and row.compiled < 1.0:
-        misses.append(f"compiled {row.compiled:.2f}x of eager")
+    if row.compiled is not None and (miss := _compiled_miss(row.compiled)):
+        misses.append(miss)
     return "; ".join(misses) or "met"
 
 

@@ -94,18 +94,22 @@ def gemms_call(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, *, 
     return run
 
 
+def drop_gradients(module: torch.nn.Module, u: torch.Tensor) -> None:
+    """The module's and the input's gradients set to None, as a training loop's ``zero_grad`` leaves them."""
+    module.zero_grad(set_to_none=True)
+    u.grad = None
+
+
 def gradients(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, *,
               patched: bool) -> dict[str, torch.Tensor]:
     """Output and every gradient of one forward + backward, from zeroed gradients."""
-    module.zero_grad(set_to_none=True)
-    u.grad = None
+    drop_gradients(module, u)
     _on_kernels(patched)
     out = module(u)
     out.backward(dout)
     grads = {"out": out.detach().clone(), "du": u.grad.clone()}
     grads.update({f"d{name}": p.grad.clone() for name, p in module.named_parameters() if p.grad is not None})
-    module.zero_grad(set_to_none=True)
-    u.grad = None
+    drop_gradients(module, u)
     return grads
 
 
@@ -144,8 +148,7 @@ def compiled_step(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, 
 
     def training_step(forward: Callable[[torch.Tensor], torch.Tensor], graphed: bool) -> Callable[[], None]:
         def step() -> None:
-            module.zero_grad(set_to_none=True)
-            u.grad = None
+            drop_gradients(module, u)
             if graphed:
                 torch.compiler.cudagraph_mark_step_begin()
             forward(u).backward(dout)
@@ -154,8 +157,7 @@ def compiled_step(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, 
 
     steps_of = {"eager": training_step(module, False), "compiled": training_step(compiled, mode == "reduce-overhead")}
     samples = wall_interleaved(steps_of, rounds=rounds, steps=steps, synchronize=synchronizer(u.device))
-    module.zero_grad(set_to_none=True)
-    u.grad = None
+    drop_gradients(module, u)
     return {"mode": mode, "median_ms": {name: stats.median(values) for name, values in samples.items()},
             "compiled_vs_eager": stats.speedup(samples["compiled"], samples["eager"]), "samples_ms": samples,
             "seconds": round(time.monotonic() - started, 1)}
@@ -175,8 +177,7 @@ def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int, co
                "gemms": gemms_call(module, u, dout, backward=backward)}
         result[phase] = {**summarize(timer.interleaved_graphs(fns, rounds=rounds)),
                          "seconds": round(time.monotonic() - started, 1)}
-        module.zero_grad(set_to_none=True)
-        u.grad = None
+        drop_gradients(module, u)
         torch.cuda.empty_cache()
     result["precision"] = differences(gradients(module, u, dout, patched=True),
                                       gradients(module, u, dout, patched=False))
