@@ -16,7 +16,8 @@
 # BENCH_SECONDS: each bench's limit (default 240: on a bare machine the first bench compiles every config it
 # selects and mamba-ssm's autotune candidates, which took over 170 s for two shapes on an H100). SPEEDUPS:
 # bench results (a curve point's curve.json files) whose calls below mamba-ssm's speed the bring-up searches
-# first, as the nightly does with its own bench (`bring-up --speedups`). Needs PYTHONPATH with the guard's wheels.
+# first, as the nightly does with its own bench (`bring-up --speedups`); without it, this call's bench before,
+# where it ran. Needs PYTHONPATH with the guard's wheels.
 set -uo pipefail
 # shellcheck source=scripts/gpu-machine.sh
 source "${BASH_SOURCE[0]%/*}/gpu-machine.sh"
@@ -48,6 +49,9 @@ bench() {  # one point of the curve: the whole call at $shapes, $1 (before|after
     --rounds 10 --state-dir .gpu/state --json "$out/curve-$night-$1.json"
 }
 bench before
+benched_before=0  # a bench cut short keeps the cases it measured; one with none can't order the searches
+python3 -c 'import sys; from mamba2_guard.commands.bring_up import measured_speedups; measured_speedups(sys.argv[1:])' \
+  "$out/curve-$night-before.json" 2>/dev/null && benched_before=1
 left=$(( limit - SECONDS - 20 ))
 [[ " $bench_at " == *" after "* ]] && left=$(( left - bench_limit ))
 echo "bring-up: $left s of this call left for it"
@@ -55,6 +59,7 @@ if (( left > 60 )); then
   speedups=()
   # shellcheck disable=SC2206  # $SPEEDUPS is a list of paths
   [[ -n ${SPEEDUPS:-} ]] && speedups=(--speedups $SPEEDUPS)
+  [[ -z ${SPEEDUPS:-} && $benched_before == 1 ]] && speedups=(--speedups "$out/curve-$night-before.json")
   timeout "$left" python3 -m mamba2_guard bring-up "${withhold[@]}" "${speedups[@]}" \
     --budget-minutes "$(( left / 60 ))" --state-dir .gpu/state --json | tee "$out/bringup-$night.txt"
   echo "bring-up exit ${PIPESTATUS[0]}"
