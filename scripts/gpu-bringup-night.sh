@@ -49,9 +49,12 @@ bench() {  # one point of the curve: the whole call at $shapes, $1 (before|after
     --rounds 10 --state-dir .gpu/state --json "$out/curve-$night-$1.json"
 }
 bench before
-benched_before=0  # a bench cut short keeps the cases it measured; one with none can't order the searches
-python3 -c 'import sys; from mamba2_guard.commands.bring_up import measured_speedups; measured_speedups(sys.argv[1:])' \
-  "$out/curve-$night-before.json" 2>/dev/null && benched_before=1
+before=$out/curve-$night-before.json
+# Without SPEEDUPS, the bench before orders the searches; one cut short keeps the cases it measured, and one
+# with none would make `bring-up --speedups` refuse to run.
+if [[ -z ${SPEEDUPS:-} && -s $before ]] && python3 -c 'import sys
+from mamba2_guard.commands.bring_up import measured_speedups
+measured_speedups(sys.argv[1:])' "$before" 2>/dev/null; then SPEEDUPS=$before; fi
 left=$(( limit - SECONDS - 20 ))
 [[ " $bench_at " == *" after "* ]] && left=$(( left - bench_limit ))
 echo "bring-up: $left s of this call left for it"
@@ -59,7 +62,6 @@ if (( left > 60 )); then
   speedups=()
   # shellcheck disable=SC2206  # $SPEEDUPS is a list of paths
   [[ -n ${SPEEDUPS:-} ]] && speedups=(--speedups $SPEEDUPS)
-  [[ -z ${SPEEDUPS:-} && $benched_before == 1 ]] && speedups=(--speedups "$out/curve-$night-before.json")
   timeout "$left" python3 -m mamba2_guard bring-up "${withhold[@]}" "${speedups[@]}" \
     --budget-minutes "$(( left / 60 ))" --state-dir .gpu/state --json | tee "$out/bringup-$night.txt"
   echo "bring-up exit ${PIPESTATUS[0]}"
