@@ -375,12 +375,16 @@ def _is_rejected_config(exc: Exception) -> bool:
 def pinned_config(kernel: TunedKernel, config: dict[str, Any], key: ShapeKey | None = None) -> Iterator[None]:
     """Inside the block ``kernel`` runs on ``config`` for shape key ``key`` (every key when None), and
     looks up the config store as usual elsewhere: how a tuner times a candidate, or a test picks a variant.
-    A pinned config that this helion or GPU rejects fails the call (``PINNED``)."""
+    Pins of other keys of the kernel nest: each key runs on the config of the innermost pin that names it
+    (a whole call timed on every launch's winner). A pinned config that this helion or GPU rejects fails the
+    call (``PINNED``)."""
+    outer = vars(kernel).get("candidates")
+
     def candidates(*args: Any) -> list[config_store.Lookup]:
         found_key = kernel.shape_key(*args)
         if key is None or found_key == key:
             return [config_store.Lookup(dict(config), PINNED, str(found_key))]
-        return TunedKernel.candidates(kernel, *args)
+        return outer(*args) if outer is not None else TunedKernel.candidates(kernel, *args)
 
     def forget() -> None:
         """Drop the pinned key's dispatch; other keys keep theirs, as selecting their configs again on every
@@ -393,7 +397,10 @@ def pinned_config(kernel: TunedKernel, config: dict[str, Any], key: ShapeKey | N
     try:
         yield
     finally:
-        del kernel.candidates
+        if outer is None:
+            del kernel.candidates
+        else:
+            kernel.candidates = outer  # type: ignore[method-assign]
         forget()
 
 

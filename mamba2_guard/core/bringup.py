@@ -14,6 +14,10 @@ below, each started only once those before it are done or skipped:
             each time the call whose time the calls before it serve least, so that the first nights fix
             most of the time at every kind of shape, not only at the costliest kind. A call the night's
             bench measured below mamba-ssm's goes first (``below_par``), the slowest first.
+            Each job also searches the launches of the state passes' other path, the chain, then times the two
+            paths against each other at its shape: a provisional chain rule is fitted on the shapes searched
+            so far, because the path decides as much of a call's time as its configs do, and the fit stage's
+            rule comes only after every stage before it.
             Skipped on a GPU whose file held configs when the bring-up began (a kernel added since): its calls
             are tuned, and the new kernel is the suite stage's.
 ``suite``   every kernel of the suite at the suite's shapes, searching only the launches still without a config.

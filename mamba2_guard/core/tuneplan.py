@@ -124,9 +124,9 @@ def run_id(plan: Mapping[str, Any]) -> str:
 
 
 # A run's plan fields that do not change what its searches find: which jobs there are and in what order,
-# whether keys that have configs are searched, and the whole environment's digest (``search_identity`` takes
-# the environment apart instead).
-NOT_SEARCH_SETTINGS = frozenset({"jobs", "missing_only", "fingerprint_digest"})
+# whether keys that have configs are searched, which other paths' launches are searched too, and the whole
+# environment's digest (``search_identity`` takes the environment apart instead).
+NOT_SEARCH_SETTINGS = frozenset({"jobs", "missing_only", "also_paths", "fingerprint_digest"})
 
 
 def search_identity(plan: Mapping[str, Any], environment: Mapping[str, Any]) -> str:

@@ -18,14 +18,13 @@ installed helion: only drift does that, and ``mamba2-guard drift`` reports it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 from typing import Any
 
 from mamba2_guard.adapters.state import write_json
 from mamba2_kernels import config_store, registry, suites
-from mamba2_kernels.ssd import fused_paths
+from mamba2_kernels.ssd import forcing, fused_paths
 from mamba2_kernels.tuning import capture_launches, complete_config
 
 
@@ -55,18 +54,14 @@ def select(cf: config_store.ConfigFile, kernel: Any, args: tuple[Any, ...], key:
     return Selection(kernel.name, str(key), found.source, found.key, config)
 
 
-@contextlib.contextmanager
-def _paths_of(cf: config_store.ConfigFile, shape: suites.ShapeSpec):
+def _paths_of(cf: config_store.ConfigFile, shape: suites.ShapeSpec) -> Any:
     """The fused stages on the paths ``cf``'s rules pick for ``shape`` (on CPU the runtime reads none)."""
-    with contextlib.ExitStack() as stack:
-        for stage in (fused_paths.FWD, fused_paths.BWD):
-            chained = fused_paths.chains_by_rule(cf, stage, shape.batch, shape.nheads, shape.headdim, shape.dstate,
-                                                 shape.chunk_size)
-            stack.enter_context(fused_paths.forced(stage, "chain" if chained else "fused"))
-        for stage in fused_paths.FUSE_STAGES:
-            fused = fused_paths.fuses_by_rule(cf, stage, shape.nheads // shape.ngroups)
-            stack.enter_context(fused_paths.forced(stage, "fused" if fused else "chain"))
-        yield
+    paths = {stage: "chain" if fused_paths.chains_by_rule(cf, stage, shape.batch, shape.nheads, shape.headdim,
+                                                          shape.dstate, shape.chunk_size) else "fused"
+             for stage in (fused_paths.FWD, fused_paths.BWD)}
+    paths.update({stage: "fused" if fused_paths.fuses_by_rule(cf, stage, shape.nheads // shape.ngroups) else "chain"
+                  for stage in fused_paths.FUSE_STAGES})
+    return forcing.forced_all(paths)
 
 
 def launches(entry_name: str, shape: suites.ShapeSpec, cf: config_store.ConfigFile, seqlen: int | None = None

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from mamba2_guard.core.fingerprint_hash import fingerprint_hash
 from mamba2_guard.core.tuneplan import Criteria, Job
 from mamba2_kernels import config_store
 from mamba2_kernels.files import UnreadableFile, atomic_write, load_json, read_regular
+from mamba2_kernels.ssd import forcing
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,10 @@ class AutotuneOptions:
     tuner: str = DEFAULT_TUNER
     fresh: bool = False
     missing_only: bool = False  # search only launches whose key has no config of its own in the file
+    # Fused stages forced to another path (``mamba2_kernels.ssd.forcing``) in a second capture of each job's call,
+    # whose launches are searched too: a GPU without a path rule yet gets configs for the path it does not run,
+    # so that timing the two paths against each other compares tuned launches.
+    also_paths: Mapping[str, str] = field(default_factory=dict)
     # "helion": Helion's search; "borrowed": the configs other GPUs' files hold, adapted and tried here (bring-up)
     search: str = "helion"
     extra: dict[str, Any] = field(default_factory=dict)  # handed to the tuner (tests)
@@ -109,6 +114,10 @@ class AutotuneOptions:
             raise ValueError(f"effort: expected quick or full, got {self.effort!r}")
         if self.search not in ("helion", "borrowed"):
             raise ValueError(f"search: expected helion or borrowed, got {self.search!r}")
+        try:
+            forcing.parse(",".join(f"{stage}={path}" for stage, path in self.also_paths.items()))
+        except ValueError as exc:
+            raise ValueError(f"also_paths: {exc}") from None
 
     @property
     def job_timeout(self) -> float:
@@ -198,7 +207,8 @@ class Run:
                      "criteria": opts.criteria.to_dict(), "rounds": opts.rounds,
                      "helion_benchmark_subprocess": opts.helion_benchmark_subprocess,
                      **({"missing_only": True} if opts.missing_only else {}),  # earlier runs' ids unchanged
-                     **({"search": opts.search} if opts.search != "helion" else {})}
+                     **({"search": opts.search} if opts.search != "helion" else {}),
+                     **({"also_paths": dict(sorted(opts.also_paths.items()))} if opts.also_paths else {})}
         self.id = tuneplan.run_id(self.plan)
         self.dir = Path(opts.state_dir) / "autotune" / _run_dir_name(opts.gpu_slug, self.id)
         self.journal = self.dir / "journal.jsonl"
@@ -441,7 +451,8 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
             "gpu_slug": opts.gpu_slug, "device": process.device,
             "worker": worker, "extra": opts.extra,
             "tuned_elsewhere": tuneplan.tuned_launches([*run.carried, *earlier]),
-            "missing_only": opts.missing_only, "search": opts.search,
+            "missing_only": opts.missing_only, "search": opts.search, "also_paths": dict(opts.also_paths),
+            "criteria": opts.criteria.to_dict(),
             "env": {"HELION_AUTOTUNE_LOG": str(run.dir / "logs" / name)}}
     atomic_write(spec_path, json.dumps(spec, indent=1, sort_keys=True, default=str) + "\n")
     entry: dict[str, Any] = {"job": job.id, "kernel": job.kernel, "shape": job.shape, "index": job.index,
@@ -466,6 +477,7 @@ def run_job(run: Run, job: Job, process: TunerProcess, worker: int, timeout: flo
             "setup_seconds": result.get("setup_seconds"), "process": result.get("process"), "gpu": result.get("gpu"),
             "tuned_elsewhere": result.get("tuned_elsewhere") or [], "had_config": result.get("had_config") or [],
             **({"minor": result["minor"]} if result.get("minor") else {}),
+            **{name: result[name] for name in ("paths", "paths_error", "paths_seconds") if name in result},
             **({"deferred": result["deferred"]} if result.get("deferred") else {})}
 
 

@@ -15,20 +15,23 @@ The spec names the tuner (``module:function`` or ``/path/file.py:function``; tes
 job and the settings; the tuner returns ``{"launches": [...]}`` (see ``mamba2_guard.core.tuneplan.decide`` for a
 launch's fields), and saves those it finished so far with ``save_partial`` as it goes.
 
-``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public function and times
-each on its current config; then, for each distinct (kernel, shape key) that no earlier job of the run tuned
-(``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs' launches), the costliest first, but those
-it leaves to the config of a nearby key as minor (``mamba2_guard.core.tuneplan.minor_launches``), it runs Helion's
-autotuner (effort, recorded random seed, the job's budget split by the launches' device times, warm-started from the
-config that ``spec["base_configs"]`` serves the launch (the run's base with the winners of the jobs before this one)
-where the installed helion still accepts it, from it with its innermost tiles launched first, from the kernel's
-configs at other keys and from its seed configs), then measures what the keep-or-reject decision needs: the public
-function's precision with the winner (against mamba-ssm and fp64, the bench's criterion) and the public function on
-the winner against it on the incumbent, interleaved (``mamba2_guard.bench.timing.Timer``), so that host-side work
-the config changes counts. A launch whose search would end past the job's hard timeout
-(``spec["timeout_seconds"]``), or past the run's budget left as the job started (``spec["seconds_left"]``), is not
-started: it and those after it are returned as ``deferred``, for the job's next attempt. Each launch records its
-device time and the seconds of each phase (tune, precision, timing), the job those of its set-up.
+``helion_tuner`` is the real tuner: on the GPU it records the Helion launches of the job's public function (with
+``spec["also_paths"]``, also those a call with those fused stages forced to their other path adds, each searched,
+checked and timed on its path) and times each on its current config; then, for each distinct (kernel, shape key)
+that no earlier job of the run tuned (``spec["tuned_elsewhere"]``: whole-call jobs reach the per-kernel jobs'
+launches), the costliest first, but those it leaves to the config of a nearby key as minor
+(``mamba2_guard.core.tuneplan.minor_launches``), it runs Helion's autotuner (effort, recorded random seed, the job's
+budget split by the launches' device times, warm-started from the config that ``spec["base_configs"]`` serves the
+launch (the run's base with the winners of the jobs before this one) where the installed helion still accepts it,
+from it with its innermost tiles launched first, from the kernel's configs at other keys and from its seed
+configs), then measures what the keep-or-reject decision needs: the public function's precision with the winner
+(against mamba-ssm and fp64, the bench's criterion) and the public function on the winner against it on the
+incumbent, interleaved (``mamba2_guard.bench.timing.Timer``), so that host-side work the config changes counts. A
+launch whose search would end past the job's hard timeout (``spec["timeout_seconds"]``), or past the run's budget
+left as the job started (``spec["seconds_left"]``), is not started: it and those after it are returned as
+``deferred``, for the job's next attempt. Each launch records its device time and the seconds of each phase (tune,
+precision, timing), the job those of its set-up. A job with ``also_paths`` that searched all its launches then
+times the whole call with each of those stages forced each way, on its winners (``paths``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Any
 
 from mamba2_guard.adapters.processes import watch_parent
 from mamba2_kernels.files import atomic_write
+from mamba2_kernels.ssd import forcing
 
 # Added to an isolated launch's search: Helion's benchmark subprocess starts inside the search's budget, and
 # took 15-20 s of it on the H200 (a 27 s search then benchmarked one config).
@@ -140,7 +144,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     from mamba2_guard.bench.worker import gpu_identity
     from mamba2_guard.core import tuneplan
     from mamba2_kernels import config_store, registry, suites
-    from mamba2_kernels.tuning import capture_launches, device_capability, device_slug, pinned_config
+    from mamba2_kernels.tuning import device_capability, device_slug, pinned_config
 
     if not torch.cuda.is_available():
         raise RuntimeError("helion_tuner needs a CUDA GPU")
@@ -159,8 +163,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                if spec.get("search") == "borrowed" else None)
 
     inputs = entry.inputs(shape, seed, device)
-    with capture_launches() as captured:
-        entry.run_helion(inputs)
+    captured, paths_of = captured_on_paths(entry, inputs, spec.get("also_paths") or {})
     launches, tuned_elsewhere, had_config = to_search(captured, spec.get("tuned_elsewhere") or (), base,
                                                       bool(spec.get("missing_only")), own_config_fails)
     timer = Timer(device)
@@ -178,7 +181,7 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
     def judge(kernel: Any, key: Any, config: dict[str, Any]) -> dict[str, Any]:
         """The public function's precision with ``kernel`` on ``config`` at ``key``."""
         nonlocal refs
-        with pinned_config(kernel, config, key):
+        with pinned_config(kernel, config, key), forcing.forced_all(paths_of[kernel.name, str(key)]):
             ours = entry.run_helion(inputs)
         refs = refs or references(entry, inputs, ours)
         verdict = precision_of(entry, inputs, ours, refs)
@@ -263,8 +266,9 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
             # timed eagerly, the host work of each call (the pin re-selects the kernel's configs) hid wins
             # of 2-5 % on the H200 (not significant, p 0.06-0.7).
             t0 = time.monotonic()
-            calls = {"incumbent": _entry_on(entry, inputs, tk, incumbent or default, key),
-                     "candidate": _entry_on(entry, inputs, tk, best, key)}
+            paths = paths_of[tk.name, str(key)]
+            calls = {"incumbent": _entry_on(entry, inputs, tk, incumbent or default, key, paths),
+                     "candidate": _entry_on(entry, inputs, tk, best, key, paths)}
             timed = timer.interleaved_graphs if graph_timed(entry) else timer.interleaved
             samples = timed(calls, rounds=rounds, warmup=3)
             record.update(samples_ms=samples, timing_seconds=round(time.monotonic() - t0, 1))
@@ -274,9 +278,62 @@ def helion_tuner(spec: dict[str, Any]) -> dict[str, Any]:
                           traceback=traceback.format_exc()[-3000:])
         finished(record)
         torch.cuda.empty_cache()
+    paths: dict[str, Any] = {}
+    if spec.get("also_paths") and not deferred:
+        t0 = time.monotonic()
+        try:
+            paths["paths"] = paths_on_winners(shape.name, seed, rounds, timer, launches, out, list(spec["also_paths"]),
+                                              tuneplan.Criteria(**spec.get("criteria") or {}))
+        except Exception as exc:  # the launches searched stay: the next job's timing still comes
+            _raise_if_cuda_broken()
+            paths["paths_error"] = f"{type(exc).__name__}: {exc}"
+        paths["paths_seconds"] = round(time.monotonic() - t0, 1)
     return {"launches": out, "tuned_elsewhere": tuned_elsewhere, "had_config": had_config, "deferred": deferred,
-            "minor": left_to_nearby, "setup_seconds": setup_seconds,
+            "minor": left_to_nearby, "setup_seconds": setup_seconds, **paths,
             "gpu": gpu_identity(spec.get("device"))}  # which card tuned it: the UUID keeps GPUs apart
+
+
+def paths_on_winners(shape_name: str, seed: int, rounds: int, timer: Any, launches: list[tuple[Any, tuple, Any]],
+                     records: list[dict[str, Any]], stages: list[str], criteria: Any, device: str = "cuda"
+                     ) -> list[dict[str, Any]]:
+    """The whole call at ``shape_name`` with each fused stage of ``stages`` forced fused and chained
+    (``selection_measure.time_paths``' records), each searched launch (``launches`` and their ``records``) on
+    the config its decision keeps: what the two paths cost once both are tuned, which the runtime shows only
+    after the job's winners reach the config file."""
+    from mamba2_guard.core import tuneplan
+    from mamba2_guard.flows import selection_measure
+    from mamba2_kernels.tuning import pinned_config
+
+    by_slot = {(record["kernel"], record["key"]): record for record in records}
+    with contextlib.ExitStack() as pins:
+        for kernel, _, key in launches:
+            record = by_slot.get((kernel.name, str(key)))
+            if record is None or record.get("error") or "samples_ms" not in record:
+                continue  # not searched (deferred) or failed: the runtime serves it as it will
+            kept = tuneplan.decide(record, criteria).keep
+            pins.enter_context(pinned_config(kernel, record["config"] if kept else record["incumbent_config"], key))
+        return selection_measure.time_paths(timer, shape_name, seed, device, rounds, stages=stages)
+
+
+def captured_on_paths(entry: Any, inputs: Any, also_paths: dict[str, str]
+                      ) -> tuple[list[tuple[Any, tuple]], dict[tuple[str, str], dict[str, str]]]:
+    """The launches (kernel, args) of one call of ``entry`` on the paths its rules pick, then, with ``also_paths``,
+    those of a call with those stages forced that the first made no launch of (the other path's kernels); and
+    the paths each (kernel name, key) runs on, forced for its search's checks and timings (empty: the rules')."""
+    from mamba2_kernels.tuning import capture_launches
+
+    captured: list[tuple[Any, tuple]] = []
+    paths_of: dict[tuple[str, str], dict[str, str]] = {}
+    for paths in ({}, dict(also_paths)) if also_paths else ({},):
+        earlier = set(paths_of)
+        with forcing.forced_all(paths), capture_launches() as found:
+            entry.run_helion(inputs)
+        for kernel, args in found:
+            slot = (kernel.name, str(kernel.shape_key(*args)))
+            if slot not in earlier:  # all of its repeats: the per-call counts time a launch as often as the call
+                paths_of.setdefault(slot, paths)
+                captured.append((kernel, args))
+    return captured, paths_of
 
 
 def to_search(captured: Any, elsewhere: Any, base: Any, missing_only: bool,
@@ -504,13 +561,13 @@ def _raise_if_cuda_broken() -> None:
     torch.cuda.synchronize()
 
 
-def _entry_on(entry: Any, inputs: Any, kernel: Any, config: dict[str, Any], key: Any) -> Any:
+def _entry_on(entry: Any, inputs: Any, kernel: Any, config: dict[str, Any], key: Any, paths: dict[str, str]) -> Any:
     from mamba2_kernels.tuning import pinned_config
 
     run = entry.bind(entry.helion_fn(), inputs)  # what bench times
 
     def call() -> None:
-        with pinned_config(kernel, config, key):
+        with pinned_config(kernel, config, key), forcing.forced_all(paths):
             run()
 
     return call

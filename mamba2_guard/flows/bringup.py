@@ -32,6 +32,7 @@ from mamba2_guard.core import bringup, tuneplan
 from mamba2_guard.flows import autotune
 from mamba2_kernels import config_store
 from mamba2_kernels.files import UnreadableFile, atomic_write, load_json
+from mamba2_kernels.ssd import forcing
 
 Progress = Callable[[str], None]
 WHOLE_CALL = "ssd_combined_fwd_bwd"
@@ -42,6 +43,9 @@ DEFAULT_JOB_BUDGET_SECONDS = 120.0
 # A nominal device (bytes/s, FLOP/s) for ordering shapes by the whole call's roofline time: only the order of
 # the shapes matters, and it is the same on any GPU whose bandwidth-to-compute ratio is near this one's.
 NOMINAL_BANDWIDTH, NOMINAL_FLOPS = 4.0e12, 7.0e14
+# The state passes run fused until a chain rule says otherwise: the hot stage's jobs search their chains too,
+# and time the two paths at their shapes, for a provisional rule (``core.bringup``'s docstring).
+OTHER_PATHS = {forcing.FWD: "chain", forcing.BWD: "chain"}
 
 
 def state_path(state_dir: Path, gpu_slug: str) -> Path:
@@ -300,14 +304,35 @@ def _search(opts: BringUpOptions, stage: bringup.Stage, left: float, progress: P
         gpu_slug=opts.gpu_slug, fingerprint=opts.fingerprint, fingerprint_digest=opts.fingerprint_digest,
         budget_seconds=opts.job_budget_seconds, total_budget_seconds=left, devices=list(opts.devices),
         tuner=opts.tuner, missing_only=stage.missing_only, whole_suite=False,
-        search="borrowed" if stage.search == bringup.BORROWED else "helion", first_shapes=first, **fields)
+        search="borrowed" if stage.search == bringup.BORROWED else "helion", first_shapes=first,
+        also_paths=OTHER_PATHS if stage.name == bringup.HOT else {}, **fields)
     outcome = autotune.run_autotune(options, progress, on_job=on_job)
     left_over = tuneplan.pending(outcome.jobs, outcome.entries, options.max_attempts)
     finished = not outcome.skipped and not left_over
     done = len(outcome.jobs) - len(left_over)
+    rule_changed = stage.name == bringup.HOT and _provisional_rule(opts, outcome.entries, outcome.run_dir, progress)
     return {"stage": stage.name, "status": bringup.DONE if finished else bringup.PARTIAL, "done": done,
             "seconds": sum(float(entry.get("seconds") or 0) for entry in outcome.entries),
-            "run_dir": str(outcome.run_dir), "summary": outcome.summary, "changed": outcome.changed}
+            "run_dir": str(outcome.run_dir), "summary": outcome.summary,
+            "changed": outcome.changed or rule_changed}
+
+
+def _provisional_rule(opts: BringUpOptions, entries: Sequence[Mapping[str, Any]], run_dir: Path,
+                      progress: Progress) -> bool:
+    """Fit the state passes' chain rules on the two paths' timings of the hot stage's jobs so far (``entries``,
+    its run's journal: each job's latest), into the config file: until the fit stage's rule replaces it, a call
+    runs the path that was faster at the searched shapes nearest it. Returns whether the rules changed."""
+    from mamba2_guard.flows import selection_measure
+
+    latest = tuneplan.latest_by_job(entries)
+    records = [record for entry in latest.values() for record in entry.get("paths") or ()]
+    if not records or not opts.config_path.is_file():
+        return False
+    before = config_store.load(opts.config_path).selection
+    fits = selection_measure.fit_records_into(opts.config_path, records, Path(run_dir) / "journal.jsonl")
+    for fit in fits:
+        progress(f"provisional {fit.describe()}")
+    return config_store.load(opts.config_path).selection != before
 
 
 def _fit(opts: BringUpOptions, stage: bringup.Stage, deadline: float, progress: Progress, spent: float

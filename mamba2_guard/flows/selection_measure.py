@@ -266,7 +266,7 @@ def measure(shapes: Sequence[str], *, config: Path, seed: int, rounds: int, proc
                 _append(out, [record])
                 print(f"{shape_name} {kernel.name}: {len(record['ms'])} configs ({time.monotonic() - started:.0f} s)",
                       flush=True)
-            path_records = _time_paths(timer, shape_name, seed, device, rounds, paths_done)
+            path_records = time_paths(timer, shape_name, seed, device, rounds, done=paths_done)
             records += path_records
             _append(out, path_records)
             if not launches and not path_records:
@@ -300,13 +300,15 @@ def _append(out: Path, records: list[dict]) -> None:
     files.atomic_write(out, earlier + "".join(json.dumps(record, sort_keys=True) + "\n" for record in records))
 
 
-def _time_paths(timer: Any, shape_name: str, seed: int, device: str, rounds: int, done: set) -> list[dict]:
-    """The whole call at ``shape_name`` with each fused stage (the state passes, the forward's outputs) forced
-    fused and chained, timed as CUDA-graph replays (interleaved): one record per stage not in ``done``."""
+def time_paths(timer: Any, shape_name: str, seed: int, device: str, rounds: int,
+               stages: Sequence[str] = forcing.STAGES, done: set | frozenset = frozenset()) -> list[dict]:
+    """The whole call at ``shape_name`` with each fused stage of ``stages`` (the state passes, the forward's
+    outputs) forced fused and chained, timed as CUDA-graph replays (interleaved): one record per stage not in
+    ``done``, (shape, stage) pairs."""
     from mamba2_kernels import registry, suites
     from mamba2_kernels.ssd import fused_paths
 
-    stages = [stage for stage in fused_paths.STAGES if (shape_name, stage) not in done]
+    stages = [stage for stage in stages if (shape_name, stage) not in done]
     if not stages:
         return []
     shape = suites.load().shape(shape_name)
@@ -393,13 +395,17 @@ def key_distance(a: str, b: str, weights: Any) -> float:
 def fit_into(path: Path, measurements: Path) -> list[fitting.Fit]:
     """Fit the rule to a measurement file and write it, with the grid winners, into the config file ``path``
     (atomically). Raises ValueError naming the file that cannot be used."""
-    records = read_records(measurements)
+    return fit_records_into(path, read_records(measurements), measurements)
+
+
+def fit_records_into(path: Path, records: list[dict], source: Path | str) -> list[fitting.Fit]:
+    """``fit_into`` of measurement ``records`` read from ``source`` (a file, or what else holds them)."""
     if not path.is_file():
         # On a machine without a GPU the default slug names no committed file: say which one to give.
         raise ValueError(f"{path}: no such config file; the fit goes into the config file of the GPU that "
                          "measured it: pass --gpu-slug (e.g. nvidia-h200) or --out")
     if not records:
-        raise ValueError(f"{measurements}: no measurement records (expected `mamba2-guard dev measure-selection`'s "
+        raise ValueError(f"{source}: no measurement records (expected `mamba2-guard dev measure-selection`'s "
                          "JSON lines)")
     try:
         with config_store.writing(path):

@@ -61,3 +61,12 @@ def forced_path(stage: str) -> str | None:
         return parse(text).get(stage)
     except ValueError as exc:
         raise ValueError(f"${PATHS_ENV}: {exc}") from None
+
+
+@contextlib.contextmanager
+def forced_all(paths: dict[str, str]) -> Iterator[None]:
+    """``forced`` for each stage -> path of ``paths`` at once (empty: the rules' paths)."""
+    with contextlib.ExitStack() as stack:
+        for stage, path in paths.items():
+            stack.enter_context(forced(stage, path))
+        yield

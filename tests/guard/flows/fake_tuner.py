@@ -14,11 +14,13 @@ Per job (``extra["jobs"][job_id]`` overrides ``extra["search"][spec["search"]]``
   ``hang``      sleep forever (a hung compile or kernel);
   ``hang_after``  save this many of the launches as finished (``save_partial``), then hang;
   ``raise``     raise RuntimeError with this message (a tuner error, e.g. a CUDA fault);
+  ``paths``     with ``spec["also_paths"]``, the two paths' timings to return (``paths_on_winners``' records);
   ``launches``  the launch records to return (see mamba2_guard.core.tuneplan.decide); default: one winner that
                 is 10 % faster than Helion's default config, precision ok. Those in ``spec["tuned_elsewhere"]``
                 are left out and listed there, as the real tuner does, and so are those it leaves as minor
                 (``tuneplan.minor_launches`` over the records' ``device_ms``), listed under ``minor``.
-Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id, pid, device, search) when that is set, and
+Every call is appended to ``$FAKE_TUNE_CALLS`` (one line: job id, pid, device, search, and the other paths it
+searches, ``stage=path,...`` or ``-``) when that is set, and
 prints the job id to its output (the job's log).
 """
 
@@ -56,7 +58,8 @@ def tune(spec: dict) -> dict:
     calls = os.environ.get("FAKE_TUNE_CALLS")
     if calls:
         fd = os.open(calls, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(fd, f"{job['id']} {os.getpid()} {spec.get('device')} {search}\n".encode())
+        paths = ",".join(f"{stage}={path}" for stage, path in sorted((spec.get("also_paths") or {}).items())) or "-"
+        os.write(fd, f"{job['id']} {os.getpid()} {spec.get('device')} {search} {paths}\n".encode())
         os.close(fd)
     print(f"fake tuner: {job['id']}", flush=True)  # lands in the job's own log
     time.sleep(float(behaviour.get("sleep", 0)))
@@ -99,6 +102,8 @@ def tune(spec: dict) -> dict:
             cut = i
             break
         elapsed += float(launch.get("tune_seconds", 0.0))
-    return {"gpu": {"uuid": f"GPU-fake-{spec.get('device')}"},
+    searched_all = cut == len(todo)  # as the real tuner, which times the paths only then
+    timed = {"paths": behaviour["paths"]} if spec.get("also_paths") and "paths" in behaviour and searched_all else {}
+    return {"gpu": {"uuid": f"GPU-fake-{spec.get('device')}"}, **timed,
             "launches": todo[:cut], "deferred": [[x["kernel"], x["key"]] for x in todo[cut:]], "minor": left_as_minor,
             "tuned_elsewhere": [[x["kernel"], x["key"]] for x in launches if [x["kernel"], x["key"]] in elsewhere]}

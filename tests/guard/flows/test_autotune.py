@@ -604,12 +604,98 @@ def test_candidates_are_timed_through_the_public_function_with_their_config_pinn
     real = kernel.helion_kernel
     monkeypatch.setattr(kernel, "helion_kernel", lambda config, mode="compiled", *layout, **kw: (
         built.append(config), real(config, mode, *layout, **kw))[1])
-    call = _entry_on(entry, inputs, kernel, candidate, kernel.shape_key(*args))
+    call = _entry_on(entry, inputs, kernel, candidate, kernel.shape_key(*args), {})
     with capture_launches() as timed, execution_mode("ref"):
         call()
     assert [k.name for k, _ in timed] == ["causal_conv1d_bwd"]  # the whole public function ran
     assert built and all(config == candidate for config in built)  # the candidate ran, and only it
     assert "candidates" not in vars(kernel)  # the pin is gone: the config store answers again
+
+
+def test_a_job_with_other_paths_searches_the_chains_launches_and_checks_and_times_them_on_the_chain():
+    """A GPU without a chain rule runs the state passes fused: a bring-up job also records the call with them
+    forced to their chain, and searches the launches only that call makes, each on its own path."""
+    import torch
+
+    from mamba2_guard.flows.autotune_worker import _entry_on, captured_on_paths
+    from mamba2_kernels import registry, suites
+    from mamba2_kernels.testing import execution_mode
+    from mamba2_kernels.tuning import capture_launches
+
+    entry = registry.get("ssd_combined_fwd_bwd")
+    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
+    chains = {"chunk_state_passing": "chain", "chunk_state_passing_bwd": "chain"}
+    with execution_mode("ref"):
+        rules, rules_paths = captured_on_paths(entry, inputs, {})
+        both, paths_of = captured_on_paths(entry, inputs, chains)
+    names = {kernel.name for kernel, _ in rules}
+    assert "chunk_state_passing" in names and not names & {"chunk_state", "state_passing"}
+    assert all(paths == {} for paths in rules_paths.values())
+    def slots(launches):
+        return [(kernel.name, str(kernel.shape_key(*args))) for kernel, args in launches]
+
+    assert slots(both[:len(rules)]) == slots(rules)  # the rules' launches first, each as often as the call makes it
+    added = {(kernel.name, str(kernel.shape_key(*args))) for kernel, args in both[len(rules):]}
+    assert {name for name, _ in added} >= {"chunk_state", "state_passing", "chunk_scan_bwd_dstates",
+                                           "state_passing_bwd"}
+    assert all(paths_of[slot] == chains for slot in added) and not added & set(rules_paths)
+    kernel, args = next((k, a) for k, a in both[len(rules):] if k.name == "chunk_state")
+    call = _entry_on(entry, inputs, kernel, {"block_sizes": [16, 16, 16], "num_warps": 4}, kernel.shape_key(*args),
+                     paths_of[kernel.name, str(kernel.shape_key(*args))])
+    with capture_launches() as timed, execution_mode("ref"):
+        call()
+    assert "chunk_state" in {k.name for k, _ in timed}  # timed on the chain, where its config runs
+
+
+def test_the_paths_are_timed_on_the_configs_the_jobs_decisions_keep(monkeypatch):
+    """After its searches a job times the state pass fused and chained: each searched launch on its winner
+    where the decision keeps it, else on the incumbent the runtime goes on serving."""
+    import torch
+
+    from mamba2_guard.flows.autotune_worker import captured_on_paths, paths_on_winners
+    from mamba2_kernels import registry, suites
+    from mamba2_kernels.testing import execution_mode
+    from tests.guard.flows.test_selection_measure import CallingTimer
+
+    entry = registry.get("ssd_combined_fwd_bwd")
+    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
+    chains = {"chunk_state_passing": "chain", "chunk_state_passing_bwd": "chain"}
+    with execution_mode("ref"):
+        captured, _ = captured_on_paths(entry, inputs, chains)
+    kernel, _, key = next((k, a, k.shape_key(*a)) for k, a in captured if k.name == "chunk_state")
+    winner, incumbent = {"block_sizes": [16, 16, 16], "num_warps": 2}, {"block_sizes": [16, 16, 16], "num_warps": 8}
+    built = []
+    real = kernel.helion_kernel
+    monkeypatch.setattr(kernel, "helion_kernel", lambda config, mode="compiled", *layout, **kw: (
+        built.append(config), real(config, mode, *layout, **kw))[1])
+
+    def timed(candidate_ms: float) -> list[dict]:
+        built.clear()
+        record = {"kernel": "chunk_state", "key": str(key), "config": winner, "incumbent": "default",
+                  "incumbent_config": incumbent, "precision": {"ok": True},
+                  "samples_ms": {"incumbent": BASE, "candidate": [candidate_ms * x for x in BASE]}}
+        with execution_mode("ref"):
+            return paths_on_winners("smoke", 0, 3, CallingTimer(), [(kernel, (), key)], [record],
+                                    ["chunk_state_passing"], tuneplan.Criteria(), device="cpu")
+
+    records = timed(0.8)
+    assert [(r["stage"], sorted(r["ms"])) for r in records] == [("chunk_state_passing", ["chain", "fused"])]
+    assert built and all(config == winner for config in built)  # kept: the chain ran on the winner
+    timed(1.2)
+    assert built and all(config == incumbent for config in built)  # rejected: on the incumbent
+
+
+def test_a_run_that_also_searches_other_paths_skips_what_a_run_without_them_searched(tmp_path):
+    """Searching the other paths' launches too adds launches to a job, not another search of those it had: a
+    bring-up resumed with them does not search its finished jobs' launches again. The tuner gets the paths."""
+    first = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1]), quiet)
+    chains = {"chunk_state_passing": "chain"}
+    again = run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1], also_paths=chains), quiet)
+    assert again.run_dir != first.run_dir
+    entry = {e["job"]: e for e in again.entries}["chunk_cumsum@smoke"]
+    assert entry["launches"] == [] and entry["tuned_elsewhere"] == [["chunk_cumsum_k", "shape=smoke"]]
+    spec = json.loads(next((again.run_dir / "jobs").glob("*.spec.json")).read_text())
+    assert spec["also_paths"] == chains
 
 
 def test_the_config_file_names_the_searches_that_failed(tmp_path):
@@ -833,7 +919,8 @@ def test_on_a_gpu_nobody_tuned_the_incumbent_is_the_same_architecture_gpus_confi
 
 
 @pytest.mark.parametrize("field, value", [("budget_seconds", 0), ("total_budget_seconds", -5),
-                                          ("job_timeout_seconds", "soon"), ("effort", "medium")])
+                                          ("job_timeout_seconds", "soon"), ("effort", "medium"),
+                                          ("also_paths", {"chunk_state_passing": "sideways"})])
 def test_bad_options_are_refused_by_name(tmp_path, field, value):
     with pytest.raises(ValueError, match=field.split("_seconds")[0]):
         options(tmp_path, **{field: value})

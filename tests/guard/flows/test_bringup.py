@@ -94,6 +94,39 @@ def test_the_searches_start_with_the_calls_the_nights_bench_measured_below_mamba
     assert plan["jobs"] == ["ssd_combined_fwd_bwd@mamba2-default", "ssd_combined_fwd_bwd@smoke"]
 
 
+def test_the_hot_stage_searches_the_chains_too_and_fits_a_provisional_rule_on_both_paths_timings(tmp_path,
+                                                                                                  monkeypatch):
+    """A new GPU runs the state passes fused until a chain rule says otherwise, and the fit stage's rule comes
+    after every other stage. The hot stage's jobs search the chains' launches too and time both paths at their
+    shapes; the rule fitted on those timings reaches the config file, and the PR, as the stage lands."""
+    record = tmp_path / "calls.txt"
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(record))
+
+    def timed(shape: str, state: int, chain_ms: float) -> dict:
+        return {"shape": shape, "stage": "chunk_state_passing", "chunk_size": 256, "state": state,
+                "heads_per_group": 8, "ms": {"fused": 1.0, "chain": chain_ms}}
+
+    small, large = 1 << 16, 1 << 22
+    extra = {"jobs": {"ssd_combined_fwd_bwd@smoke": {"paths": [timed("smoke", small, 0.8)]},
+                      "ssd_combined_fwd_bwd@mamba2-default": {"paths": [timed("mamba2-default", large, 1.3)]}}}
+    messages, updates = [], []
+    outcome = flow.run_bring_up(options(tmp_path, tuning={"extra": extra}), messages.append,
+                                on_configs=updates.append)
+    assert outcome.complete
+    searched = {(line.split()[0], line.split()[3]): line.split()[4] for line in record.read_text().splitlines()}
+    chains = "chunk_state_passing=chain,chunk_state_passing_bwd=chain"
+    assert searched == {("ssd_combined_fwd_bwd@mamba2-default", "borrowed"): "-",
+                        ("ssd_combined_fwd_bwd@smoke", "borrowed"): "-",
+                        ("ssd_combined_fwd_bwd@mamba2-default", "helion"): chains,
+                        ("ssd_combined_fwd_bwd@smoke", "helion"): chains,
+                        ("chunk_cumsum@smoke", "helion"): "-", ("chunk_cumsum@mamba2-default", "helion"): "-"}
+    rule = config_store.load(tmp_path / f"{SLUG}.yaml").chain_rule("chunk_state_passing")
+    assert rule is not None and rule.chains(256, small) and not rule.chains(256, large)
+    assert any(m.startswith("provisional chunk_state_passing") for m in messages)
+    hot = next(run for run in outcome.runs if run["stage"] == "hot")
+    assert hot["changed"] and len(updates) == 3  # borrow, hot (the rule alone: its search found nothing new), suite
+
+
 def test_a_borrowed_config_that_fails_here_is_never_stored(tmp_path):
     extra = {"search": {"borrowed": {"launches": [launch("chunk_scan", "k=1", ok=False),
                                                   launch("chunk_state", "k=1"),

@@ -484,6 +484,24 @@ def test_a_pin_for_one_key_leaves_the_other_keys_dispatch(store, monkeypatch):
     assert selections == [_key(large, large)] + [_key(small, small)] * 4
 
 
+def test_pins_of_two_keys_of_one_kernel_nest_and_each_key_runs_its_own(store):
+    """A whole call is timed on every launch's winner, and the forward's state pass launches two keys of one
+    kernel: the inner pin must not send the outer pin's key back to the store."""
+    from mamba2_kernels._runtime import pinned_config
+
+    small, large = torch.randn(100, 33), torch.randn(5000, 33)
+
+    def ran(x):
+        return toy_exp_add._dispatch[(x.device, _key(x, x), "compiled", _runtime.call_layout((x, x)))].configs[0]
+
+    with (execution_mode("triton"), pinned_config(toy_exp_add, {"block_sizes": [16, 16]}, _key(small, small)),
+          pinned_config(toy_exp_add, {"block_sizes": [32, 8]}, _key(large, large))):
+        torch.testing.assert_close(toy_exp_add(small, small), small.exp() + small)
+        torch.testing.assert_close(toy_exp_add(large, large), large.exp() + large)
+        assert (ran(small)["block_sizes"], ran(large)["block_sizes"]) == ([16, 16], [32, 8])
+    assert "candidates" not in vars(toy_exp_add)  # both pins gone: the store answers again
+
+
 def test_a_kernel_called_by_turns_at_two_layouts_keeps_helions_fast_path_for_each(store, monkeypatch):
     """The backward launches bmm_chunk_bwd twice per step, the second time on a transposed view. One
     ``helion.Kernel`` keeps one prepared fast path, so it rebuilt its argument guard (an ``eval``) on every
