@@ -125,6 +125,17 @@ def test_the_hot_stage_searches_the_chains_too_and_fits_a_provisional_rule_on_bo
     assert any(m.startswith("provisional chunk_state_passing") for m in messages)
     hot = next(run for run in outcome.runs if run["stage"] == "hot")
     assert hot["changed"] and len(updates) == 3  # borrow, hot (the rule alone: its search found nothing new), suite
+    # The fit stage's rule, on the grid's timings (here: fused faster everywhere), replaces the provisional one.
+    fit = next(s for s in bringup.plan(whole_call="ssd_combined_fwd_bwd", suite_kernels=[], suite_shapes=[],
+                                       zoo_shapes=[], grid_shapes=["smoke"], weight={}, other_files=False)
+               if s.name == bringup.FIT)
+
+    def measure(shapes, *, out, **_):
+        with out.open("a") as handle:
+            handle.write(json.dumps(timed("smoke", small, 1.2)) + "\n")
+
+    flow.run_bring_up(options(tmp_path, stages=[*stages(), fit], measure=measure), messages.append)
+    assert config_store.load(tmp_path / f"{SLUG}.yaml").chain_rule("chunk_state_passing") is None
 
 
 def test_a_borrowed_config_that_fails_here_is_never_stored(tmp_path):
