@@ -521,6 +521,10 @@ def describe(entry: dict[str, Any]) -> str:
         parts.append(f"{len(entry['minor'])} minor launch(es) left to the configs of nearby keys searched earlier")
     if entry.get("deferred"):
         parts.append(f"{len(entry['deferred'])} launch(es) left to the next attempt (they would outlast the timeout)")
+    for record in entry.get("paths") or ():
+        parts.append(f"{record['stage']} fused {record['ms']['fused']:.3f} ms, chained {record['ms']['chain']:.3f} ms")
+    if entry.get("paths_error"):
+        parts.append(f"the paths were not timed: {entry['paths_error']}")
     if entry["status"] != tuneplan.OK:
         kept = f"; finished before: {'; '.join(parts)}" if parts else ""
         return f"{head}: FAILED ({entry.get('reason')}) {entry.get('detail', '')}{kept}"

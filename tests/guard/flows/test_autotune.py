@@ -685,6 +685,14 @@ def test_the_paths_are_timed_on_the_configs_the_jobs_decisions_keep(monkeypatch)
     assert built and all(config == incumbent for config in built)  # rejected: on the incumbent
 
 
+def test_a_jobs_line_says_when_its_paths_were_not_timed():
+    """The timing of the two paths failing keeps the job's launches; the log says why no timing came."""
+    entry = {"job": "ssd_combined_fwd_bwd@smoke", "seconds": 3.0, "status": tuneplan.OK, "launches": [],
+             "paths_error": "RuntimeError: operation not permitted when stream is capturing"}
+    assert autotune.describe(entry) == ("ssd_combined_fwd_bwd@smoke (3 s): the paths were not timed: "
+                                        "RuntimeError: operation not permitted when stream is capturing")
+
+
 def test_a_run_that_also_searches_other_paths_skips_what_a_run_without_them_searched(tmp_path):
     """Searching the other paths' launches too adds launches to a job, not another search of those it had: a
     bring-up resumed with them does not search its finished jobs' launches again. The tuner gets the paths."""

@@ -123,6 +123,8 @@ def test_the_hot_stage_searches_the_chains_too_and_fits_a_provisional_rule_on_bo
     rule = config_store.load(tmp_path / f"{SLUG}.yaml").chain_rule("chunk_state_passing")
     assert rule is not None and rule.chains(256, small) and not rule.chains(256, large)
     assert any(m.startswith("provisional chunk_state_passing") for m in messages)
+    assert any(m.startswith("ssd_combined_fwd_bwd@smoke (") and "chunk_state_passing fused 1.000 ms, chained "
+               "0.800 ms" in m for m in messages)  # each job's line in the log says what it timed
     hot = next(run for run in outcome.runs if run["stage"] == "hot")
     assert hot["changed"] and len(updates) == 3  # borrow, hot (the rule alone: its search found nothing new), suite
     # The fit stage's rule, on the grid's timings (here: fused faster everywhere), replaces the provisional one.
