@@ -631,11 +631,12 @@ def test_a_job_with_other_paths_searches_the_chains_launches_and_checks_and_time
     names = {kernel.name for kernel, _ in rules}
     assert "chunk_state_passing" in names and not names & {"chunk_state", "state_passing"}
     assert all(paths == {} for paths in rules_paths.values())
+
     def slots(launches):
         return [(kernel.name, str(kernel.shape_key(*args))) for kernel, args in launches]
 
     assert slots(both[:len(rules)]) == slots(rules)  # the rules' launches first, each as often as the call makes it
-    added = {(kernel.name, str(kernel.shape_key(*args))) for kernel, args in both[len(rules):]}
+    added = set(slots(both[len(rules):]))
     assert {name for name, _ in added} >= {"chunk_state", "state_passing", "chunk_scan_bwd_dstates",
                                            "state_passing_bwd"}
     assert all(paths_of[slot] == chains for slot in added) and not added & set(rules_paths)
