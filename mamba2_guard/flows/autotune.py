@@ -338,16 +338,16 @@ def run_fingerprint(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any] | Non
     return None
 
 
-def searched_before(run: Run, journals: dict[Path, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The entries of ``journals`` (``run_journals``) of this GPU's other runs that have ``run``'s search
-    identity: their searched launches are done for it (``tuned_elsewhere``), and the config file already holds
+def searched_before(run: Run, journals: dict[Path, list[dict[str, Any]]]) -> dict[Path, dict[str, Any]]:
+    """The plans of this GPU's other runs (``journals``: ``run_journals``) that have ``run``'s search identity:
+    their journals' searched launches are done for it (``tuned_elsewhere``), and the config file already holds
     what they decided. A run whose plan cannot be read, or that recorded no environment, is left out: its
     launches are searched. So is every run when ``--fresh`` starts this one over, and a run it set aside (its
     directory no longer named by its plan)."""
     if run.opts.fresh:
-        return []
-    entries: list[dict[str, Any]] = []
-    for run_dir, journal in journals.items():
+        return {}
+    plans: dict[Path, dict[str, Any]] = {}
+    for run_dir in journals:
         if run_dir == run.dir:
             continue
         try:
@@ -358,8 +358,8 @@ def searched_before(run: Run, journals: dict[Path, list[dict[str, Any]]]) -> lis
             continue
         if (fingerprint is not None and run_dir.name == _run_dir_name(run.opts.gpu_slug, tuneplan.run_id(plan))
                 and search_identity(plan, fingerprint) == run.identity):
-            entries += journal
-    return entries
+            plans[run_dir] = plan
+    return plans
 
 
 DONE = "done"
@@ -558,8 +558,14 @@ def _run(opts: AutotuneOptions, progress: Progress, on_job: Callable[[dict[str, 
     journals = run_journals(Path(opts.state_dir), opts.gpu_slug)
     cost, sources = tuneplan.job_seconds(journals.values()), len(journals)
     run.faulted = tuneplan.faulted_kernels(entry for entries in journals.values() for entry in entries)
-    run.carried = searched_before(run, journals)
-    finished_before = tuneplan.latest_by_job(run.carried)
+    carried = searched_before(run, journals)
+    run.carried = [entry for run_dir in carried for entry in journals[run_dir]]
+    # A job such a run finished only records its call here, unless this run captures other paths than that
+    # one did: their launches are still to search, and a job expected to take its set-up alone was started in
+    # a night's last seconds and killed mid-search.
+    paths = run.plan.get("also_paths", {})
+    finished_before = tuneplan.latest_by_job(entry for run_dir, plan in carried.items()
+                                             if plan.get("also_paths", {}) == paths for entry in journals[run_dir])
     if run.carried:
         progress(f"{len(tuneplan.tuned_launches(run.carried))} launches searched by earlier runs of the same "
                  "search settings and kernel sources are not searched again")

@@ -707,6 +707,21 @@ def test_a_run_that_also_searches_other_paths_skips_what_a_run_without_them_sear
     assert spec["also_paths"] == chains
 
 
+def test_a_job_finished_without_the_other_paths_is_not_expected_to_take_its_set_up_alone(tmp_path):
+    """A job that a run of the same search identity finished records its call in a new run, in its set-up's
+    time; with other paths to search it has their launches still to search, so a night's last seconds do not
+    start it (on an H100 one was started 30 s before the deadline and killed mid-search)."""
+    extra = {"default": {"sleep": 1.0}}
+    run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1], extra=extra, budget_seconds=1), quiet)
+    chains = {"chunk_state_passing": "chain"}
+    tight = {"kernels": KERNELS[:1], "shapes": SHAPES[:1], "extra": extra, "budget_seconds": 1,
+             "total_budget_seconds": 0.5}
+    with_paths = run_autotune(options(tmp_path, also_paths=chains, **tight), quiet)
+    assert with_paths.entries == [] and with_paths.skipped == ["chunk_cumsum@smoke"]
+    alike = run_autotune(options(tmp_path, fingerprint_digest="e" * 64, **tight), quiet)
+    assert [e["job"] for e in alike.entries] == ["chunk_cumsum@smoke"] and not alike.skipped
+
+
 def test_the_config_file_names_the_searches_that_failed(tmp_path):
     failed = {"kernel": "chunk_state_k", "key": "shape=smoke", "config": None, "incumbent": "default",
               "error": "NoConfigFound: No working config found from autotuning"}
