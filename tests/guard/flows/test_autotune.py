@@ -710,7 +710,7 @@ def test_a_run_that_also_searches_other_paths_skips_what_a_run_without_them_sear
 def test_a_job_finished_without_the_other_paths_is_not_expected_to_take_its_set_up_alone(tmp_path):
     """A job that a run of the same search identity finished records its call in a new run, in its set-up's
     time; with other paths to search it has their launches still to search, so a night's last seconds do not
-    start it (on an H100 one was started 30 s before the deadline and killed mid-search)."""
+    start it: a hard limit would kill it mid-search."""
     extra = {"default": {"sleep": 1.0}}
     run_autotune(options(tmp_path, kernels=KERNELS[:1], shapes=SHAPES[:1], extra=extra, budget_seconds=1), quiet)
     chains = {"chunk_state_passing": "chain"}
