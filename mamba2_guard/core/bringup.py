@@ -18,8 +18,10 @@ below, each started only once those before it are done or skipped:
             paths against each other at its shape: a provisional chain rule is fitted on the shapes searched
             so far, because the path decides as much of a call's time as its configs do, and the fit stage's
             rule comes only after every stage before it.
-            Skipped on a GPU whose file held configs when the bring-up began (a kernel added since): its calls
-            are tuned, and the new kernel is the suite stage's.
+            On a GPU whose file held configs when the bring-up began (a kernel added since), its calls are
+            tuned: the stage searches the fusions' path instead (``also_path`` fused), at the selection grid's
+            shapes, which that file was tuned and fitted on, only the launches still without a config (the
+            fused kernels'), and fits a provisional fuse rule on the two paths' timings the same way.
 ``suite``   every kernel of the suite at the suite's shapes, searching only the launches still without a config.
 ``grid``    the whole call at the selection grid's shapes not reached yet.
 ``fit``     ``measure-selection`` over the grid, then the selection rule's fit, into the same file.
@@ -49,6 +51,9 @@ class Stage:
     search: str  # BORROWED | SEARCH | FITTED
     missing_only: bool  # search only launches whose key has no config of its own yet
     why: str
+    # The path ("chain" or "fused") whose launches its whole-call jobs also search, in every fused stage whose
+    # rule-less default is the other, timing the two paths for a provisional rule (None: the rules' paths only).
+    also_path: str | None = None
 
     @property
     def jobs(self) -> int:
@@ -132,13 +137,17 @@ def plan(*, whole_call: str, suite_kernels: Sequence[str], suite_shapes: Sequenc
     shapes' calls are in the config store's terms (``by_reach``); ``tuned_before``: whether this
     GPU's own file held configs when the bring-up began."""
     calls = tuple(by_reach([*suite_shapes, *zoo_shapes], weight, distance))
-    grid = tuple(by_reach([s for s in grid_shapes if s not in calls], weight, distance))
+    tuned_grid = tuple(by_reach(grid_shapes, weight, distance)) if tuned_before else ()
+    grid = tuple(by_reach([s for s in grid_shapes if s not in calls + tuned_grid], weight, distance))
+    hot = (Stage(HOT, (whole_call,), tuned_grid, SEARCH, True, "the file held configs when the bring-up began: "
+                 "the whole call's fused path at the selection grid's shapes, where it has no config yet", "fused")
+           if tuned_before else
+           Stage(HOT, (whole_call,), calls, SEARCH, False,
+                 "the whole call at the suite and zoo shapes, in the order of their reach", "chain"))
     return [
         Stage(BORROW, (whole_call,), calls if other_files else (), BORROWED, True,
               "other GPUs' configs, validated here" if other_files else "no other GPU's config file"),
-        Stage(HOT, (whole_call,), () if tuned_before else calls, SEARCH, False,
-              "the file held configs when the bring-up began: its calls are tuned" if tuned_before
-              else "the whole call at the suite and zoo shapes, in the order of their reach"),
+        hot,
         Stage(SUITE, tuple(dict.fromkeys(suite_kernels)), tuple(suite_shapes), SEARCH, True,
               "every suite kernel's launches still without a config"),
         Stage(GRID, (whole_call,), grid, SEARCH, True, "the selection grid's shapes not reached yet"),

@@ -43,9 +43,10 @@ DEFAULT_JOB_BUDGET_SECONDS = 120.0
 # A nominal device (bytes/s, FLOP/s) for ordering shapes by the whole call's roofline time: only the order of
 # the shapes matters, and it is the same on any GPU whose bandwidth-to-compute ratio is near this one's.
 NOMINAL_BANDWIDTH, NOMINAL_FLOPS = 4.0e12, 7.0e14
-# The state passes run fused until a chain rule says otherwise: the hot stage's jobs search their chains too,
-# and time the two paths at their shapes, for a provisional rule (``core.bringup``'s docstring).
-OTHER_PATHS = {forcing.FWD: "chain", forcing.BWD: "chain"}
+# A stage's ``also_path`` as the fused stages its jobs force to it (``core.bringup``'s docstring): the state
+# passes run fused until a chain rule says otherwise, the fusions chained until a fuse rule does.
+ALSO_PATHS = {"chain": {stage: "chain" for stage in forcing.STAGES if stage not in forcing.FUSE_STAGES},
+              "fused": {stage: "fused" for stage in forcing.FUSE_STAGES}}
 
 
 def state_path(state_dir: Path, gpu_slug: str) -> Path:
@@ -305,12 +306,13 @@ def _search(opts: BringUpOptions, stage: bringup.Stage, left: float, progress: P
         budget_seconds=opts.job_budget_seconds, total_budget_seconds=left, devices=list(opts.devices),
         tuner=opts.tuner, missing_only=stage.missing_only, whole_suite=False,
         search="borrowed" if stage.search == bringup.BORROWED else "helion", first_shapes=first,
-        also_paths=OTHER_PATHS if stage.name == bringup.HOT else {}, **fields)
+        also_paths=ALSO_PATHS[stage.also_path] if stage.also_path else {}, **fields)
     outcome = autotune.run_autotune(options, progress, on_job=on_job)
     left_over = tuneplan.pending(outcome.jobs, outcome.entries, options.max_attempts)
     finished = not outcome.skipped and not left_over
     done = len(outcome.jobs) - len(left_over)
-    rule_changed = stage.name == bringup.HOT and _provisional_rule(opts, outcome.entries, outcome.run_dir, progress)
+    rule_changed = stage.also_path is not None and _provisional_rule(opts, outcome.entries, outcome.run_dir,
+                                                                      progress)
     return {"stage": stage.name, "status": bringup.DONE if finished else bringup.PARTIAL, "done": done,
             "seconds": sum(float(entry.get("seconds") or 0) for entry in outcome.entries),
             "run_dir": str(outcome.run_dir), "summary": outcome.summary,
@@ -319,9 +321,10 @@ def _search(opts: BringUpOptions, stage: bringup.Stage, left: float, progress: P
 
 def _provisional_rule(opts: BringUpOptions, entries: Sequence[Mapping[str, Any]], run_dir: Path,
                       progress: Progress) -> bool:
-    """Fit the state passes' chain rules on the two paths' timings of the hot stage's jobs so far (``entries``,
-    its run's journal: each job's latest), into the config file: until the fit stage's rule replaces it, a call
-    runs the path that was faster at the searched shapes nearest it. Returns whether the rules changed."""
+    """Fit the path rules of the fused stages its jobs timed (the state passes' chain rules, or the fusions' fuse
+    rules) on the two paths' timings of a stage's jobs so far (``entries``, its run's journal: each job's
+    latest), into the config file: until the fit stage's rule replaces it, a call runs the path that was faster
+    at the searched shapes nearest it. Returns whether the rules changed."""
     from mamba2_guard.flows import selection_measure
 
     latest = tuneplan.latest_by_job(entries)

@@ -36,13 +36,18 @@ def test_the_whole_call_is_tuned_costliest_shape_first_and_borrowing_only_where_
     assert by_name["borrow"].shapes == by_name["hot"].shapes == ("big", "mid", "small")
     assert by_name["borrow"].search == bringup.BORROWED and by_name["borrow"].missing_only
     assert by_name["hot"].search == bringup.SEARCH and not by_name["hot"].missing_only  # seeded, not skipped
+    assert by_name["hot"].also_path == "chain"  # the state passes' other path, for a provisional chain rule
     assert by_name["suite"].kernels == ("k1", "k2") and by_name["suite"].missing_only
     assert by_name["grid"].shapes == ("grid-only", "unknown")  # the calls' shapes are reached already
     assert by_name["fit"].search == bringup.FITTED and by_name["fit"].shapes == ("mid", "grid-only", "unknown")
+    # A kernel added to a tuned GPU: its calls are tuned, so the hot stage searches the fusions' path at the grid
+    # the file was tuned and fitted on, only what has no config yet; the grid stage has nothing left.
     tuned = {s.name: s for s in bringup.plan(whole_call="call", suite_kernels=["k1"], suite_shapes=["small"],
-                                             zoo_shapes=["big"], grid_shapes=[], weight=weight, other_files=True,
-                                             tuned_before=True)}
-    assert tuned["hot"].jobs == 0 and "its calls are tuned" in tuned["hot"].why  # a kernel added: the suite's
+                                             zoo_shapes=["big"], grid_shapes=["mid", "grid-only"], weight=weight,
+                                             other_files=True, tuned_before=True)}
+    assert tuned["hot"].shapes == ("mid", "grid-only") and tuned["hot"].missing_only
+    assert tuned["hot"].also_path == "fused" and "fused path" in tuned["hot"].why
+    assert tuned["grid"].jobs == 0 and tuned["borrow"].shapes == ("big", "small")
     assert tuned["suite"].jobs and tuned["suite"].missing_only
     alone = bringup.plan(whole_call="call", suite_kernels=["k1"], suite_shapes=["small"], zoo_shapes=[],
                          grid_shapes=[], weight=weight, other_files=False)

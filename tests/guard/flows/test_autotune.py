@@ -648,6 +648,28 @@ def test_a_job_with_other_paths_searches_the_chains_launches_and_checks_and_time
     assert "chunk_state" in {k.name for k, _ in timed}  # timed on the chain, where its config runs
 
 
+def test_a_job_with_the_fused_path_searches_the_fused_kernels_launches_on_that_path():
+    """A tuned GPU without fuse rules runs the fusions chained: its bring-up's jobs also record the call with
+    them forced fused, and search the fused kernels' launches, which that call alone makes."""
+    import torch
+
+    from mamba2_guard.flows.autotune_worker import captured_on_paths
+    from mamba2_guard.flows.bringup import ALSO_PATHS
+    from mamba2_kernels import registry, suites
+    from mamba2_kernels.testing import execution_mode
+
+    entry = registry.get("ssd_combined_fwd_bwd")
+    inputs = entry.inputs(suites.load().shape("smoke"), 0, torch.device("cpu"))
+    with execution_mode("ref"):
+        rules, _ = captured_on_paths(entry, inputs, {})
+        both, paths_of = captured_on_paths(entry, inputs, ALSO_PATHS["fused"])
+    added = {(kernel.name, str(kernel.shape_key(*args))) for kernel, args in both[len(rules):]}
+    assert "chunk_bwd_db_dc" not in {kernel.name for kernel, _ in rules}
+    assert {name for name, _ in added} == {"chunk_state_passing", "chunk_scan", "chunk_scan_bwd_dcb",
+                                           "chunk_bwd_db_dc"}  # the cumsum and the C B^T fused in, dB and dC
+    assert all(paths_of[slot] == ALSO_PATHS["fused"] for slot in added)
+
+
 def test_the_paths_are_timed_on_the_configs_the_jobs_decisions_keep(monkeypatch):
     """After its searches a job times the state pass fused and chained: each searched launch on its winner
     where the decision keeps it, else on the incumbent the runtime goes on serving."""

@@ -327,17 +327,37 @@ def _searched(outcome: flow.BringUpOutcome) -> dict[str, dict]:
             for run in outcome.runs if run.get("run_dir")}
 
 
-def test_a_gpu_whose_file_held_configs_goes_straight_to_the_kernels_without_one(tmp_path, monkeypatch):
-    """A kernel added after a GPU was tuned makes a bring-up due there (its file lacks the kernel); the hot stage,
-    a search of the whole call, is skipped (its calls are tuned) and the suite stage searches what has no
-    config; the state keeps how the bring-up began."""
+def test_a_gpu_whose_file_held_configs_searches_the_fused_path_then_the_kernels_without_one(tmp_path, monkeypatch):
+    """A kernel added after a GPU was tuned makes a bring-up due there (its file lacks the kernel). Its calls are
+    tuned, so the hot stage searches, at the grid, only what the whole call's fused path launches without a
+    config, times the fusions against their chains and fits a provisional fuse rule; then the suite stage
+    searches what has no config. The state keeps how the bring-up began."""
     out = tmp_path / f"{SLUG}.yaml"
     config_store.save(out, config_store.ConfigFile(kernels={"chunk_cumsum": {"k=1": {"block_sizes": [8]}}}))
     assert flow.missing(out) and flow.tuned_before(tmp_path / "state", SLUG, out)
     monkeypatch.setattr(flow, "stages_for", lambda slug, tuned=False: stages(other_files=False, tuned=tuned))
-    outcome = flow.run_bring_up(options(tmp_path, stages=None, until="suite"), lambda m: None)
-    assert outcome.state["stages"]["hot"]["status"] == "skipped" and outcome.state["tuned_before"] is True
-    assert set(_searched(outcome)) == {"suite"} and _searched(outcome)["suite"]["missing_only"] is True
+    record = tmp_path / "calls.txt"
+    monkeypatch.setenv("FAKE_TUNE_CALLS", str(record))
+
+    def timed(shape: str, heads_per_group: int, fused_ms: float) -> dict:
+        return {"shape": shape, "stage": "chunk_scan", "chunk_size": 128, "state": 1 << 16,
+                "heads_per_group": heads_per_group, "ms": {"fused": fused_ms, "chain": 1.0}}
+
+    extra = {"jobs": {"ssd_combined_fwd_bwd@smoke": {"paths": [timed("smoke", 4, 0.8)]},
+                      "ssd_combined_fwd_bwd@mamba2-default": {"paths": [timed("mamba2-default", 64, 1.3)]}}}
+    messages = []
+    outcome = flow.run_bring_up(options(tmp_path, stages=None, until="suite", tuning={"extra": extra}),
+                                messages.append)
+    assert outcome.state["tuned_before"] is True and outcome.state["stages"]["hot"]["status"] == "done"
+    plans = _searched(outcome)
+    assert set(plans) == {"hot", "suite"} and plans["hot"]["missing_only"] is True and plans["suite"]["missing_only"]
+    fusions = "chunk_bwd_db_dc=fused,chunk_cumsum_state_passing=fused,chunk_scan=fused,chunk_scan_bwd_dcb=fused"
+    searched = {line.split()[0]: line.split()[4] for line in record.read_text().splitlines()}
+    assert searched == {"ssd_combined_fwd_bwd@mamba2-default": fusions, "ssd_combined_fwd_bwd@smoke": fusions,
+                        "chunk_cumsum@smoke": "-", "chunk_cumsum@mamba2-default": "-"}
+    rule = config_store.load(out).fuse_rule("chunk_scan")
+    assert rule is not None and rule.fuses(4) and not rule.fuses(64)
+    assert any(m.startswith("provisional chunk_scan") for m in messages)
 
 
 def test_a_new_gpu_searches_the_whole_call_on_every_night_of_its_bring_up(tmp_path, monkeypatch):
@@ -368,8 +388,8 @@ def test_a_kernel_added_after_a_complete_bring_up_gets_one_of_its_own(tmp_path, 
     path.write_text(json.dumps({**first.state, "kernels": sorted(flow.known_kernels())[1:]}))
     assert flow.is_due(state_dir, SLUG, out) and flow.tuned_before(state_dir, SLUG, out)
     again = flow.run_bring_up(options(tmp_path, stages=None, until="suite"), lambda m: None)
-    assert again.state["tuned_before"] is True and again.state["stages"]["hot"]["status"] == "skipped"  # anew
-    assert set(_searched(again)) == {"suite"}
+    assert again.state["tuned_before"] is True  # anew: the first began with no file
+    assert set(_searched(again)) == {"hot", "suite"} and _searched(again)["hot"]["missing_only"] is True
     (kept,) = [p for p in path.parent.glob(f"{SLUG}.*.json")]
     assert json.loads(kept.read_text())["stages"] == first.state["stages"]
 
