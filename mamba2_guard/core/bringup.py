@@ -137,17 +137,16 @@ def plan(*, whole_call: str, suite_kernels: Sequence[str], suite_shapes: Sequenc
     shapes' calls are in the config store's terms (``by_reach``); ``tuned_before``: whether this
     GPU's own file held configs when the bring-up began."""
     calls = tuple(by_reach([*suite_shapes, *zoo_shapes], weight, distance))
-    tuned_grid = tuple(by_reach(grid_shapes, weight, distance)) if tuned_before else ()
-    grid = tuple(by_reach([s for s in grid_shapes if s not in calls + tuned_grid], weight, distance))
-    hot = (Stage(HOT, (whole_call,), tuned_grid, SEARCH, True, "the file held configs when the bring-up began: "
-                 "the whole call's fused path at the selection grid's shapes, where it has no config yet", "fused")
-           if tuned_before else
-           Stage(HOT, (whole_call,), calls, SEARCH, False,
-                 "the whole call at the suite and zoo shapes, in the order of their reach", "chain"))
+    hot = tuple(by_reach(grid_shapes, weight, distance)) if tuned_before else calls
+    grid = tuple(by_reach([s for s in grid_shapes if s not in hot], weight, distance))
     return [
         Stage(BORROW, (whole_call,), calls if other_files else (), BORROWED, True,
               "other GPUs' configs, validated here" if other_files else "no other GPU's config file"),
-        hot,
+        Stage(HOT, (whole_call,), hot, SEARCH, tuned_before,
+              "the file held configs when the bring-up began: the whole call's fused path at the selection grid's "
+              "shapes, where it has no config yet" if tuned_before
+              else "the whole call at the suite and zoo shapes, in the order of their reach",
+              "fused" if tuned_before else "chain"),
         Stage(SUITE, tuple(dict.fromkeys(suite_kernels)), tuple(suite_shapes), SEARCH, True,
               "every suite kernel's launches still without a config"),
         Stage(GRID, (whole_call,), grid, SEARCH, True, "the selection grid's shapes not reached yet"),

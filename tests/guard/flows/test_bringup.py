@@ -54,6 +54,13 @@ def bench_case(shape: str, speedup: float) -> CaseResult:
                       samples_ms=SamplesMs(helion=BASE, mamba_ssm=[speedup * x for x in BASE]))
 
 
+def paths_timed(shape: str, stage: str, fused_ms: float, chain_ms: float, *, chunk_size: int, state: int,
+                heads_per_group: int) -> dict:
+    """A job's timing of the whole call with ``stage`` fused and chained (``paths_on_winners``' record)."""
+    return {"shape": shape, "stage": stage, "chunk_size": chunk_size, "state": state,
+            "heads_per_group": heads_per_group, "ms": {"fused": fused_ms, "chain": chain_ms}}
+
+
 def calls(path: Path) -> list[tuple[str, str]]:
     return [(line.split()[0], line.split()[3]) for line in path.read_text().splitlines()]
 
@@ -103,8 +110,8 @@ def test_the_hot_stage_searches_the_chains_too_and_fits_a_provisional_rule_on_bo
     monkeypatch.setenv("FAKE_TUNE_CALLS", str(record))
 
     def timed(shape: str, state: int, chain_ms: float) -> dict:
-        return {"shape": shape, "stage": "chunk_state_passing", "chunk_size": 256, "state": state,
-                "heads_per_group": 8, "ms": {"fused": 1.0, "chain": chain_ms}}
+        return paths_timed(shape, "chunk_state_passing", 1.0, chain_ms, chunk_size=256, state=state,
+                           heads_per_group=8)
 
     small, large = 1 << 16, 1 << 22
     extra = {"jobs": {"ssd_combined_fwd_bwd@smoke": {"paths": [timed("smoke", small, 0.8)]},
@@ -340,8 +347,8 @@ def test_a_gpu_whose_file_held_configs_searches_the_fused_path_then_the_kernels_
     monkeypatch.setenv("FAKE_TUNE_CALLS", str(record))
 
     def timed(shape: str, heads_per_group: int, fused_ms: float) -> dict:
-        return {"shape": shape, "stage": "chunk_scan", "chunk_size": 128, "state": 1 << 16,
-                "heads_per_group": heads_per_group, "ms": {"fused": fused_ms, "chain": 1.0}}
+        return paths_timed(shape, "chunk_scan", fused_ms, 1.0, chunk_size=128, state=1 << 16,
+                           heads_per_group=heads_per_group)
 
     extra = {"jobs": {"ssd_combined_fwd_bwd@smoke": {"paths": [timed("smoke", 4, 0.8)]},
                       "ssd_combined_fwd_bwd@mamba2-default": {"paths": [timed("mamba2-default", 64, 1.3)]}}}
