@@ -98,6 +98,9 @@ class Timer:
         before every replay, outside the graph; the capture is warmed up on a side stream first, as
         graph capture requires."""
         _check_counts(rounds, warmup, calls_per_sample)
+        # A tuner's search before the timing can leave the allocator's cache holding the whole card; the side
+        # stream is the driver's to allocate, outside that cache, and fails for want of memory then.
+        torch.cuda.empty_cache()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         graphs = {}
