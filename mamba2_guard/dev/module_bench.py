@@ -187,8 +187,17 @@ def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int, co
     return result
 
 
+def require_causal_conv1d(parser: argparse.ArgumentParser) -> None:
+    """One line and exit 2 where mamba-ssm found no causal-conv1d: its ``Mamba2`` runs the fused layer through
+    that package's CUDA extension, which it imports only if installed, and would fail inside its forward."""
+    if mamba_ssm.module("ops.triton.ssd_combined").causal_conv1d_fwd_function is None:
+        parser.error("needs causal-conv1d, whose CUDA extension mamba-ssm's Mamba2 runs its layer through "
+                     "(pip install causal-conv1d; offline, a wheel from scripts/build-causal-conv1d-wheel.sh)")
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shape = suites.load().shape(args.shape)
+    require_causal_conv1d(parser)
     require_gpu(parser, "it times the module")
     measured = measure(shape, args.d_model, rounds=args.rounds, seed=args.seed, compiled=args.compiled,
                        steps=args.steps)

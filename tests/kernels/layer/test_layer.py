@@ -634,6 +634,18 @@ def test_module_script_rejects_bad_arguments(mamba2, capsys):
         script.build(other_groups, 64, "cpu", seed=0)
 
 
+def test_module_script_says_it_needs_causal_conv1d_before_building_a_module(mamba2, capsys, monkeypatch):
+    """mamba-ssm sets its causal-conv1d functions to None when the package is missing; its Mamba2 then fails
+    inside the forward with a TypeError. The tool names the package instead, with exit 2."""
+    from mamba2_kernels.tuning import mamba_ssm
+
+    monkeypatch.setattr(mamba_ssm.module("ops.triton.ssd_combined"), "causal_conv1d_fwd_function", None)
+    with pytest.raises(SystemExit) as exited:
+        _module_script().main(["--shape", "smoke", "--d-model", "8", "--out", "x.json"])
+    assert exited.value.code == 2
+    assert "needs causal-conv1d" in capsys.readouterr().err
+
+
 def test_module_script_reports_the_guards_paired_speedup():
     script = _module_script()
     summary = script.summarize({"helion": [1.0, 1.1, 0.9], "mamba_ssm": [1.2, 1.21, 1.0],
