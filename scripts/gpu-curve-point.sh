@@ -12,7 +12,8 @@
 # SECONDS: this call's wall-clock limit (default 570). SHAPES: the shapes (default: the suites zoo-fit and
 # zoo-steered, the third target's). RESUME: an earlier call's OUTDIR/curve.json to continue (`bench
 # --resume`), for a zoo that outlasts one call; with SHAPES naming the shapes it left, only those are warmed
-# and benched, and the file keeps the others. Needs PYTHONPATH with the guard's wheels.
+# and benched, and the file keeps the others (on another card than that file's, a new file). Needs PYTHONPATH
+# with the guard's wheels.
 set -uo pipefail
 # shellcheck source=scripts/gpu-machine.sh
 source "${BASH_SOURCE[0]%/*}/gpu-machine.sh"
@@ -32,7 +33,17 @@ print(*(spec.name for name in ("zoo-fit", "zoo-steered") for spec in s.suite(nam
 echo "curve point on $slug (file withheld), $(date -u +%FT%TZ)"
 print_machine
 resume=()
-if [[ -n ${RESUME:-} ]]; then cp "$RESUME" "$out/curve.json" && resume=(--resume); fi
+if [[ -n ${RESUME:-} ]]; then
+  # `bench --resume` refuses a file measured on another card, and a bare machine may be another card each call:
+  # then this call's shapes go into a file of their own rather than nowhere.
+  measured_on=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["fingerprint"]["gpu_uuid"])' \
+    "$RESUME") || exit 2
+  if [[ $measured_on == "$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)" ]]; then
+    cp "$RESUME" "$out/curve.json" && resume=(--resume)
+  else
+    echo "RESUME: $RESUME was measured on $measured_on, another card; benching into a file of its own"
+  fi
+fi
 # shellcheck disable=SC2086  # $shapes is a list of names
 timeout $(( limit / 3 )) python3 -m mamba2_guard dev warm --shapes $shapes --processes "$(nproc)" > "$out/warm.json"
 echo "warm exit $? after $SECONDS s"
