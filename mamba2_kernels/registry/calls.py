@@ -51,10 +51,11 @@ MAMBA_SSM_CALL_STAGES = (*MAMBA_SSM_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "ch
 
 @dataclass(frozen=True)
 class CallTraffic:
-    """One call's launches and modelled HBM bytes (each stage's compulsory traffic, summed): ours as the
-    committed files run it, ours with every fusion that a rule can pick (chunk_cumsum into the state pass,
+    """One call's launches, modelled HBM bytes (each stage's compulsory traffic, summed) and modelled flops: ours
+    as the committed files run it, ours with every fusion that a rule can pick (chunk_cumsum into the state pass,
     bmm_chunk into chunk_scan and into the dCB stage, the gradients of B and C in one pass), and mamba-ssm's; and
-    the call's own compulsory bytes: what a single pass over its inputs and outputs moves."""
+    the call's own compulsory bytes: what a single pass over its inputs and outputs moves. The flops show what a
+    fusion recomputes to save its bytes: chunk_scan fused makes C B^T once per head, bmm_chunk once per group."""
     launches: int
     bytes: int
     fused_launches: int
@@ -62,6 +63,9 @@ class CallTraffic:
     mamba_ssm_launches: int
     mamba_ssm_bytes: int
     compulsory_bytes: int
+    flops: int
+    fused_flops: int
+    mamba_ssm_flops: int
 
 
 def _launched(stages: Sequence[str], shape: ShapeSpec, backward: bool) -> list[str]:
@@ -82,7 +86,8 @@ def call_traffic(shape: ShapeSpec, backward: bool) -> CallTraffic:
              _launched(MAMBA_SSM_CALL_STAGES if backward else MAMBA_SSM_FWD_STAGES, shape, backward)]
     # the stage models leave out z, which every forward's chunk_scan reads
     counts = [(len(side), gate + sum(STAGES[n].bytes_moved(shape) for n in side)) for side in sides]
-    return CallTraffic(*counts[0], *counts[1], *counts[2], compulsory)
+    flops = [sum(STAGES[n].flops(shape) for n in side) for side in sides]
+    return CallTraffic(*counts[0], *counts[1], *counts[2], compulsory, *flops)
 
 
 SSD: tuple[KernelEntry, ...] = (

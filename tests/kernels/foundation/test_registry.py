@@ -132,3 +132,10 @@ def test_the_call_traffic_model_counts_launches_and_a_compulsory_floor():
     assert fwd.compulsory_bytes < fwd.fused_bytes < fwd.bytes < fwd.mamba_ssm_bytes
     gated = call_traffic(shape.replace(z=True), backward=False)
     assert gated.bytes == fwd.bytes + z["x"] and gated.compulsory_bytes == fwd.compulsory_bytes + z["x"]
+    # the same stages' arithmetic, but fused chunk_scan makes C B^T (Q x Q over dstate, causal half) once per
+    # head where bmm_chunk makes it (whole) once per group; the other fusions recompute nothing
+    b, c, h, g, n, q = shape.batch, shape.seqlen // shape.chunk_size, shape.nheads, shape.ngroups, shape.dstate, \
+        shape.chunk_size
+    assert fwd.mamba_ssm_flops == fwd.flops
+    assert fwd.fused_flops - fwd.flops == b * c * h * q * q * n - 2 * b * c * g * q * q * n > 0
+    assert both.fused_flops - both.flops == fwd.fused_flops - fwd.flops
