@@ -14,12 +14,13 @@ Each row is one shape (``<shape>@L<n>``: the shape at n tokens) and call (the fo
 forward and backward through autograd): the wall medians of ours and mamba-ssm's, their ratio, the device-time
 ratio, the host cost (how far the wall ratio falls below the device ratio), and where the run compiled, how our
 call under torch.compile compares with our eager one. The training step's targets are judged per row: at least
-mamba-ssm's speed in the eager loop, at the named shapes themselves (no ``@L``) a host cost of at most 5 %, and
-compiled, at least the eager loop's speed.
+mamba-ssm's speed in the eager loop, and at the named shapes themselves (no ``@L``) a host cost of at most 5 %.
+The compiled column is shown, not judged: a graph of the call alone bears torch.compile's per-graph runtime
+wrappers, which a compiled model pays once per step for all its layers.
 
 A cited ``dev module-bench`` run (the whole patched ``Mamba2`` block) gets a section of its own: the block's
 device-time ratios against mamba-ssm's, its projections' share, and where it compiled, its training step
-eager against torch.compile in the mode the run names, judged against the same target.
+eager against torch.compile in the mode the run names, judged: compiled, at least the eager loop's speed.
 
 Pure: plain data in and out; errors name the file and the field.
 """
@@ -164,18 +165,13 @@ def block(report: Mapping[str, Any], where: str) -> Block:
                  None if compiled is None else _number(compiled.get("compiled_vs_eager")))
 
 
-def _compiled_miss(compiled: float) -> str | None:
-    """What the compiled target misses at this eager / compiled ratio (None: compiling is at least as fast)."""
-    return f"compiled {compiled:.2f}x of eager" if compiled < 1.0 else None
-
-
 def block_verdict(run: Block) -> str:
     """The block's target: compiled, a training step at least as fast as the eager loop's."""
     if run.mode is None:
         return "not compiled"
     if run.compiled is None:
         return "not measured"
-    return _compiled_miss(run.compiled) or "met"
+    return f"compiled {run.compiled:.2f}x of eager" if run.compiled < 1.0 else "met"
 
 
 def verdict(row: Row) -> str:
@@ -188,8 +184,6 @@ def verdict(row: Row) -> str:
     if not row.short and (row.host_cost is None or row.host_cost > HOST_COST_LIMIT):
         cost = "unknown" if row.host_cost is None else f"{row.host_cost:.0%} > {HOST_COST_LIMIT:.0%}"
         misses.append(f"host cost {cost}")
-    if row.compiled is not None and (miss := _compiled_miss(row.compiled)):
-        misses.append(miss)
     return "; ".join(misses) or "met"
 
 
@@ -220,9 +214,11 @@ def render(eager: EagerFile, reports: Mapping[str, Mapping[str, Any]], *, source
               "included (no CUDA graphs); device = the same calls as CUDA-graph replays; ratio = mamba-ssm / "
               "ours; host cost = 1 - wall ratio / device ratio; compiled = our eager wall over ours under "
               "`torch.compile(fullgraph=True, dynamic=True)` (above 1.0x, compiling makes the call faster; empty "
-              "where the run did not compile). The training step's targets: >= 1.0x in the eager loop at every "
-              f"shape, a host cost of at most {HOST_COST_LIMIT:.0%} at the named shapes themselves (`<shape>@L<n>` "
-              "is the shape at n tokens), and, where compiled, at least the eager loop's speed.", ""]
+              "where the run did not compile; not judged: a graph of the call alone bears torch.compile's per-graph "
+              "runtime wrappers, which a compiled model pays once per step for all its layers, so the compile "
+              "target is judged on a whole block). The training step's targets: >= 1.0x in the eager loop at every "
+              f"shape, and a host cost of at most {HOST_COST_LIMIT:.0%} at the named shapes themselves "
+              "(`<shape>@L<n>` is the shape at n tokens).", ""]
     rank = {name: i for i, name in enumerate(order)}
     for ref in eager.runs:
         report = reports[ref.file]

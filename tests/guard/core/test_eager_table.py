@@ -29,11 +29,13 @@ REPORT = {"date": "2026-03-03", "rounds": 5, "steps": 20,
                     "s2@L2048": {"ssd_combined_fwd_bwd": result(1.0, 0.9, 1.2)},  # slower in the eager loop
                     "s3": {"ssd_combined_fwd_bwd": {"error": "OutOfMemoryError: no room"}},
                     "grid1": {"ssd_combined_fwd_bwd": result(1.0, 1.2, 1.2)},
-                    "s4": {"ssd_combined_fwd_bwd": result(1.0, 1.2, 1.2, compiled=0.83)},  # compiling slows it
+                    "s4": {"ssd_combined_fwd_bwd": result(1.0, 1.2, 1.2, compiled=0.83)},  # shown, not judged
                     "s4@L1024": {"ssd_combined_fwd_bwd": result(1.0, 1.2, 1.2, compiled=1.02)}}}
 
 
 def test_the_step_targets_are_judged_per_row_and_the_forward_alone_is_not():
+    """A call compiled alone is a graph of its own, with the per-graph costs a model pays once: its compiled
+    ratio is shown, and the compile target is judged on a whole block (below)."""
     verdicts = {(r.shape, r.call): eager_table.verdict(r) for r in eager_table.rows(REPORT, "run.json")}
     assert verdicts == {("s1", "ssd_combined_fwd"): "",
                         ("s1", "ssd_combined_fwd_bwd"): "host cost 7% > 5%",
@@ -42,7 +44,7 @@ def test_the_step_targets_are_judged_per_row_and_the_forward_alone_is_not():
                         ("s2@L2048", "ssd_combined_fwd_bwd"): "0.90x < 1.0x",
                         ("s3", "ssd_combined_fwd_bwd"): "not measured",
                         ("grid1", "ssd_combined_fwd_bwd"): "met",
-                        ("s4", "ssd_combined_fwd_bwd"): "compiled 0.83x of eager",
+                        ("s4", "ssd_combined_fwd_bwd"): "met",
                         ("s4@L1024", "ssd_combined_fwd_bwd"): "met"}
 
 
@@ -112,8 +114,7 @@ def test_build_renders_the_eager_page_from_the_runs_it_cites_and_check_catches_a
     assert "Test GPU (GPU-0000aaaa), 2026-03-03; helion 9.9; 5 rounds of 20 calls. The code of then." in page
     assert "| `s1` | forward + backward | 2.000 | 2.600 | 1.30x | 1.40x | 7% |  | host cost 7% > 5% |" in page
     assert "| `s3` | forward + backward | failed: OutOfMemoryError: no room |  |  |  |  |  | not measured |" in page
-    assert ("| `s4` | forward + backward | 1.000 | 1.200 | 1.20x | 1.20x | 0% | 0.83x | compiled 0.83x of eager |"
-            in page)
+    assert "| `s4` | forward + backward | 1.000 | 1.200 | 1.20x | 1.20x | 0% | 0.83x | met |" in page
     # the suites' shapes first, in their order (s1, then grid1), then the others by name; each shape before
     # its other lengths
     assert (page.index("| `s1` | forward |") < page.index("| `s1@L1024` |") < page.index("| `grid1` |")
