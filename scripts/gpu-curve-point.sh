@@ -12,8 +12,8 @@
 # SECONDS: this call's wall-clock limit (default 570). SHAPES: the shapes (default: the suites zoo-fit and
 # zoo-steered, the third target's). RESUME: an earlier call's OUTDIR/curve.json to continue (`bench
 # --resume`), for a zoo that outlasts one call; with SHAPES naming the shapes it left, only those are warmed
-# and benched, and the file keeps the others (on another card than that file's, a new file). Needs PYTHONPATH
-# with the guard's wheels.
+# and benched, and the file keeps the others (one the bench would refuse to continue: a new file). Needs
+# PYTHONPATH with the guard's wheels.
 set -uo pipefail
 # shellcheck source=scripts/gpu-machine.sh
 source "${BASH_SOURCE[0]%/*}/gpu-machine.sh"
@@ -34,14 +34,19 @@ echo "curve point on $slug (file withheld), $(date -u +%FT%TZ)"
 print_machine
 resume=()
 if [[ -n ${RESUME:-} ]]; then
-  # `bench --resume` refuses a file measured on another card, and a bare machine may be another card each call:
-  # then this call's shapes go into a file of their own rather than nowhere.
-  measured_on=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["fingerprint"]["gpu_uuid"])' \
-    "$RESUME") || exit 2
-  if [[ $measured_on == "$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)" ]]; then
+  # `bench --resume` refuses a file measured in another environment or on another card, and a bare machine may
+  # be another card each call: asked first by the bench's own test, a refused file leaves this call's shapes a
+  # file of their own rather than none.
+  if refused=$(python3 -c 'import sys
+from mamba2_guard.adapters import fingerprint
+from mamba2_guard.bench.timing import measured_under
+from mamba2_guard.core.results import kept_on_resume
+from mamba2_guard.flows.baselines import read_result
+kept_on_resume(read_result(sys.argv[1]), measured_under(fingerprint.collect().to_dict()), {}, ())' "$RESUME" 2>&1)
+  then
     cp "$RESUME" "$out/curve.json" && resume=(--resume)
   else
-    echo "RESUME: $RESUME was measured on $measured_on, another card; benching into a file of its own"
+    echo "RESUME: $RESUME cannot be continued here (${refused##*$'\n'}); benching into a file of its own"
   fi
 fi
 # shellcheck disable=SC2086  # $shapes is a list of names
