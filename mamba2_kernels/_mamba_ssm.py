@@ -150,6 +150,17 @@ def bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=N
     return compose.chain_bmm_chunk_scan(_stages(), x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
 
 
+def ssd_fwd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+            dt_softplus=False, dt_limit=(0.0, float("inf"))):
+    """mamba-ssm's five forward kernels, as its combined forward runs them: the counterpart of
+    ``mamba2_kernels.ssd.ssd_fused_fwd``. Returns (out, out_x or None, final_states)."""
+    stages = types.SimpleNamespace(chunk_cumsum_state_passing_fwd=chunk_cumsum_state_passing_fwd,
+                                   bmm_chunk_scan_fwd=bmm_chunk_scan_fwd)
+    return compose.chain_ssd_fwd(stages, x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                 initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
+                                 dt_limit=dt_limit)
+
+
 def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,
                             dstates_dtype=None, states_dtype=None):
     """mamba-ssm's dstates then state passing backward kernels, as its combined backward runs them: the

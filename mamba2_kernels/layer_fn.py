@@ -187,16 +187,14 @@ class MambaSplitConv1dScanCombinedFn(torch.autograd.Function):
         z = z.unflatten(-1, (nheads, headdim))
         rstd = None
         if rmsnorm_weight is None:
-            out, out_x, _, _, _, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
-                                                            initial_states=initial_states, seq_idx=seq_idx,
-                                                            dt_softplus=True, dt_limit=dt_limit,
-                                                            state_dtype=state_dtype)
+            out, out_x, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                                   initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
+                                                   dt_limit=dt_limit, state_dtype=state_dtype)
             y = out.flatten(-2)
         else:
-            out_x, _, _, _, _, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=None, dt_bias=dt_bias,
-                                                          initial_states=initial_states, seq_idx=seq_idx,
-                                                          dt_softplus=True, dt_limit=dt_limit,
-                                                          state_dtype=state_dtype)
+            out_x, _, final_states = ssd_forward(x, dt, A, B, C, chunk_size, D=D, z=None, dt_bias=dt_bias,
+                                                 initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
+                                                 dt_limit=dt_limit, state_dtype=state_dtype)
             rmsnorm_weight = rmsnorm_weight.contiguous()
             y, _, rstd = gated_rmsnorm_fwd(out_x.reshape(batch * seqlen, dim), rmsnorm_weight, None, rmsnorm_eps,
                                            z=z.reshape(batch * seqlen, dim), group_size=dim // ngroups,

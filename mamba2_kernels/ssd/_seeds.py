@@ -67,6 +67,13 @@ def tiles_ddacs() -> list[dict[str, Any]]:
     return tiles_mn_whole_k(tiles=_TILES_DDACS)
 
 
+def ssd_fused_fwd() -> list[dict[str, Any]]:
+    """The one-launch forward: (headdim, state-product chunk, row, column) blocks. chunk_scan's swept and
+    mamba-ssm's (M, N, K) rows and columns, the state product in chunk_state's K blocks."""
+    return [_config([64, 64, 64, 32], 3, 4), _config([64, 32, 64, 64], 2, 4), _config([32, 64, 64, 32], 3, 4),
+            _config([64, 64, 128, 32], 2, 8), _config([32, 32, 32, 32], 4, 4)]
+
+
 def rows(sizes: tuple[int, ...], *inner: int) -> list[dict[str, Any]]:
     """One block over rows (dz: chunk rows, state passing: the flattened state, chunk_cumsum: heads), the
     rest whole."""

@@ -18,10 +18,10 @@ import helion
 import helion.language as hl
 import torch
 
-from mamba2_kernels import _fastmath as fastmath
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
+from mamba2_kernels.ssd._dt import processed_dt
 from mamba2_kernels.ssd._keys import dtype_name, tokens
 
 
@@ -55,11 +55,7 @@ def chunk_cumsum_kernel(
             d = hl.load(dt_hl, [tile_b.begin, tile_h, pos], extra_mask=valid[None, :]).to(torch.float32)
             if dt_bias is not None:
                 d = d + dt_bias[tile_h].to(torch.float32)[:, None]
-            if dt_softplus:
-                d = fastmath.softplus(d)
-            d = torch.where(d < dt_min, dt_min, d)
-            d = torch.where(d > dt_max, dt_max, d)
-            d = torch.where(valid[None, :], d, 0.0)
+            d = processed_dt(d, dt_softplus, dt_min, dt_max, valid[None, :])
             dt_out[tile_b.begin, tile_h, tile_c.begin, tile_q] = d
             dA_cumsum[tile_b.begin, tile_h, tile_c.begin, tile_q] = torch.cumsum(
                 d * A[tile_h].to(torch.float32)[:, None], dim=1)

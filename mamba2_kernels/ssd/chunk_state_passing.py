@@ -34,10 +34,10 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
-from mamba2_kernels import _fastmath as fastmath
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
+from mamba2_kernels.ssd._dt import processed_dt
 from mamba2_kernels.ssd._keys import by_chunk, carry_decay_log, dtype_name, seq_last, seq_prev, tokens
 
 
@@ -97,11 +97,7 @@ def chunk_state_passing_kernel(
                 d = dt_raw[b, c, :, h].to(torch.float32)
                 if dt_bias is not None:
                     d = d + dt_bias[h].to(torch.float32)
-                if dt_softplus:
-                    d = fastmath.softplus(d)
-                d = torch.where(d < dt_min, dt_min, d)
-                d = torch.where(d > dt_max, dt_max, d)
-                d = torch.where(c * chunk_size + q < seqlen, d, 0.0)
+                d = processed_dt(d, dt_softplus, dt_min, dt_max, c * chunk_size + q < seqlen)
                 dA = torch.cumsum(d * A[h].to(torch.float32), dim=0)
                 dA_last = torch.sum(torch.where(q == chunk_size - 1, dA, 0.0), dim=0)
                 if tile_m.begin + tile_n.begin == 0:

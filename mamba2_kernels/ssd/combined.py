@@ -45,6 +45,7 @@ from mamba2_kernels.ssd.fused_paths import (
     chunk_bwd_db_dc,
     chunk_cumsum_state_passing_fwd,
     chunk_state_passing_bwd,
+    ssd_fwd,
 )
 
 INF = float("inf")
@@ -179,7 +180,8 @@ def check_cu_seqlens_values(cu_seqlens: torch.Tensor, seqlen: int) -> None:
 # The Helion stages, named as compose.forward/backward expect them; the ddA terms stay partials until the
 # last stage sums them.
 HELION_STAGES = types.SimpleNamespace(
-    chunk_cumsum_state_passing_fwd=chunk_cumsum_state_passing_fwd, bmm_chunk_scan_fwd=bmm_chunk_scan_fwd,
+    ssd_fwd=ssd_fwd, chunk_cumsum_state_passing_fwd=chunk_cumsum_state_passing_fwd,
+    bmm_chunk_scan_fwd=bmm_chunk_scan_fwd,
     chunk_scan_bwd_dz=chunk_scan_bwd_dz, bmm_chunk_scan_bwd_dcb=bmm_chunk_scan_bwd_dcb,
     chunk_state_passing_bwd=chunk_state_passing_bwd, chunk_scan_chunk_state_bwd_dx=chunk_scan_chunk_state_bwd_dx,
     chunk_bwd_db_dc=chunk_bwd_db_dc,
@@ -213,10 +215,9 @@ def _ssd_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     if cu_seqlens is not None:
         check_cu_seqlens_values(cu_seqlens, x.shape[1])
     with _environ.read_once(), seen.calling(**call_shape(x, dt, B, chunk_size, D, z, initial_states, seq_idx)):
-        out, out_x, _, _, _, final_states, *varlen = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias,
-                                                                 initial_states, seq_idx, dt_softplus,
-                                                                 tuple(dt_limit), cu_seqlens=cu_seqlens,
-                                                                 state_dtype=state_dtype)
+        out, out_x, final_states, *varlen = ssd_forward(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states,
+                                                        seq_idx, dt_softplus, tuple(dt_limit), cu_seqlens=cu_seqlens,
+                                                        state_dtype=state_dtype)
     return present([out, final_states, out_x if z is not None else None, *varlen])
 
 

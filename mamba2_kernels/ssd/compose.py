@@ -11,6 +11,8 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
     (mamba-ssm: chunk_scan_bwd_dstates then state_passing_bwd);
   * bmm_chunk_scan_fwd: the forward's outputs, with each chunk's C B^T made where it is used (mamba-ssm:
     bmm_chunk_fwd then chunk_scan_fwd, which stores it and reads it back);
+  * ssd_fwd: the whole forward in one launch where a GPU's rule says so (``chain_ssd_fwd``: the two stages
+    above), which writes no per-chunk states;
   * bmm_chunk_scan_bwd_dcb: the backward's C B^T made by the dCB stage, which stores it for the dx stage
     (mamba-ssm: bmm_chunk_fwd, whose result the dCB stage reads back);
   * chunk_bwd_db_dc: the gradients of B and C, their state terms and their intra-chunk (dCB) terms, in one
@@ -21,7 +23,7 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
     dB, dC and dCB stages return them (finished in naive; partials that its kernel sums, for Helion).
 
 ``stages`` is any object with the stage functions as attributes, named as in ``mamba2_kernels.ssd.naive``:
-chunk_cumsum_state_passing_fwd, bmm_chunk_scan_fwd, chunk_scan_bwd_dz, chunk_state_passing_bwd,
+ssd_fwd, chunk_cumsum_state_passing_fwd, bmm_chunk_scan_fwd, chunk_scan_bwd_dz, chunk_state_passing_bwd,
 bmm_chunk_scan_bwd_dcb, chunk_scan_chunk_state_bwd_dx, chunk_bwd_db_dc,
 chunk_cumsum_bwd_of_terms; and chunk_state_varlen, which the forward
 calls only when given cu_seqlens, and chunk_state_varlen_bwd, which the backward calls only when given a
@@ -123,21 +125,44 @@ def chain_chunk_bwd_db_dc(stages: Any, x, dt, dA_cumsum, B, C, dout, states, dst
     return dB, dC, ddA_next, ddA_prev
 
 
-def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
-            seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), cu_seqlens=None, state_dtype=None):
-    """Returns (out, out_x, dt, dA_cumsum, states, final_states), as ``_mamba_chunk_scan_combined_fwd``; with
-    cu_seqlens (batch 1: the caller checks it), varlen_states (num_seqs, h, p, n) in C's dtype is appended:
-    ``stages.chunk_state_varlen`` over the states entering each chunk, as mamba-ssm does. The states entering
-    each chunk are kept in ``state_dtype`` (default C's dtype), as mamba-ssm's main branch does (its #972);
-    final_states are fp32 either way."""
-    dA_cumsum, dt, states, final_states = stages.chunk_cumsum_state_passing_fwd(
+def _chained_forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                     seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), state_dtype=None):
+    """The forward's two stages: (out, out_x or None, dt_out, dA_cumsum, the states entering each chunk (in
+    ``state_dtype``, default C's dtype), final_states fp32)."""
+    dA_cumsum, dt_out, states, final_states = stages.chunk_cumsum_state_passing_fwd(
         dt, A, B, x, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
         initial_states=initial_states, seq_idx=seq_idx, out_dtype=state_dtype or C.dtype)
-    out, out_x = stages.bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
+    out, out_x = stages.bmm_chunk_scan_fwd(x, dt_out, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
+    return out, out_x, dt_out, dA_cumsum, states, final_states
+
+
+def chain_ssd_fwd(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                  seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), state_dtype=None):
+    """``ssd_fwd`` (the whole forward in one launch) as the chained stages compute it:
+    ``stages.chunk_cumsum_state_passing_fwd``, then ``stages.bmm_chunk_scan_fwd`` on the states entering each
+    chunk in ``state_dtype`` (default C's dtype). Returns (out, out_x or None, final_states fp32)."""
+    out, out_x, *_, final_states = _chained_forward(
+        stages, x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
+        seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=state_dtype)
+    return out, out_x, final_states
+
+
+def forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+            seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), cu_seqlens=None, state_dtype=None):
+    """Returns (out, out_x or None, final_states fp32): ``stages.ssd_fwd``, which keeps none of the
+    intermediates (the backward recomputes them). With cu_seqlens (batch 1: the caller checks it),
+    varlen_states (num_seqs, h, p, n) in C's dtype is appended: ``stages.chunk_state_varlen`` over the states
+    entering each chunk, so that call runs the two chained stages, which have those states in hand. The states
+    entering each chunk are kept in ``state_dtype`` (default C's dtype), as mamba-ssm's main branch does (its
+    #972); final_states are fp32 either way."""
+    options = {"D": D, "z": z, "dt_bias": dt_bias, "initial_states": initial_states, "seq_idx": seq_idx,
+               "dt_softplus": dt_softplus, "dt_limit": dt_limit, "state_dtype": state_dtype}
     if cu_seqlens is None:
-        return out, out_x, dt, dA_cumsum, states, final_states
-    varlen_states = stages.chunk_state_varlen(B[0], x[0], dt[0], dA_cumsum[0], cu_seqlens, states[0])
-    return out, out_x, dt, dA_cumsum, states, final_states, varlen_states
+        return stages.ssd_fwd(x, dt, A, B, C, chunk_size, **options)
+    out, out_x, dt_out, dA_cumsum, states, final_states = _chained_forward(stages, x, dt, A, B, C, chunk_size,
+                                                                           **options)
+    varlen_states = stages.chunk_state_varlen(B[0], x[0], dt_out[0], dA_cumsum[0], cu_seqlens, states[0])
+    return out, out_x, final_states, varlen_states
 
 
 def backward(stages: Any, dout, x, dt, A, B, C, out, chunk_size, D=None, z=None, dt_bias=None,

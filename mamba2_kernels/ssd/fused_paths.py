@@ -22,6 +22,13 @@ round trip of both through memory fewer, for a scan that every program of a head
 state pass only where that pass runs fused (its chain rule); where the fuse rule
 (``selection.chunk_cumsum_state_passing.fuse``) says so, the forward is two launches. Without a rule, the chain.
 
+The whole forward in one launch (``ssd_fwd``). Fused, one program per chunk (and batch, head and headdim block)
+makes the chunk's cumsum, its state, C B^T and its outputs, and takes the state entering the chunk from the
+program before it through L2 (``mamba2_kernels.ssd.ssd_fused_fwd``): no per-chunk states in memory, x read once,
+one launch. Chained, the two launches the rules above pick. The programs' hand-over is serial, and every
+program of a group makes C B^T again; its rule is a ``FuseRule`` (``selection.ssd_fused_fwd.fuse``), without
+one the chain. Varlen states need the states entering each chunk, so a call that asks for them takes the chain.
+
 The backward's C B^T (``bmm_chunk_scan_bwd_dcb``). Fused, the dCB kernel makes each tile of it, which it uses
 for the intra-chunk ddA, and stores it for the dx kernel (``mamba2_kernels.ssd.chunk_scan_bwd``): bmm_chunk's
 launch and the dCB stage's read of it fewer, for tiles that each head split of a group makes again (up to
@@ -37,6 +44,7 @@ as the db and dC kernels can: many heads per group favour the chain. Its rule is
 from __future__ import annotations
 
 import functools
+import sys
 import types
 
 import torch
@@ -63,6 +71,7 @@ from mamba2_kernels.ssd.forcing import (  # noqa: F401 (re-exported)
     DCB,
     FUSE_STAGES,
     FWD,
+    ONE_PASS,
     PATHS,
     SCAN,
     STAGES,
@@ -73,6 +82,7 @@ from mamba2_kernels.ssd.parity.chunk_scan_bwd_dstates import chunk_scan_bwd_dsta
 from mamba2_kernels.ssd.parity.chunk_state import chunk_state_fwd
 from mamba2_kernels.ssd.parity.state_passing import state_passing_fwd
 from mamba2_kernels.ssd.parity.state_passing_bwd import state_passing_bwd
+from mamba2_kernels.ssd.ssd_fused_fwd import ssd_fused_fwd
 
 # The kernels each chain runs; the ddA terms of the dCB, db and dC kernels stay partials, as the fused kernels' do.
 CHAIN_STAGES = types.SimpleNamespace(chunk_state_fwd=chunk_state_fwd, state_passing_fwd=state_passing_fwd,
@@ -172,3 +182,17 @@ def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=
     if runs_fused(DB_DC, x, B.shape[2]):
         return fused_db_dc(*args, seq_idx=seq_idx, dB=dB, dC=dC, unfinished=True)
     return compose.chain_chunk_bwd_db_dc(CHAIN_STAGES, *args, seq_idx=seq_idx, dB=dB, dC=dC)
+
+
+def ssd_fwd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+            dt_softplus=False, dt_limit=(0.0, float("inf")), state_dtype=None):
+    """``mamba2_kernels.ssd.naive.ssd_fwd``'s results: one launch where the rule picks it, else the chain of
+    ``chunk_cumsum_state_passing_fwd`` and ``bmm_chunk_scan_fwd`` by their own rules. ``state_dtype`` changes only
+    the states the chain keeps between its launches, never the outputs (chunk_scan rounds the states to C's dtype
+    either way), so the one launch takes no state dtype."""
+    options = {"D": D, "z": z, "dt_bias": dt_bias, "initial_states": initial_states, "seq_idx": seq_idx,
+               "dt_softplus": dt_softplus, "dt_limit": dt_limit}
+    if runs_fused(ONE_PASS, x, B.shape[2]):
+        return ssd_fused_fwd(x, dt, A, B, C, chunk_size, **options)
+    return compose.chain_ssd_fwd(sys.modules[__name__], x, dt, A, B, C, chunk_size, state_dtype=state_dtype,
+                                 **options)

@@ -33,6 +33,7 @@ __all__ = [
     "bmm_chunk_fwd",
     "chunk_scan_fwd",
     "bmm_chunk_scan_fwd",
+    "ssd_fwd",
     "chunk_scan_bwd_dz",
     "chunk_scan_bwd_dstates",
     "state_passing_bwd",
@@ -375,6 +376,15 @@ def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None
     if z is None:
         return y.to(od), None
     return (y * F.silu(z.to(cd))).to(od), y.to(od)
+
+
+def ssd_fwd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+            dt_softplus=False, dt_limit=(0.0, float("inf")), state_dtype=None):
+    """The whole forward, ``chunk_cumsum_state_passing_fwd`` then ``bmm_chunk_scan_fwd``
+    (``compose.chain_ssd_fwd``): (out, out_x or None, final_states (b,h,p,n) fp32)."""
+    return compose.chain_ssd_fwd(sys.modules[__name__], x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                 initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
+                                 dt_limit=dt_limit, state_dtype=state_dtype)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -726,7 +736,7 @@ def ssd_chunked_ref(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, in
     return_varlen_states. Returns out, then final_states (b,h,p,n) if return_final_states, then
     varlen_states (num_seqs,h,p,n) if return_varlen_states.
     """
-    out, _, _, _, _, final_states, *varlen = compose.forward(
+    out, _, final_states, *varlen = compose.forward(
         sys.modules[__name__], x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
         seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit,
         cu_seqlens=cu_seqlens if return_varlen_states else None, state_dtype=state_dtype)

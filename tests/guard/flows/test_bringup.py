@@ -358,7 +358,8 @@ def test_a_gpu_whose_file_held_configs_searches_the_fused_path_then_the_kernels_
     assert outcome.state["tuned_before"] is True and outcome.state["stages"]["hot"]["status"] == "done"
     plans = _searched(outcome)
     assert set(plans) == {"hot", "suite"} and plans["hot"]["missing_only"] is True and plans["suite"]["missing_only"]
-    fusions = "chunk_bwd_db_dc=fused,chunk_cumsum_state_passing=fused,chunk_scan=fused,chunk_scan_bwd_dcb=fused"
+    fusions = ("chunk_bwd_db_dc=fused,chunk_cumsum_state_passing=fused,chunk_scan=fused,chunk_scan_bwd_dcb=fused,"
+               "ssd_fused_fwd=fused")
     searched = {line.split()[0]: line.split()[4] for line in record.read_text().splitlines()}
     assert searched == {"ssd_combined_fwd_bwd@mamba2-default": fusions, "ssd_combined_fwd_bwd@smoke": fusions,
                         "chunk_cumsum@smoke": "-", "chunk_cumsum@mamba2-default": "-"}

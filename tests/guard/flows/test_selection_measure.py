@@ -19,7 +19,7 @@ from mamba2_kernels.testing import execution_mode
 
 TILES = {"block_sizes": [16, 16, 16], "num_warps": 4}
 STAGES = ("chunk_state_passing", "chunk_state_passing_bwd", "chunk_scan", "chunk_bwd_db_dc",
-          "chunk_cumsum_state_passing", "chunk_scan_bwd_dcb")  # in measured order
+          "chunk_cumsum_state_passing", "chunk_scan_bwd_dcb", "ssd_fused_fwd")  # in measured order
 WIDER = {"block_sizes": [32, 32, 16], "num_warps": 4}
 
 

@@ -153,16 +153,17 @@ def assert_gpu_matches_mamba_ssm(name: str, shape_name: str) -> None:
 
 def spy_states_dtypes(monkeypatch) -> dict:
     """Spies on the whole call's stages that read the inter-chunk states (``state_dtype``): the dtype each got,
-    forward (``bmm_chunk_scan_fwd``) and backward (``chunk_bwd_db_dc``)."""
-    from mamba2_kernels.ssd import combined
+    forward (``bmm_chunk_scan_fwd``, which the chained forward looks up in ``fused_paths``) and backward
+    (``chunk_bwd_db_dc``)."""
+    from mamba2_kernels.ssd import combined, fused_paths
 
     got = {}
-    for stage, where in (("bmm_chunk_scan_fwd", 5), ("chunk_bwd_db_dc", 6)):
-        real = getattr(combined.HELION_STAGES, stage)
+    for owner, stage, where in ((fused_paths, "bmm_chunk_scan_fwd", 5), (combined.HELION_STAGES, "chunk_bwd_db_dc", 6)):
+        real = getattr(owner, stage)
 
         def spy(*args, _real=real, _stage=stage, _where=where, **kwargs):
             got[_stage] = args[_where].dtype
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(combined.HELION_STAGES, stage, spy)
+        monkeypatch.setattr(owner, stage, spy)
     return got

@@ -1,4 +1,5 @@
-"""The Helion SSD forward kernels (mamba2_kernels/ssd/{chunk_cumsum,bmm_chunk,chunk_scan,chunk_state_passing}.py)
+"""The Helion SSD forward kernels (mamba2_kernels/ssd/{chunk_cumsum,bmm_chunk,chunk_scan,chunk_state_passing,
+ssd_fused_fwd}.py)
 against the fp64 references of mamba2_kernels/ssd/naive.py and against mamba-ssm (the parity kernels: parity/).
 
 CPU: Helion ref mode (the kernel bodies as PyTorch) at the smoke shape and odd shapes, plus seq_idx and
@@ -14,7 +15,7 @@ import torch
 
 from mamba2_kernels import registry, suites
 from mamba2_kernels._runtime import pinned_config
-from mamba2_kernels.ssd import _keys, bmm_chunk, chunk_cumsum, chunk_scan, chunk_state_passing, naive
+from mamba2_kernels.ssd import _keys, bmm_chunk, chunk_cumsum, chunk_scan, chunk_state_passing, naive, ssd_fused_fwd
 from mamba2_kernels.testing import execution_mode
 
 from . import checks
@@ -29,7 +30,7 @@ from .checks import (
     small_block_configs,
 )
 
-MODULES = (chunk_cumsum, bmm_chunk, chunk_scan, chunk_state_passing)
+MODULES = (chunk_cumsum, bmm_chunk, chunk_scan, chunk_state_passing, ssd_fused_fwd)
 KERNELS = entries_of(MODULES)
 ODD = {**checks.ODD, "n32": {"dstate": 32}}
 # Small blocks for the interpreter: every one below the dimension it tiles at TILED (p32 n16 Q32 h4).
@@ -38,6 +39,7 @@ SMALL_BLOCKS = {
     "bmm_chunk": [16, 16, 16],  # rows, columns (Q = 32), k
     "chunk_scan": [16, 16, 16, 16],  # rows, headdim, columns, dstate
     "chunk_state_passing": [16, 8],  # headdim, dstate (the chunk is one tile)
+    "ssd_fused_fwd": [16, 16, 16, 16],  # headdim, the state product's chunk block, rows, columns
 }
 
 
@@ -192,6 +194,68 @@ def test_chunk_scan_that_makes_cb_itself_gives_the_chain_of_bmm_and_scan(mode, o
     with execution_mode(mode), pinned_config(chunk_scan.chunk_scan_kernel, config):
         ours = chunk_scan.chunk_scan_fwd(None, *args[:3], *args[4:6], D=D, z=z, seq_idx=seq, B=B)
     _assert_scan_matches_fp64(ours, naive.bmm_chunk_scan_fwd, args)
+
+
+def _fused_fwd_call(shape, options, seed=4):
+    """The one-launch forward's arguments at ``shape`` with ``options`` of D_hp, z, bias, limit, init, seq_idx."""
+    inp = registry.get("ssd_fused_fwd").inputs(shape, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    kwargs = {"D": torch.randn(shape.nheads, shape.headdim, generator=g) if "D_hp" in options else inp["D"],
+              "z": torch.randn(inp["x"].shape, generator=g) if "z" in options else None,
+              "dt_bias": inp["dt_bias"] + 3.0 if "bias" in options else None, "dt_softplus": True,
+              "dt_limit": (0.03, 0.6) if "limit" in options else (0.0, float("inf")),
+              "initial_states": torch.randn(shape.batch, shape.nheads, shape.headdim, shape.dstate, generator=g)
+              if "init" in options else None,
+              "seq_idx": seq_idx_rows(shape.batch, shape.seqlen) if "seq_idx" in options else None}
+    return (inp["x"], inp["dt_raw"], inp["A"], inp["B"], inp["C"], shape.chunk_size), kwargs
+
+
+@pytest.mark.parametrize(("mode", "options"), [("ref", set()), ("ref", {"D_hp", "z", "bias", "init"}),
+                                                ("ref", {"seq_idx", "limit"}),
+                                                ("triton", {"D_hp", "z", "bias", "limit", "init", "seq_idx"})],
+                         ids=["ref-plain", "ref-D_hp-z-bias-init", "ref-seq_idx-limit", "triton-all"])
+def test_one_launch_forward_gives_the_chain_of_its_five_stages(mode, options):
+    """The whole forward in one launch against chunk_cumsum, the state pass, bmm_chunk and chunk_scan (fp64
+    references), at a ragged last chunk and a head dimension no block divides, with sequences that start inside a
+    chunk and on its border; the interpreter with blocks below every dimension, so that the chunks hand their
+    states on through the two slots."""
+    shape = SMOKE.replace(seqlen=90, batch=2, headdim=24)
+    args, kwargs = _fused_fwd_call(shape, options)
+    config = {"block_sizes": SMALL_BLOCKS["ssd_fused_fwd"], "num_warps": 4}
+    with execution_mode(mode), pinned_config(ssd_fused_fwd.ssd_fused_fwd_kernel, config):
+        out, out_x, final_states = ssd_fused_fwd.ssd_fused_fwd(*args, **kwargs)
+    wide = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kwargs.items()}
+    ref_out, ref_out_x, ref_final = naive.ssd_fwd(*(a.double() if torch.is_tensor(a) else a for a in args), **wide)
+    assert out.dtype == args[0].dtype and final_states.dtype == torch.float32
+    assert (out_x is None) == ("z" not in options)
+    for name, got, want in (("out", out, ref_out), ("out_x", out_x, ref_out_x), ("final_states", final_states,
+                                                                                    ref_final)):
+        if want is not None:
+            torch.testing.assert_close(got.double(), want, atol=2e-4, rtol=2e-4, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["ref", "triton"])
+def test_one_launch_forward_leaves_its_hand_over_counters_at_zero(mode, monkeypatch):
+    """A tuner times a kernel on the same arguments again and again, and a CUDA graph replays them: each launch
+    must find the counters as the first did, or the second launch's programs would not wait for the chunk
+    before."""
+    shape = SMOKE.replace(seqlen=90, batch=2, headdim=24)
+    args, kwargs = _fused_fwd_call(shape, {"init", "seq_idx"})
+    counters = []
+    original = torch.zeros
+    expected = (shape.batch, shape.nheads, shape.headdim)
+
+    def keep_int_zeros(*size, **options):  # the host's counters (not the compiler's fake tensors)
+        made = original(*size, **options)
+        if options.get("dtype") == torch.int32 and type(made) is torch.Tensor and tuple(made.shape) == expected:
+            counters.append(made)
+        return made
+
+    monkeypatch.setattr(ssd_fused_fwd.torch, "zeros", keep_int_zeros)
+    config = {"block_sizes": SMALL_BLOCKS["ssd_fused_fwd"], "num_warps": 4}
+    with execution_mode(mode), pinned_config(ssd_fused_fwd.ssd_fused_fwd_kernel, config):
+        ssd_fused_fwd.ssd_fused_fwd(*args, **kwargs)
+    assert len(counters) == 1 and not counters[0].any()
 
 
 def test_chunk_scan_without_cb_names_the_b_it_needs():

@@ -135,7 +135,8 @@ def test_forcing_takes_only_known_stages_and_paths():
     ("chunk_scan", set(), {"bmm_chunk"}, "forward"),  # chunk_scan makes cb itself
     ("chunk_bwd_db_dc", {"chunk_bwd_db_dc"}, DB_DC_CHAIN, "both"),  # dB and dC in one pass
     ("chunk_scan_bwd_dcb", set(), {"bmm_chunk"}, "backward"),  # the backward's dCB stage makes cb
-], ids=["chunk_scan", "chunk_bwd_db_dc", "chunk_scan_bwd_dcb"])
+    ("ssd_fused_fwd", {"ssd_fused_fwd"}, {"chunk_scan"}, "forward"),  # the whole forward in one launch
+], ids=["chunk_scan", "chunk_bwd_db_dc", "chunk_scan_bwd_dcb", "ssd_fused_fwd"])
 def test_each_fuse_rule_fuses_at_few_heads_per_group(rule_file, stage, fused_kernels, chain_kernels, phase, rule,
                                                      fused):
     rule_file({} if rule is None else {stage: rule}, kind="fuse")
@@ -166,6 +167,7 @@ def test_the_fuse_rule_makes_dt_in_the_state_pass_where_that_pass_runs_fused(rul
     ("chunk_bwd_db_dc", "chunk_bwd_db_dc", DB_DC_CHAIN, "both"),
     ("chunk_cumsum_state_passing", "chunk_state_passing", {"chunk_cumsum"}, "both"),
     ("chunk_scan_bwd_dcb", "chunk_scan_bwd_dcb", {"bmm_chunk"}, "backward"),
+    ("ssd_fused_fwd", "ssd_fused_fwd", {"chunk_scan", "chunk_state_passing"}, "forward"),
 ])
 def test_each_fusion_gives_the_chains_results_forward_and_backward(stage, fused_kernel, chain_kernels, phase):
     """z, D per head dim, dt_bias with softplus and limits, packed documents, initial and final states: every
@@ -183,6 +185,24 @@ def test_each_fusion_gives_the_chains_results_forward_and_backward(stage, fused_
     assert chain_kernels <= launched[phase]
     for name in fused:
         torch.testing.assert_close(fused[name], chain[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_a_call_that_asks_for_varlen_states_takes_the_chain_that_has_the_states_in_hand():
+    """The one-launch forward writes no per-chunk states, which the varlen states are made from."""
+    gen = torch.Generator().manual_seed(11)
+    x, dt = torch.randn(1, 80, 4, 16, generator=gen), torch.randn(1, 80, 4, generator=gen) * 0.5 - 3.0
+    A, B, C = -torch.rand(4, generator=gen) - 0.5, torch.randn(1, 80, 2, 16, generator=gen), torch.randn(
+        1, 80, 2, 16, generator=gen)
+    cu_seqlens = torch.tensor([0, 20, 64, 80], dtype=torch.int32)
+    seq_idx = torch.repeat_interleave(torch.arange(3, dtype=torch.int32), cu_seqlens.diff())[None]
+    call = {"chunk_size": 32, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens, "return_varlen_states": True}
+    results = {}
+    for path in ("fused", "chain"):
+        with execution_mode("ref"), fused_paths.forced(fused_paths.ONE_PASS, path), capture_launches() as launches:
+            results[path] = mamba2_kernels.mamba_chunk_scan_combined(x, dt, A, B, C, **call)
+        assert "chunk_scan" in {kernel.name for kernel, _ in launches}
+    for fused, chain in zip(results["fused"], results["chain"], strict=True):
+        torch.testing.assert_close(fused, chain, atol=0, rtol=0)
 
 
 def test_the_environment_forces_a_path_in_every_process_that_inherits_it(rule_file, monkeypatch):

@@ -1,0 +1,217 @@
+"""Helion SSD forward in one launch: chunk_cumsum, chunk_state, state passing, bmm_chunk and chunk_scan, the five
+kernels of mamba-ssm's combined forward (two on the chained path here: ``chunk_state_passing`` and
+``chunk_scan``).
+
+Math, per batch b, head h (group g) and chunk c of Q positions:
+  dt_out[l] = clamp(softplus?(dt[l] + dt_bias[h]), dt_limit), 0 past seqlen;  dA[l] = sum_{s <= l} dt_out[s] A[h]
+  chunk_state(c) = x_c^T (B_c * exp(dA[Q-1] - dA) * dt_out)        (B scaled and rounded to x's dtype)
+  S(c + 1) = exp(dA[Q-1]) S(c) + chunk_state(c),  S(0) = initial_states or 0              (fp32 throughout)
+  y[l] = exp(dA[l]) C[l] . S(c) + sum_{s <= l} (C[l] . B[s]) exp(dA[l] - dA[s]) dt_out[s] x[s] + D x[l]
+  out = y * silu(z) and out_x = y with z, else out = y;  final_states = S(nchunks)
+S(c) enters C[l] . S(c) rounded to C's dtype, as chunk_scan reads the stored states, so ``state_dtype`` does not
+change the outputs. With seq_idx, as the chained kernels: a chunk's positions outside the sequence of its last
+position add nothing to its state, the carry is dropped where it crosses a sequence boundary, C[l] . S(c) counts
+only where l is in the sequence of the position before the chunk, and C[l] . B[s] only within one sequence.
+
+Why one launch: the chained forward writes the per-chunk states (b, c, h, p, n) and reads them back, and reads x
+twice. Here one program per (batch, head, headdim block, chunk) makes its chunk's state, takes S(c) from the
+program of the chunk before, hands on S(c + 1), and makes its outputs from S(c), which it holds in registers. Only
+the hand-over is serial. It goes through two fp32 slots per (batch, head) (slot c % 2 holds S(c); chunk 0 reads
+initial_states itself) and a counter per (batch, head, headdim block) of the chunks handed on: a program spins on
+the counter (an acquire) until the chunk before has handed on, then writes S(c + 1) and adds one (a release;
+Helion puts a CTA barrier before it, so every thread's store precedes it). Two slots suffice because the chain
+orders every reuse: chunk c + 1 overwrites slot c % 2 only after its wait, and so after chunk c read that slot.
+The last chunk writes final_states instead, and sets the counter back to 0 once every wait of its chain is over,
+so that a launch on the same buffers again (a tuner's, a CUDA graph's replay) finds them as the first did. The
+states never leave L2, and x, B and C are read from memory once.
+
+A program waits only on one of lower linear index in the grid (the chunk before, every other index the same),
+whatever the loop order: GPUs start a grid's programs in increasing order, so the one waited on has started or
+finished, and a persistent program takes its tiles in increasing order too. mamba-ssm's fused forward from IBM
+and PyTorch rests on the same order.
+
+The cumsum is made once per program over the whole chunk; the loops over row and column blocks take their
+elements of dt_out and dA by a one-hot sum over the chunk, which gives the whole-chunk scan's values exactly
+(a per-block scan would round otherwise). Inputs come as (b, c, Q, ...) views (``by_chunk``: a zero-padded copy
+when the chunk size does not divide seqlen); the outputs are written in place, masked past seqlen.
+
+Tunables: the headdim block, the chunk block of the state product, the row and column blocks of the outputs,
+warps, stages, loop order, indexing. The state dimension is one block (C[l] . S(c) needs all of it).
+Shape key: ``dtype`` (x's), ``headdim``, ``dstate``, ``chunk_size``, ``hpg``, ``D`` (none / h / hp), ``z``,
+``seq``, ``init`` (0/1), ``dt`` (the call's dt dtype), ``bias``, ``softplus`` (0/1), ``tokens`` =
+tokens_bucket(batch * nchunks * chunk_size).
+"""
+
+from __future__ import annotations
+
+import helion.language as hl
+import torch
+
+from mamba2_kernels import _fastmath as fastmath
+from mamba2_kernels._runtime import tuned_kernel
+from mamba2_kernels.config_store import ShapeKey
+from mamba2_kernels.ssd import _seeds
+from mamba2_kernels.ssd._dt import processed_dt
+from mamba2_kernels.ssd._keys import by_chunk, dtype_name, seq_last, seq_prev, tokens
+
+
+def _shape_key(x, dt_raw, A, B, C, D, z, dt_bias, seq_idx, last_seq, prev_seq, initial_states, carry, handed_on,
+               out, out_x, final_states, d_kind, dt_softplus=False, dt_min=0.0, dt_max=0.0, seqlen=0) -> ShapeKey:
+    batch, nchunks, chunk_size, nheads, headdim = x.shape
+    return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, dstate=B.shape[4], chunk_size=chunk_size,
+                       hpg=nheads // B.shape[3], D=("none", "h", "hp")[d_kind], z=int(z is not None),
+                       seq=int(seq_idx is not None), init=int(initial_states is not None), dt=dtype_name(dt_raw.dtype),
+                       bias=int(dt_bias is not None), softplus=int(bool(dt_softplus)),
+                       tokens=tokens(batch, nchunks * chunk_size))
+
+
+def _pick(values: torch.Tensor, positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """values[index] for a (Q,) register tensor over positions = arange(Q): a one-hot sum, exact."""
+    return torch.sum(torch.where(positions.unsqueeze(0) == index.unsqueeze(1), values.unsqueeze(0), 0.0), dim=1)
+
+
+@tuned_kernel(name="ssd_fused_fwd", shape_key=_shape_key, seeds=_seeds.ssd_fused_fwd())
+def ssd_fused_fwd_kernel(
+    x: torch.Tensor,  # (b, c, Q, h, p): by_chunk views
+    dt_raw: torch.Tensor,  # (b, c, Q, h): the call's dt
+    A: torch.Tensor,  # (h,)
+    B: torch.Tensor,  # (b, c, Q, g, n)
+    C: torch.Tensor,  # (b, c, Q, g, n)
+    D: torch.Tensor | None,  # (h,) or (h, p)
+    z: torch.Tensor | None,  # (b, c, Q, h, p)
+    dt_bias: torch.Tensor | None,  # (h,)
+    seq_idx: torch.Tensor | None,  # (b, c, Q)
+    last_seq: torch.Tensor | None,  # (b, c): seq_idx at each chunk's last valid position
+    prev_seq: torch.Tensor | None,  # (b, c): seq_idx at the position before each chunk
+    initial_states: torch.Tensor | None,  # (b, h, p, n)
+    carry: torch.Tensor,  # (b, 2, h, p, n) fp32 scratch: slot c % 2 holds S(c) for c >= 1
+    handed_on: torch.Tensor,  # (b, h, p) int32 zeros: chunks handed on, per headdim block (at its first index)
+    out: torch.Tensor,  # (b, L, h, p)
+    out_x: torch.Tensor | None,
+    final_states: torch.Tensor,  # (b, h, p, n) fp32
+    d_kind: hl.constexpr,
+    dt_softplus: hl.constexpr = False,
+    dt_min: float = 0.0,
+    dt_max: float = 0.0,
+    seqlen: int = 0,
+) -> None:
+    batch, nchunks, chunk_size, nheads, headdim = x.shape
+    chunk_size = hl.specialize(chunk_size)
+    dstate = hl.specialize(B.shape[4])
+    ratio = nheads // B.shape[3]
+    block_p = hl.register_block_size(headdim)
+    block_q = hl.register_block_size(chunk_size)
+    block_m = hl.register_block_size(chunk_size)
+    block_k = hl.register_block_size(chunk_size)
+    # The chunk last: the grid's slowest dimension by default, so the chunks start in order.
+    for tile_b, tile_h, tile_p, tile_c in hl.tile([batch, nheads, headdim, nchunks], block_size=[1, 1, block_p, 1]):
+        b = tile_b.begin
+        h = tile_h.begin
+        c = tile_c.begin
+        g = h // ratio
+        # chunk_cumsum over the whole chunk.
+        q = hl.arange(chunk_size)
+        d = dt_raw[b, c, :, h].to(torch.float32)
+        if dt_bias is not None:
+            d = d + dt_bias[h].to(torch.float32)
+        d = processed_dt(d, dt_softplus, dt_min, dt_max, c * chunk_size + q < seqlen)
+        # (cumsum in a helper does not lower: Helion makes the scan's combine function only in a kernel body)
+        dA = torch.cumsum(d * A[h].to(torch.float32), dim=0)
+        dA_last = torch.sum(torch.where(q == chunk_size - 1, dA, 0.0), dim=0)
+        scale = torch.exp(torch.where(dA_last - dA < 0.0, dA_last - dA, 0.0)) * d
+        decay_log = dA_last
+        if seq_idx is not None:
+            scale = torch.where(seq_idx[b, c, :] == last_seq[b, c], scale, 0.0)
+            decay_log = torch.where(last_seq[b, c] == prev_seq[b, c], dA_last, float("-inf"))
+        # This chunk's state, before waiting on the chunk before.
+        chunk_state = hl.zeros([tile_p, dstate], dtype=torch.float32)
+        for tile_q in hl.tile(chunk_size, block_size=block_q):
+            scale_q = _pick(scale, q, tile_q.index)
+            B_scaled = (B[b, c, tile_q, g, :].to(torch.float32) * scale_q[:, None]).to(x.dtype)
+            chunk_state = hl.dot(x[b, c, tile_q, h, tile_p].T, B_scaled, acc=chunk_state)
+        # The hand-over (see the module docstring).
+        state_in = hl.zeros([tile_p, dstate], dtype=torch.float32)
+        if c > 0:
+            done = hl.atomic_add(handed_on, [b, h, tile_p.begin], 0, sem="acquire")
+            while done < c:
+                done = hl.atomic_add(handed_on, [b, h, tile_p.begin], 0, sem="acquire")
+            state_in = carry[b, c % 2, h, tile_p, :]
+        elif initial_states is not None:
+            state_in = initial_states[b, h, tile_p, :].to(torch.float32)
+        state_out = torch.exp(decay_log) * state_in + chunk_state
+        if c < nchunks - 1:
+            carry[b, (c + 1) % 2, h, tile_p, :] = state_out
+            hl.atomic_add(handed_on, [b, h, tile_p.begin], 1, sem="release")
+        else:
+            final_states[b, h, tile_p, :] = state_out
+            # Every wait of this chain is over: back to 0 for the next launch on these buffers (a tuner's or a
+            # graph's replay).
+            hl.atomic_xchg(handed_on, [b, h, tile_p.begin], 0, sem="relaxed")
+        # The outputs, from S(c) in registers.
+        state_in = state_in.to(C.dtype)
+        for tile_m in hl.tile(chunk_size, block_size=block_m):
+            C_m = C[b, c, tile_m, g, :]
+            dA_m = _pick(dA, q, tile_m.index)
+            scale_m = fastmath.exp(dA_m)
+            if seq_idx is not None:
+                s_m = seq_idx[b, c, tile_m]
+                scale_m = torch.where(s_m == prev_seq[b, c], scale_m, 0.0)
+            acc = hl.dot(C_m, state_in.T, out_dtype=torch.float32) * scale_m[:, None]
+            for tile_k in hl.tile(0, (tile_m.id + 1) * block_m, block_size=block_k):
+                w = hl.dot(C_m, B[b, c, tile_k, g, :].T, out_dtype=torch.float32)
+                if seq_idx is not None:
+                    w = torch.where(s_m[:, None] == seq_idx[b, c, tile_k][None, :], w, 0.0)
+                seg = dA_m[:, None] - _pick(dA, q, tile_k.index)[None, :]
+                w = w * fastmath.exp(torch.where(seg < 0.0, seg, 0.0))
+                w = w * _pick(d, q, tile_k.index)[None, :]
+                w = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], w, 0.0).to(x.dtype)
+                acc = hl.dot(w, x[b, c, tile_k, h, tile_p], acc=acc)
+            if D is not None:
+                x_m = x[b, c, tile_m, h, tile_p].to(torch.float32)
+                if d_kind == 2:
+                    acc = acc + x_m * D[h, tile_p].to(torch.float32)[None, :]
+                else:
+                    acc = acc + x_m * D[h].to(torch.float32)
+            pos_m = c * chunk_size + tile_m.index
+            valid_m = pos_m < seqlen
+            if out_x is not None:
+                hl.store(out_x, [b, pos_m, h, tile_p], acc.to(out.dtype), extra_mask=valid_m[:, None])
+                z_m = z[b, c, tile_m, h, tile_p].to(torch.float32)
+                acc = acc * z_m * torch.sigmoid(z_m)
+            hl.store(out, [b, pos_m, h, tile_p], acc.to(out.dtype), extra_mask=valid_m[:, None])
+
+
+def ssd_fused_fwd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+                  dt_softplus=False, dt_limit=(0.0, float("inf"))):
+    """The SSD forward in one launch. Same arguments as ``mamba2_kernels.ssd.naive.chunk_cumsum_state_passing_fwd``
+    then ``bmm_chunk_scan_fwd``; returns their (out, out_x or None) and final_states (b, h, p, n) fp32. It writes
+    no per-chunk states, dt_out or dA_cumsum: the forward's caller keeps none of them (varlen states need the
+    states, and take the chained path)."""
+    batch, seqlen, nheads, headdim = x.shape
+    ngroups, dstate = B.shape[2], B.shape[3]
+    assert nheads % ngroups == 0 and B.shape == C.shape and B.shape[:2] == (batch, seqlen)
+    assert dt.shape == (batch, seqlen, nheads) and A.shape == (nheads,)
+    assert dt_bias is None or dt_bias.shape == (nheads,)
+    assert initial_states is None or initial_states.shape == (batch, nheads, headdim, dstate)
+    assert seq_idx is None or seq_idx.shape == (batch, seqlen)
+    assert z is None or z.shape == x.shape
+    if chunk_size & (chunk_size - 1):
+        raise NotImplementedError(f"ssd_fused_fwd: chunk_size {chunk_size} is not a power of two")
+    d_kind = 0
+    if D is not None:
+        assert D.shape in ((nheads,), (nheads, headdim))
+        d_kind = 2 if D.dim() == 2 else 1
+    carry = torch.empty((batch, 2, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
+    handed_on = torch.zeros((batch, nheads, headdim), device=x.device, dtype=torch.int32)
+    out = torch.empty_like(x)
+    out_x = torch.empty_like(x) if z is not None else None
+    final_states = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
+    last = prev = chunked_seq = None
+    if seq_idx is not None:
+        last, prev, chunked_seq = seq_last(seq_idx, chunk_size), seq_prev(seq_idx, chunk_size), by_chunk(seq_idx,
+                                                                                                          chunk_size)
+    ssd_fused_fwd_kernel(by_chunk(x, chunk_size), by_chunk(dt, chunk_size), A, by_chunk(B, chunk_size),
+                         by_chunk(C, chunk_size), D, None if z is None else by_chunk(z, chunk_size), dt_bias,
+                         chunked_seq, last, prev, initial_states, carry, handed_on, out, out_x, final_states,
+                         d_kind, bool(dt_softplus), float(dt_limit[0]), float(dt_limit[1]), seqlen)
+    return out, out_x, final_states
