@@ -116,7 +116,7 @@ def _stages() -> types.SimpleNamespace:
     """mamba-ssm's stage wrappers that ``mamba2_kernels.ssd.compose``'s chains call, under the stage names."""
     return types.SimpleNamespace(
         chunk_cumsum_fwd=resolve(f"{SSD_CHUNK_STATE}:_chunk_cumsum_fwd"),
-        chunk_state_passing_fwd=chunk_state_passing_fwd,
+        chunk_state_passing_fwd=chunk_state_passing_fwd, bmm_chunk_scan_fwd=bmm_chunk_scan_fwd,
         chunk_state_fwd=resolve(f"{SSD_CHUNK_STATE}:_chunk_state_fwd"),
         state_passing_fwd=resolve(f"{SSD_STATE_PASSING}:_state_passing_fwd"),
         chunk_scan_bwd_dstates=resolve(f"{SSD_CHUNK_SCAN}:_chunk_scan_bwd_dstates"),
@@ -150,15 +150,11 @@ def bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=None, z=None, seq_idx=N
     return compose.chain_bmm_chunk_scan(_stages(), x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
 
 
-def ssd_fwd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
-            dt_softplus=False, dt_limit=(0.0, float("inf"))):
-    """mamba-ssm's five forward kernels, as its combined forward runs them: the counterpart of
-    ``mamba2_kernels.ssd.ssd_fused_fwd``. Returns (out, out_x or None, final_states)."""
-    stages = types.SimpleNamespace(chunk_cumsum_state_passing_fwd=chunk_cumsum_state_passing_fwd,
-                                   bmm_chunk_scan_fwd=bmm_chunk_scan_fwd)
-    return compose.chain_ssd_fwd(stages, x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
-                                 initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
-                                 dt_limit=dt_limit)
+def chunk_state_passing_scan_fwd(x, dt, dA_cumsum, B, C, D=None, z=None, initial_states=None, seq_idx=None):
+    """mamba-ssm's chunk_state, state_passing, bmm_chunk and chunk_scan kernels, as its combined forward runs them:
+    the counterpart of ``mamba2_kernels.ssd.ssd_fused_fwd``. Returns (out, out_x or None, final_states)."""
+    return compose.chain_chunk_state_passing_scan(_stages(), x, dt, dA_cumsum, B, C, D=D, z=z,
+                                                  initial_states=initial_states, seq_idx=seq_idx)
 
 
 def chunk_state_passing_bwd(C, dA_cumsum, dout, states, dfinal_states=None, seq_idx=None, has_initial_states=False,

@@ -27,8 +27,8 @@ def total(names: Sequence[str], model: str) -> Callable[[ShapeSpec], int]:
 CALL_ARGS = ("x", "dt_raw", "A", "B", "C", "chunk_size", "D=D", "z=z_call", "dt_bias=dt_bias",
              "initial_states=initial_states", "seq_idx=seq_idx", "dt_softplus=dt_softplus")
 FWD_STAGES = ("chunk_cumsum", "chunk_state_passing", "bmm_chunk", "chunk_scan")
-# The forward where a GPU's rule runs it in one launch (mamba2_kernels.ssd.fused_paths).
-FUSED_FWD_STAGES = ("ssd_fused_fwd",)
+# The forward where a GPU's rule runs all but chunk_cumsum in one launch (mamba2_kernels.ssd.fused_paths).
+FUSED_FWD_STAGES = ("chunk_cumsum", "ssd_fused_fwd")
 # The entries whose kernels the whole call (forward + backward) launches, in launch order.
 BWD_STAGES = ("chunk_cumsum", "bmm_chunk", "chunk_state_passing_fp32",  # recomputed
               "chunk_state_passing_bwd", "chunk_scan_chunk_state_bwd_dx", "chunk_scan_bwd_dcb_ddA",
@@ -51,11 +51,11 @@ MAMBA_SSM_CALL_STAGES = (*MAMBA_SSM_FWD_STAGES, "chunk_cumsum", "bmm_chunk", "ch
 @dataclass(frozen=True)
 class CallTraffic:
     """One call's launches, modelled HBM bytes (each stage's compulsory traffic, summed) and modelled flops: ours
-    as the committed files run it, ours with every fusion that a rule can pick (the forward in one launch; in the
-    backward chunk_cumsum into the state pass, bmm_chunk into the dCB stage, the gradients of B and C in one
-    pass), and mamba-ssm's; and the call's own compulsory bytes: what a single pass over its inputs and outputs
-    moves. The flops show what a fusion recomputes to save its bytes: the one-launch forward makes C B^T once per
-    head, bmm_chunk once per group."""
+    as the committed files run it, ours with every fusion that a rule can pick (the forward after chunk_cumsum in
+    one launch; in the backward chunk_cumsum into the state pass, bmm_chunk into the dCB stage, the gradients of B
+    and C in one pass), and mamba-ssm's; and the call's own compulsory bytes: what a single pass over its inputs
+    and outputs moves. The flops show what a fusion recomputes to save its bytes: the fused forward makes C B^T
+    once per head, bmm_chunk once per group."""
     launches: int
     bytes: int
     fused_launches: int

@@ -109,19 +109,16 @@ ENTRIES: tuple[KernelEntry, ...] = (
         bytes_moved=traffic(lambda z: z["dt_raw"] + 2 * z["dt"] + z["bc"] + z["x"] + z["states32"] + z["final"]),
         flops=flops_of(lambda b, L, h, p, G, n, Q, c: 8 * b * L * h + 2 * b * L * h * p * n + 2 * b * c * h * p * n),
         helion="mamba2_kernels.ssd.chunk_state_passing:chunk_cumsum_state_passing_fwd"),
-    # The whole forward in one launch (where a GPU's rule picks it), against mamba-ssm's five kernels: x, B and C
-    # read once, no per-chunk states in memory.
+    # The forward after chunk_cumsum in one launch (where a GPU's rule picks it), against mamba-ssm's four kernels:
+    # x, B and C read once, no per-chunk states in memory.
     KernelEntry(
-        name="ssd_fused_fwd", family="ssd", phase="fwd_1_5",
-        replaces="_chunk_cumsum_fwd_kernel + _chunk_state_fwd_kernel + _state_passing_fwd_kernel + "
-                 "_bmm_chunk_fwd_kernel + _chunk_scan_fwd_kernel",
-        make_inputs=inputs_chunk_cumsum,
-        args=("x", "dt_raw", "A", "B", "C", "chunk_size", "D", "none", "dt_bias", "none", "seq_idx", "true",
-              "dt_limit"),
-        outputs=("out", "out_x", "final_states"), reference=f"{REFERENCE}:ssd_fwd",
-        baseline="mamba2_kernels._mamba_ssm:ssd_fwd",
-        bytes_moved=traffic(lambda z: z["dt_raw"] + 2 * z["x"] + 2 * z["bc"] + z["final"]),
-        flops=flops_of(lambda b, L, h, p, G, n, Q, c: 8 * b * L * h + 4 * b * L * h * p * n + 2 * b * c * h * p * n
+        name="ssd_fused_fwd", family="ssd", phase="fwd_2_5",
+        replaces="_chunk_state_fwd_kernel + _state_passing_fwd_kernel + _bmm_chunk_fwd_kernel + _chunk_scan_fwd_kernel",
+        make_inputs=inputs_chunk_state, args=("x", "dt", "dA_cumsum", "B", "C", "D", "none", "none", "seq_idx"),
+        outputs=("out", "out_x", "final_states"), reference=f"{REFERENCE}:chunk_state_passing_scan_fwd",
+        baseline="mamba2_kernels._mamba_ssm:chunk_state_passing_scan_fwd",
+        bytes_moved=traffic(lambda z: 2 * z["dt"] + 2 * z["x"] + 2 * z["bc"] + z["final"]),
+        flops=flops_of(lambda b, L, h, p, G, n, Q, c: 4 * b * L * h * p * n + 2 * b * c * h * p * n
                        + b * c * h * Q * Q * (p + n)),
         helion="mamba2_kernels.ssd.ssd_fused_fwd:ssd_fused_fwd"),
     # The state at the end of each sequence of a packed input (return_varlen_states=True), after chunk_scan.

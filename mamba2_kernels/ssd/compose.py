@@ -11,8 +11,9 @@ spares a round trip through memory (``chain_*`` below are their unfused forms, t
     (mamba-ssm: chunk_scan_bwd_dstates then state_passing_bwd);
   * bmm_chunk_scan_fwd: the forward's outputs, with each chunk's C B^T made where it is used (mamba-ssm:
     bmm_chunk_fwd then chunk_scan_fwd, which stores it and reads it back);
-  * ssd_fwd: the whole forward in one launch where a GPU's rule says so (``chain_ssd_fwd``: the two stages
-    above), which writes no per-chunk states;
+  * ssd_fwd: the whole forward, where a GPU's rule says so as chunk_cumsum and then one launch for the rest
+    (``chunk_state_passing_scan_fwd``), which writes no per-chunk states (``chain_ssd_fwd``: the two stages
+    above);
   * bmm_chunk_scan_bwd_dcb: the backward's C B^T made by the dCB stage, which stores it for the dx stage
     (mamba-ssm: bmm_chunk_fwd, whose result the dCB stage reads back);
   * chunk_bwd_db_dc: the gradients of B and C, their state terms and their intra-chunk (dCB) terms, in one
@@ -134,6 +135,17 @@ def _chained_forward(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt
         initial_states=initial_states, seq_idx=seq_idx, out_dtype=state_dtype or C.dtype)
     out, out_x = stages.bmm_chunk_scan_fwd(x, dt_out, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
     return out, out_x, dt_out, dA_cumsum, states, final_states
+
+
+def chain_chunk_state_passing_scan(stages: Any, x, dt, dA_cumsum, B, C, D=None, z=None, initial_states=None,
+                                   seq_idx=None, state_dtype=None):
+    """``chunk_state_passing_scan_fwd`` (one launch after chunk_cumsum where a GPU's rule says so) as the chained
+    stages compute it: ``stages.chunk_state_passing_fwd``, then ``stages.bmm_chunk_scan_fwd`` on the states
+    entering each chunk in ``state_dtype`` (default C's dtype). Returns (out, out_x or None, final_states fp32)."""
+    states, final_states = stages.chunk_state_passing_fwd(B, x, dt, dA_cumsum, initial_states=initial_states,
+                                                          seq_idx=seq_idx, out_dtype=state_dtype or C.dtype)
+    out, out_x = stages.bmm_chunk_scan_fwd(x, dt, dA_cumsum, B, C, states, D=D, z=z, seq_idx=seq_idx)
+    return out, out_x, final_states
 
 
 def chain_ssd_fwd(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,

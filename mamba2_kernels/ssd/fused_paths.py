@@ -22,10 +22,10 @@ round trip of both through memory fewer, for a scan that every program of a head
 state pass only where that pass runs fused (its chain rule); where the fuse rule
 (``selection.chunk_cumsum_state_passing.fuse``) says so, the forward is two launches. Without a rule, the chain.
 
-The whole forward in one launch (``ssd_fwd``). Fused, one program per chunk (and batch, head and headdim block)
-makes the chunk's cumsum, its state, C B^T and its outputs, and takes the state entering the chunk from the
-program before it through L2 (``mamba2_kernels.ssd.ssd_fused_fwd``): no per-chunk states in memory, x read once,
-one launch. Chained, the two launches the rules above pick. The programs' hand-over is serial, and every
+The whole forward (``ssd_fwd``). Fused, chunk_cumsum, then one program per chunk (and batch, head and headdim
+block) makes the chunk's state, C B^T and its outputs, and takes the state entering the chunk from the program
+before it through L2 (``mamba2_kernels.ssd.ssd_fused_fwd``): no per-chunk states in memory, x read once, two
+launches. Chained, the launches the rules above pick. The programs' hand-over is serial, and every
 program of a group makes C B^T again; its rule is a ``FuseRule`` (``selection.ssd_fused_fwd.fuse``), without
 one the chain. Varlen states need the states entering each chunk, so a call that asks for them takes the chain.
 
@@ -186,13 +186,14 @@ def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=
 
 def ssd_fwd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
             dt_softplus=False, dt_limit=(0.0, float("inf")), state_dtype=None):
-    """``mamba2_kernels.ssd.naive.ssd_fwd``'s results: one launch where the rule picks it, else the chain of
-    ``chunk_cumsum_state_passing_fwd`` and ``bmm_chunk_scan_fwd`` by their own rules. ``state_dtype`` changes only
-    the states the chain keeps between its launches, never the outputs (chunk_scan rounds the states to C's dtype
-    either way), so the one launch takes no state dtype."""
-    options = {"D": D, "z": z, "dt_bias": dt_bias, "initial_states": initial_states, "seq_idx": seq_idx,
-               "dt_softplus": dt_softplus, "dt_limit": dt_limit}
+    """``mamba2_kernels.ssd.naive.ssd_fwd``'s results: chunk_cumsum and one launch for the rest where the rule
+    picks it, else the chain of ``chunk_cumsum_state_passing_fwd`` and ``bmm_chunk_scan_fwd`` by their own rules.
+    ``state_dtype`` changes only the states the chain keeps between its launches, never the outputs (chunk_scan
+    rounds the states to C's dtype either way), so the one launch takes no state dtype."""
     if runs_fused(ONE_PASS, x, B.shape[2]):
-        return ssd_fused_fwd(x, dt, A, B, C, chunk_size, **options)
-    return compose.chain_ssd_fwd(sys.modules[__name__], x, dt, A, B, C, chunk_size, state_dtype=state_dtype,
-                                 **options)
+        dA_cumsum, dt_out = chunk_cumsum_fwd(dt, A, chunk_size, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                                             dt_limit=dt_limit)
+        return ssd_fused_fwd(x, dt_out, dA_cumsum, B, C, D=D, z=z, initial_states=initial_states, seq_idx=seq_idx)
+    return compose.chain_ssd_fwd(sys.modules[__name__], x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                 initial_states=initial_states, seq_idx=seq_idx, dt_softplus=dt_softplus,
+                                 dt_limit=dt_limit, state_dtype=state_dtype)

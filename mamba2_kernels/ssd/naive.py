@@ -33,6 +33,7 @@ __all__ = [
     "bmm_chunk_fwd",
     "chunk_scan_fwd",
     "bmm_chunk_scan_fwd",
+    "chunk_state_passing_scan_fwd",
     "ssd_fwd",
     "chunk_scan_bwd_dz",
     "chunk_scan_bwd_dstates",
@@ -376,6 +377,15 @@ def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None
     if z is None:
         return y.to(od), None
     return (y * F.silu(z.to(cd))).to(od), y.to(od)
+
+
+def chunk_state_passing_scan_fwd(x, dt, dA_cumsum, B, C, D=None, z=None, initial_states=None, seq_idx=None,
+                                 state_dtype=None):
+    """``chunk_state_passing_fwd`` then ``bmm_chunk_scan_fwd`` (``compose.chain_chunk_state_passing_scan``):
+    (out, out_x or None, final_states (b,h,p,n) fp32)."""
+    return compose.chain_chunk_state_passing_scan(sys.modules[__name__], x, dt, dA_cumsum, B, C, D=D, z=z,
+                                                  initial_states=initial_states, seq_idx=seq_idx,
+                                                  state_dtype=state_dtype)
 
 
 def ssd_fwd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,

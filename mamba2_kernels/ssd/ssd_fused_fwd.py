@@ -1,9 +1,8 @@
-"""Helion SSD forward in one launch: chunk_cumsum, chunk_state, state passing, bmm_chunk and chunk_scan, the five
-kernels of mamba-ssm's combined forward (two on the chained path here: ``chunk_state_passing`` and
-``chunk_scan``).
+"""Helion SSD forward after chunk_cumsum in one launch: chunk_state, state passing, bmm_chunk and chunk_scan, four
+of the five kernels of mamba-ssm's combined forward (one launch on the chained path here does the first two,
+another the last two).
 
-Math, per batch b, head h (group g) and chunk c of Q positions:
-  dt_out[l] = clamp(softplus?(dt[l] + dt_bias[h]), dt_limit), 0 past seqlen;  dA[l] = sum_{s <= l} dt_out[s] A[h]
+Math, per batch b, head h (group g) and chunk c of Q positions, from chunk_cumsum's dt_out and dA = dA_cumsum:
   chunk_state(c) = x_c^T (B_c * exp(dA[Q-1] - dA) * dt_out)        (B scaled and rounded to x's dtype)
   S(c + 1) = exp(dA[Q-1]) S(c) + chunk_state(c),  S(0) = initial_states or 0              (fp32 throughout)
   y[l] = exp(dA[l]) C[l] . S(c) + sum_{s <= l} (C[l] . B[s]) exp(dA[l] - dA[s]) dt_out[s] x[s] + D x[l]
@@ -30,16 +29,16 @@ whatever the loop order: GPUs start a grid's programs in increasing order, so th
 finished, and a persistent program takes its tiles in increasing order too. mamba-ssm's fused forward from IBM
 and PyTorch rests on the same order.
 
-The cumsum is made once per program over the whole chunk; the loops over row and column blocks take their
-elements of dt_out and dA by a one-hot sum over the chunk, which gives the whole-chunk scan's values exactly
-(a per-block scan would round otherwise). Inputs come as (b, c, Q, ...) views (``by_chunk``: a zero-padded copy
-when the chunk size does not divide seqlen); the outputs are written in place, masked past seqlen.
+dt's cumsum stays a launch of its own (``chunk_cumsum``), which every program then reads: made inside, every
+headdim block of every chunk would repeat it, and the row and column loops would need its elements at their
+own positions, which a register vector cannot give them. Inputs come as (b, c, Q, ...) views (``by_chunk``: a
+zero-padded copy when the chunk size does not divide seqlen); the outputs are written in place, masked past
+seqlen.
 
 Tunables: the headdim block, the chunk block of the state product, the row and column blocks of the outputs,
 warps, stages, loop order, indexing. The state dimension is one block (C[l] . S(c) needs all of it).
 Shape key: ``dtype`` (x's), ``headdim``, ``dstate``, ``chunk_size``, ``hpg``, ``D`` (none / h / hp), ``z``,
-``seq``, ``init`` (0/1), ``dt`` (the call's dt dtype), ``bias``, ``softplus`` (0/1), ``tokens`` =
-tokens_bucket(batch * nchunks * chunk_size).
+``seq``, ``init`` (0/1), ``tokens`` = tokens_bucket(batch * nchunks * chunk_size).
 """
 
 from __future__ import annotations
@@ -51,35 +50,28 @@ from mamba2_kernels import _fastmath as fastmath
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
-from mamba2_kernels.ssd._dt import processed_dt
-from mamba2_kernels.ssd._keys import by_chunk, dtype_name, seq_last, seq_prev, tokens
+from mamba2_kernels.ssd._keys import by_chunk, carry_decay_log, dtype_name, seq_last, seq_prev, tokens
 
 
-def _shape_key(x, dt_raw, A, B, C, D, z, dt_bias, seq_idx, last_seq, prev_seq, initial_states, carry, handed_on,
-               out, out_x, final_states, d_kind, dt_softplus=False, dt_min=0.0, dt_max=0.0, seqlen=0) -> ShapeKey:
+def _shape_key(x, dt, dA_cumsum, dA_chunk, B, C, D, z, seq_idx, last_seq, prev_seq, initial_states, carry,
+               handed_on, out, out_x, final_states, d_kind) -> ShapeKey:
     batch, nchunks, chunk_size, nheads, headdim = x.shape
     return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, dstate=B.shape[4], chunk_size=chunk_size,
                        hpg=nheads // B.shape[3], D=("none", "h", "hp")[d_kind], z=int(z is not None),
-                       seq=int(seq_idx is not None), init=int(initial_states is not None), dt=dtype_name(dt_raw.dtype),
-                       bias=int(dt_bias is not None), softplus=int(bool(dt_softplus)),
+                       seq=int(seq_idx is not None), init=int(initial_states is not None),
                        tokens=tokens(batch, nchunks * chunk_size))
-
-
-def _pick(values: torch.Tensor, positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """values[index] for a (Q,) register tensor over positions = arange(Q): a one-hot sum, exact."""
-    return torch.sum(torch.where(positions.unsqueeze(0) == index.unsqueeze(1), values.unsqueeze(0), 0.0), dim=1)
 
 
 @tuned_kernel(name="ssd_fused_fwd", shape_key=_shape_key, seeds=_seeds.ssd_fused_fwd())
 def ssd_fused_fwd_kernel(
     x: torch.Tensor,  # (b, c, Q, h, p): by_chunk views
-    dt_raw: torch.Tensor,  # (b, c, Q, h): the call's dt
-    A: torch.Tensor,  # (h,)
+    dt: torch.Tensor,  # (b, h, c, Q) fp32: chunk_cumsum's dt_out
+    dA_cumsum: torch.Tensor,  # (b, h, c, Q) fp32
+    dA_chunk: torch.Tensor,  # (b, h, c): dA_cumsum[..., -1], -inf where the carry is dropped
     B: torch.Tensor,  # (b, c, Q, g, n)
     C: torch.Tensor,  # (b, c, Q, g, n)
     D: torch.Tensor | None,  # (h,) or (h, p)
     z: torch.Tensor | None,  # (b, c, Q, h, p)
-    dt_bias: torch.Tensor | None,  # (h,)
     seq_idx: torch.Tensor | None,  # (b, c, Q)
     last_seq: torch.Tensor | None,  # (b, c): seq_idx at each chunk's last valid position
     prev_seq: torch.Tensor | None,  # (b, c): seq_idx at the position before each chunk
@@ -90,12 +82,9 @@ def ssd_fused_fwd_kernel(
     out_x: torch.Tensor | None,
     final_states: torch.Tensor,  # (b, h, p, n) fp32
     d_kind: hl.constexpr,
-    dt_softplus: hl.constexpr = False,
-    dt_min: float = 0.0,
-    dt_max: float = 0.0,
-    seqlen: int = 0,
 ) -> None:
     batch, nchunks, chunk_size, nheads, headdim = x.shape
+    seqlen = out.shape[1]
     chunk_size = hl.specialize(chunk_size)
     dstate = hl.specialize(B.shape[4])
     ratio = nheads // B.shape[3]
@@ -109,25 +98,15 @@ def ssd_fused_fwd_kernel(
         h = tile_h.begin
         c = tile_c.begin
         g = h // ratio
-        # chunk_cumsum over the whole chunk.
-        q = hl.arange(chunk_size)
-        d = dt_raw[b, c, :, h].to(torch.float32)
-        if dt_bias is not None:
-            d = d + dt_bias[h].to(torch.float32)
-        d = processed_dt(d, dt_softplus, dt_min, dt_max, c * chunk_size + q < seqlen)
-        # (cumsum in a helper does not lower: Helion makes the scan's combine function only in a kernel body)
-        dA = torch.cumsum(d * A[h].to(torch.float32), dim=0)
-        dA_last = torch.sum(torch.where(q == chunk_size - 1, dA, 0.0), dim=0)
-        scale = torch.exp(torch.where(dA_last - dA < 0.0, dA_last - dA, 0.0)) * d
-        decay_log = dA_last
-        if seq_idx is not None:
-            scale = torch.where(seq_idx[b, c, :] == last_seq[b, c], scale, 0.0)
-            decay_log = torch.where(last_seq[b, c] == prev_seq[b, c], dA_last, float("-inf"))
         # This chunk's state, before waiting on the chunk before.
+        dA_last = dA_cumsum[b, h, c, chunk_size - 1]
         chunk_state = hl.zeros([tile_p, dstate], dtype=torch.float32)
         for tile_q in hl.tile(chunk_size, block_size=block_q):
-            scale_q = _pick(scale, q, tile_q.index)
-            B_scaled = (B[b, c, tile_q, g, :].to(torch.float32) * scale_q[:, None]).to(x.dtype)
+            seg = dA_last - dA_cumsum[b, h, c, tile_q]
+            scale = fastmath.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_q]
+            if seq_idx is not None:
+                scale = torch.where(seq_idx[b, c, tile_q] == last_seq[b, c], scale, 0.0)
+            B_scaled = (B[b, c, tile_q, g, :].to(torch.float32) * scale[:, None]).to(x.dtype)
             chunk_state = hl.dot(x[b, c, tile_q, h, tile_p].T, B_scaled, acc=chunk_state)
         # The hand-over (see the module docstring).
         state_in = hl.zeros([tile_p, dstate], dtype=torch.float32)
@@ -138,7 +117,7 @@ def ssd_fused_fwd_kernel(
             state_in = carry[b, c % 2, h, tile_p, :]
         elif initial_states is not None:
             state_in = initial_states[b, h, tile_p, :].to(torch.float32)
-        state_out = torch.exp(decay_log) * state_in + chunk_state
+        state_out = torch.exp(dA_chunk[b, h, c]) * state_in + chunk_state
         if c < nchunks - 1:
             carry[b, (c + 1) % 2, h, tile_p, :] = state_out
             hl.atomic_add(handed_on, [b, h, tile_p.begin], 1, sem="release")
@@ -151,7 +130,7 @@ def ssd_fused_fwd_kernel(
         state_in = state_in.to(C.dtype)
         for tile_m in hl.tile(chunk_size, block_size=block_m):
             C_m = C[b, c, tile_m, g, :]
-            dA_m = _pick(dA, q, tile_m.index)
+            dA_m = dA_cumsum[b, h, c, tile_m]
             scale_m = fastmath.exp(dA_m)
             if seq_idx is not None:
                 s_m = seq_idx[b, c, tile_m]
@@ -161,9 +140,9 @@ def ssd_fused_fwd_kernel(
                 w = hl.dot(C_m, B[b, c, tile_k, g, :].T, out_dtype=torch.float32)
                 if seq_idx is not None:
                     w = torch.where(s_m[:, None] == seq_idx[b, c, tile_k][None, :], w, 0.0)
-                seg = dA_m[:, None] - _pick(dA, q, tile_k.index)[None, :]
+                seg = dA_m[:, None] - dA_cumsum[b, h, c, tile_k][None, :]
                 w = w * fastmath.exp(torch.where(seg < 0.0, seg, 0.0))
-                w = w * _pick(d, q, tile_k.index)[None, :]
+                w = w * dt[b, h, c, tile_k][None, :]
                 w = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], w, 0.0).to(x.dtype)
                 acc = hl.dot(w, x[b, c, tile_k, h, tile_p], acc=acc)
             if D is not None:
@@ -181,17 +160,15 @@ def ssd_fused_fwd_kernel(
             hl.store(out, [b, pos_m, h, tile_p], acc.to(out.dtype), extra_mask=valid_m[:, None])
 
 
-def ssd_fused_fwd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
-                  dt_softplus=False, dt_limit=(0.0, float("inf"))):
-    """The SSD forward in one launch. Same arguments as ``mamba2_kernels.ssd.naive.chunk_cumsum_state_passing_fwd``
-    then ``bmm_chunk_scan_fwd``; returns their (out, out_x or None) and final_states (b, h, p, n) fp32. It writes
-    no per-chunk states, dt_out or dA_cumsum: the forward's caller keeps none of them (varlen states need the
-    states, and take the chained path)."""
+def ssd_fused_fwd(x, dt, dA_cumsum, B, C, D=None, z=None, initial_states=None, seq_idx=None):
+    """``chunk_state_passing_fwd`` then ``bmm_chunk_scan_fwd`` in one launch, on chunk_cumsum's dt_out ``dt`` and
+    ``dA_cumsum`` (b, h, c, Q) fp32. Returns (out, out_x or None, final_states (b, h, p, n) fp32). It writes no
+    per-chunk states: the forward's caller keeps none (varlen states need them, and take the chained path)."""
     batch, seqlen, nheads, headdim = x.shape
     ngroups, dstate = B.shape[2], B.shape[3]
+    chunk_size = dt.shape[3]
     assert nheads % ngroups == 0 and B.shape == C.shape and B.shape[:2] == (batch, seqlen)
-    assert dt.shape == (batch, seqlen, nheads) and A.shape == (nheads,)
-    assert dt_bias is None or dt_bias.shape == (nheads,)
+    assert dA_cumsum.shape == dt.shape == (batch, nheads, -(-seqlen // chunk_size), chunk_size)
     assert initial_states is None or initial_states.shape == (batch, nheads, headdim, dstate)
     assert seq_idx is None or seq_idx.shape == (batch, seqlen)
     assert z is None or z.shape == x.shape
@@ -210,8 +187,8 @@ def ssd_fused_fwd(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, init
     if seq_idx is not None:
         last, prev, chunked_seq = seq_last(seq_idx, chunk_size), seq_prev(seq_idx, chunk_size), by_chunk(seq_idx,
                                                                                                           chunk_size)
-    ssd_fused_fwd_kernel(by_chunk(x, chunk_size), by_chunk(dt, chunk_size), A, by_chunk(B, chunk_size),
-                         by_chunk(C, chunk_size), D, None if z is None else by_chunk(z, chunk_size), dt_bias,
-                         chunked_seq, last, prev, initial_states, carry, handed_on, out, out_x, final_states,
-                         d_kind, bool(dt_softplus), float(dt_limit[0]), float(dt_limit[1]), seqlen)
+    ssd_fused_fwd_kernel(by_chunk(x, chunk_size), dt, dA_cumsum,
+                         carry_decay_log(dA_cumsum[:, :, :, -1], seq_idx, chunk_size), by_chunk(B, chunk_size),
+                         by_chunk(C, chunk_size), D, None if z is None else by_chunk(z, chunk_size), chunked_seq, last,
+                         prev, initial_states, carry, handed_on, out, out_x, final_states, d_kind)
     return out, out_x, final_states

@@ -136,7 +136,7 @@ def test_every_fusion_forced_matches_fp64_composition():
         _compare(leaves, static)
     launched = {kernel.name for kernel, _ in launches}
     assert {"ssd_fused_fwd", "chunk_bwd_db_dc"} <= launched
-    assert not launched & {"chunk_cumsum", "bmm_chunk", "chunk_scan", "chunk_state_bwd_db", "chunk_scan_bwd_dC"}
+    assert not launched & {"bmm_chunk", "chunk_scan", "chunk_state_bwd_db", "chunk_scan_bwd_dC"}
 
 
 def test_state_dtype_reaches_the_ssd_forward_and_backward(monkeypatch):

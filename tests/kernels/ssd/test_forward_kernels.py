@@ -197,25 +197,23 @@ def test_chunk_scan_that_makes_cb_itself_gives_the_chain_of_bmm_and_scan(mode, o
 
 
 def _fused_fwd_call(shape, options, seed=4):
-    """The one-launch forward's arguments at ``shape`` with ``options`` of D_hp, z, bias, limit, init, seq_idx."""
+    """The fused forward's arguments at ``shape`` with ``options`` of D_hp, z, init, seq_idx: chunk_cumsum's dt_out
+    and dA_cumsum as its registry inputs give them."""
     inp = registry.get("ssd_fused_fwd").inputs(shape, seed)
     g = torch.Generator().manual_seed(seed + 1)
     kwargs = {"D": torch.randn(shape.nheads, shape.headdim, generator=g) if "D_hp" in options else inp["D"],
               "z": torch.randn(inp["x"].shape, generator=g) if "z" in options else None,
-              "dt_bias": inp["dt_bias"] + 3.0 if "bias" in options else None, "dt_softplus": True,
-              "dt_limit": (0.03, 0.6) if "limit" in options else (0.0, float("inf")),
               "initial_states": torch.randn(shape.batch, shape.nheads, shape.headdim, shape.dstate, generator=g)
               if "init" in options else None,
               "seq_idx": seq_idx_rows(shape.batch, shape.seqlen) if "seq_idx" in options else None}
-    return (inp["x"], inp["dt_raw"], inp["A"], inp["B"], inp["C"], shape.chunk_size), kwargs
+    return (inp["x"], inp["dt"], inp["dA_cumsum"], inp["B"], inp["C"]), kwargs
 
 
-@pytest.mark.parametrize(("mode", "options"), [("ref", set()), ("ref", {"D_hp", "z", "bias", "init"}),
-                                                ("ref", {"seq_idx", "limit"}),
-                                                ("triton", {"D_hp", "z", "bias", "limit", "init", "seq_idx"})],
-                         ids=["ref-plain", "ref-D_hp-z-bias-init", "ref-seq_idx-limit", "triton-all"])
-def test_one_launch_forward_gives_the_chain_of_its_five_stages(mode, options):
-    """The whole forward in one launch against chunk_cumsum, the state pass, bmm_chunk and chunk_scan (fp64
+@pytest.mark.parametrize(("mode", "options"), [("ref", set()), ("ref", {"D_hp", "z", "init"}), ("ref", {"seq_idx"}),
+                                                ("triton", {"D_hp", "z", "init", "seq_idx"})],
+                         ids=["ref-plain", "ref-D_hp-z-init", "ref-seq_idx", "triton-all"])
+def test_fused_forward_gives_the_chain_of_its_four_stages(mode, options):
+    """The forward after chunk_cumsum in one launch against the state pass, bmm_chunk and chunk_scan (fp64
     references), at a ragged last chunk and a head dimension no block divides, with sequences that start inside a
     chunk and on its border; the interpreter with blocks below every dimension, so that the chunks hand their
     states on through the two slots."""
@@ -225,7 +223,7 @@ def test_one_launch_forward_gives_the_chain_of_its_five_stages(mode, options):
     with execution_mode(mode), pinned_config(ssd_fused_fwd.ssd_fused_fwd_kernel, config):
         out, out_x, final_states = ssd_fused_fwd.ssd_fused_fwd(*args, **kwargs)
     wide = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kwargs.items()}
-    ref_out, ref_out_x, ref_final = naive.ssd_fwd(*(a.double() if torch.is_tensor(a) else a for a in args), **wide)
+    ref_out, ref_out_x, ref_final = naive.chunk_state_passing_scan_fwd(*(a.double() for a in args), **wide)
     assert out.dtype == args[0].dtype and final_states.dtype == torch.float32
     assert (out_x is None) == ("z" not in options)
     for name, got, want in (("out", out, ref_out), ("out_x", out_x, ref_out_x), ("final_states", final_states,
@@ -235,7 +233,7 @@ def test_one_launch_forward_gives_the_chain_of_its_five_stages(mode, options):
 
 
 @pytest.mark.parametrize("mode", ["ref", "triton"])
-def test_one_launch_forward_leaves_its_hand_over_counters_at_zero(mode, monkeypatch):
+def test_fused_forward_leaves_its_hand_over_counters_at_zero(mode, monkeypatch):
     """A tuner times a kernel on the same arguments again and again, and a CUDA graph replays them: each launch
     must find the counters as the first did, or the second launch's programs would not wait for the chunk
     before."""
