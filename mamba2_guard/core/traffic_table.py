@@ -29,12 +29,12 @@ def render(rows: Sequence[Mapping[str, Any]], source: str) -> str:
            "The SSD call (`mamba_chunk_scan_combined`) at each suite and zoo shape: the kernels it launches and "
            "the bytes they move through HBM, from the registry's traffic model (each stage reads its inputs once "
            "and writes its outputs once; caches can only lower it): mamba-ssm 2.3.2's, ours as the committed "
-           "config files run it, and ours with every fusion a GPU's rule can pick: the forward in one launch "
-           "(`ssd_fused_fwd`), chunk_cumsum into the state pass of the backward's recompute, bmm_chunk into the "
-           "backward's dCB stage, and the backward's gradients of B and C in one pass. "
+           "config files run it, and ours with every fusion a GPU's rule can pick: the forward after "
+           "chunk_cumsum in one launch (`ssd_fused_fwd`), chunk_cumsum into the state pass of the backward's "
+           "recompute, bmm_chunk into the backward's dCB stage, and the backward's gradients of B and C in one pass. "
            "Compulsory: one pass over the call's own inputs and outputs, the floor a fused call can reach. "
            "The forward + backward is two calls: the backward reads the inputs again. "
-           "GFLOP: the stages' arithmetic by the same model. A fusion can buy its bytes with flops: the one-launch "
+           "GFLOP: the stages' arithmetic by the same model. A fusion can buy its bytes with flops: the fused "
            "forward makes each C B^T tile once per head (and per headdim block; the model counts one), where "
            "bmm_chunk makes it once per group, so its flops grow with the heads per group.", ""]
     for call in CALLS:

@@ -68,7 +68,7 @@ def tiles_ddacs() -> list[dict[str, Any]]:
 
 
 def ssd_fused_fwd() -> list[dict[str, Any]]:
-    """The one-launch forward: (headdim, state-product chunk, row, column) blocks. chunk_scan's swept and
+    """The fused forward: (headdim, state-product chunk, row, column) blocks. chunk_scan's swept and
     mamba-ssm's (M, N, K) rows and columns, the state product in chunk_state's K blocks."""
     return [_config([64, 64, 64, 32], 3, 4), _config([64, 32, 64, 64], 2, 4), _config([32, 64, 64, 32], 3, 4),
             _config([64, 64, 128, 32], 2, 8), _config([32, 32, 32, 32], 4, 4)]

@@ -150,9 +150,9 @@ def chain_chunk_state_passing_scan(stages: Any, x, dt, dA_cumsum, B, C, D=None, 
 
 def chain_ssd_fwd(stages: Any, x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
                   seq_idx=None, dt_softplus=False, dt_limit=(0.0, INF), state_dtype=None):
-    """``ssd_fwd`` (the whole forward in one launch) as the chained stages compute it:
-    ``stages.chunk_cumsum_state_passing_fwd``, then ``stages.bmm_chunk_scan_fwd`` on the states entering each
-    chunk in ``state_dtype`` (default C's dtype). Returns (out, out_x or None, final_states fp32)."""
+    """``ssd_fwd`` (chunk_cumsum, then the rest in one launch, where a GPU's rule says so) as the chained stages
+    compute it: ``stages.chunk_cumsum_state_passing_fwd``, then ``stages.bmm_chunk_scan_fwd`` on the states
+    entering each chunk in ``state_dtype`` (default C's dtype). Returns (out, out_x or None, final_states fp32)."""
     out, out_x, *_, final_states = _chained_forward(
         stages, x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states,
         seq_idx=seq_idx, dt_softplus=dt_softplus, dt_limit=dt_limit, state_dtype=state_dtype)

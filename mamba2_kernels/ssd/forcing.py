@@ -14,8 +14,8 @@ from mamba2_kernels import _environ
 # The fused kernels, the rules' keys: the state passes (a chain rule: fused unless it says chain) and the
 # fusions of kernels that exist unfused (a fuse rule: the chain unless it says fused). CUMSUM is chunk_cumsum
 # fused into the forward's state pass, which it can join only where that pass runs fused; DCB the backward's
-# bmm_chunk fused into its dCB stage; ONE_PASS the whole forward in one launch (where it runs, the forward's other
-# rules do not matter).
+# bmm_chunk fused into its dCB stage; ONE_PASS the forward after chunk_cumsum in one launch (where it runs, the
+# forward's other rules do not matter).
 FWD, BWD, SCAN, DB_DC = "chunk_state_passing", "chunk_state_passing_bwd", "chunk_scan", "chunk_bwd_db_dc"
 CUMSUM, DCB, ONE_PASS = "chunk_cumsum_state_passing", "chunk_scan_bwd_dcb", "ssd_fused_fwd"
 STAGES = (FWD, BWD, SCAN, DB_DC, CUMSUM, DCB, ONE_PASS)

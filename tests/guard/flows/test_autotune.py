@@ -665,8 +665,8 @@ def test_a_job_with_the_fused_path_searches_the_fused_kernels_launches_on_that_p
         both, paths_of = captured_on_paths(entry, inputs, ALSO_PATHS["fused"])
     added = {(kernel.name, str(kernel.shape_key(*args))) for kernel, args in both[len(rules):]}
     assert "chunk_bwd_db_dc" not in {kernel.name for kernel, _ in rules}
-    # the forward in one launch; in the backward the cumsum in the recompute's state pass, the C B^T in the dCB
-    # stage, dB and dC in one pass
+    # the forward after chunk_cumsum in one launch; in the backward the cumsum in the recompute's state pass, the
+    # C B^T in the dCB stage, dB and dC in one pass
     assert {name for name, _ in added} == {"ssd_fused_fwd", "chunk_state_passing", "chunk_scan_bwd_dcb",
                                            "chunk_bwd_db_dc"}
     assert all(paths_of[slot] == ALSO_PATHS["fused"] for slot in added)

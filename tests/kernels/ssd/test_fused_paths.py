@@ -135,7 +135,7 @@ def test_forcing_takes_only_known_stages_and_paths():
     ("chunk_scan", set(), {"bmm_chunk"}, "forward"),  # chunk_scan makes cb itself
     ("chunk_bwd_db_dc", {"chunk_bwd_db_dc"}, DB_DC_CHAIN, "both"),  # dB and dC in one pass
     ("chunk_scan_bwd_dcb", set(), {"bmm_chunk"}, "backward"),  # the backward's dCB stage makes cb
-    ("ssd_fused_fwd", {"ssd_fused_fwd"}, {"chunk_scan"}, "forward"),  # the whole forward in one launch
+    ("ssd_fused_fwd", {"ssd_fused_fwd"}, {"chunk_scan"}, "forward"),  # chunk_cumsum, then the rest in one launch
 ], ids=["chunk_scan", "chunk_bwd_db_dc", "chunk_scan_bwd_dcb", "ssd_fused_fwd"])
 def test_each_fuse_rule_fuses_at_few_heads_per_group(rule_file, stage, fused_kernels, chain_kernels, phase, rule,
                                                      fused):
@@ -188,7 +188,7 @@ def test_each_fusion_gives_the_chains_results_forward_and_backward(stage, fused_
 
 
 def test_a_call_that_asks_for_varlen_states_takes_the_chain_that_has_the_states_in_hand():
-    """The one-launch forward writes no per-chunk states, which the varlen states are made from."""
+    """The fused forward writes no per-chunk states, which the varlen states are made from."""
     gen = torch.Generator().manual_seed(11)
     x, dt = torch.randn(1, 80, 4, 16, generator=gen), torch.randn(1, 80, 4, generator=gen) * 0.5 - 3.0
     A, B, C = -torch.rand(4, generator=gen) - 0.5, torch.randn(1, 80, 2, 16, generator=gen), torch.randn(
