@@ -26,8 +26,9 @@ states never leave L2, and x, B and C are read from memory once.
 
 A program waits only on one of lower linear index in the grid (the chunk before, every other index the same),
 whatever the loop order: GPUs start a grid's programs in increasing order, so the one waited on has started or
-finished, and a persistent program takes its tiles in increasing order too. mamba-ssm's fused forward from IBM
-and PyTorch rests on the same order.
+finished. mamba-ssm's fused forward from IBM and PyTorch rests on the same order. Persistent launches are
+excluded from the search: their grid may hold more programs than the GPU keeps resident, and a resident
+program spinning on a tile of one that has not started would never end.
 
 dt's cumsum stays a launch of its own (``chunk_cumsum``), which every program then reads: made inside, every
 headdim block of every chunk would repeat it, and the row and column loops would need its elements at their
@@ -43,6 +44,8 @@ Shape key: ``dtype`` (x's), ``headdim``, ``dstate``, ``chunk_size``, ``hpg``, ``
 
 from __future__ import annotations
 
+from typing import Any
+
 import helion.language as hl
 import torch
 
@@ -51,6 +54,12 @@ from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
 from mamba2_kernels.ssd._keys import by_chunk, carry_decay_log, dtype_name, seq_last, seq_prev, tokens
+
+
+def started_in_grid_order(config: Any) -> Any:
+    """The autotuner's filter (Helion's ``autotune_config_filter``): ``config``, or None for a persistent launch
+    (see the module docstring)."""
+    return None if str(config.get("pid_type", "flat")).startswith("persistent") else config
 
 
 def _shape_key(x, dt, dA_cumsum, dA_chunk, B, C, D, z, seq_idx, last_seq, prev_seq, initial_states, carry,
@@ -62,7 +71,8 @@ def _shape_key(x, dt, dA_cumsum, dA_chunk, B, C, D, z, seq_idx, last_seq, prev_s
                        tokens=tokens(batch, nchunks * chunk_size))
 
 
-@tuned_kernel(name="ssd_fused_fwd", shape_key=_shape_key, seeds=_seeds.ssd_fused_fwd())
+@tuned_kernel(name="ssd_fused_fwd", shape_key=_shape_key, seeds=_seeds.ssd_fused_fwd(),
+              settings={"autotune_config_filter": started_in_grid_order})
 def ssd_fused_fwd_kernel(
     x: torch.Tensor,  # (b, c, Q, h, p): by_chunk views
     dt: torch.Tensor,  # (b, h, c, Q) fp32: chunk_cumsum's dt_out

@@ -256,6 +256,18 @@ def test_fused_forward_leaves_its_hand_over_counters_at_zero(mode, monkeypatch):
     assert len(counters) == 1 and not counters[0].any()
 
 
+def test_fused_forward_searches_no_persistent_launch():
+    """A persistent grid may hold more programs than the GPU keeps resident; one spinning on a chunk whose
+    program never started would hang the search, so the search never tries one."""
+    import helion
+
+    settings = ssd_fused_fwd.ssd_fused_fwd_kernel.helion_kernel(None).settings
+    flat = helion.Config(block_sizes=[16, 16, 16, 16], pid_type="flat")
+    assert settings.autotune_config_filter(flat) is flat
+    for pid_type in ("persistent_blocked", "persistent_interleaved"):
+        assert settings.autotune_config_filter(helion.Config(block_sizes=[16, 16, 16, 16], pid_type=pid_type)) is None
+
+
 def test_chunk_scan_without_cb_names_the_b_it_needs():
     inp = _scan_inputs(SMOKE)
     with pytest.raises(ValueError, match="B: expected a tensor of C's shape"):
