@@ -1,5 +1,5 @@
-"""dt as chunk_cumsum makes it, for the kernel bodies that make it themselves (chunk_cumsum, the state pass
-with the cumsum fused in, the fused forward): a plain function of tensors, which Helion traces inline."""
+"""dt as chunk_cumsum makes it, for the kernel bodies that make it themselves (chunk_cumsum and the state pass
+with the cumsum fused in): a plain function of tensors, which Helion traces inline."""
 
 from __future__ import annotations
 
