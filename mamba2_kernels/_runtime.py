@@ -176,12 +176,11 @@ class TunedKernel:
     than a sum; the check then compares its results.
 
     ``seeds`` are partial configs (block sizes, warps, stages: mamba-ssm's own autotune lists, where it
-    has them) laid over Helion's default config to start the autotuner's search in known-good regions.
-    ``settings`` are Helion settings every ``helion.Kernel`` of this function gets (a caller's win)."""
+    has them) laid over Helion's default config to start the autotuner's search in known-good regions."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str, shape_key: Callable[..., ShapeKey],
                  partial_sums: dict[int, int] | None = None, finish: Callable[..., Any] | None = None,
-                 seeds: Sequence[dict[str, Any]] = (), settings: dict[str, Any] | None = None):
+                 seeds: Sequence[dict[str, Any]] = ()):
         self.fn = fn
         self.name = name
         TUNED_KERNELS[name] = self
@@ -189,7 +188,6 @@ class TunedKernel:
         self.partial_sums = dict(partial_sums or {})
         self.finish = finish
         self.seeds = [dict(seed) for seed in seeds]
-        self.settings = dict(settings or {})
         self._kernels: dict[tuple[str, str, Hashable], Any] = {}
         # (device, shape key, mode, layout) -> the helion.Kernel chosen; the layout is ``call_layout``'s
         self._dispatch: dict[tuple[torch.device, ShapeKey, str, Hashable], Any] = {}
@@ -212,8 +210,7 @@ class TunedKernel:
             # Host code around our kernels (allocations, sums of per-program partials) is deliberate, so
             # Helion's notice that such tensor ops are not fused into the kernel is noise here.
             options: dict[str, Any] = {"static_shapes": True, "ref_mode": _ref_mode(mode),
-                                       "ignore_warnings": [helion.exc.TensorOperationInWrapper], **self.settings,
-                                       **settings}
+                                       "ignore_warnings": [helion.exc.TensorOperationInWrapper], **settings}
             if config is not None:
                 options["config"] = helion.Config(**config)
             elif "autotune_effort" not in settings and not _env_true(AUTOTUNE_ENV):
@@ -477,12 +474,12 @@ def _config_error(bound: Any, config: dict[str, Any]) -> str | None:
 
 
 def tuned_kernel(*, name: str, shape_key: Callable[..., ShapeKey], partial_sums: dict[int, int] | None = None,
-                 finish: Callable[..., Any] | None = None, seeds: Sequence[dict[str, Any]] = (),
-                 settings: dict[str, Any] | None = None) -> Callable[[Callable[..., Any]], TunedKernel]:
+                 finish: Callable[..., Any] | None = None, seeds: Sequence[dict[str, Any]] = ()
+                 ) -> Callable[[Callable[..., Any]], TunedKernel]:
     """Decorator: ``@tuned_kernel(name="chunk_state", shape_key=...)`` over a Helion kernel body."""
 
     def wrap(fn: Callable[..., Any]) -> TunedKernel:
         return TunedKernel(fn, name=name, shape_key=shape_key, partial_sums=partial_sums, finish=finish,
-                           seeds=seeds, settings=settings)
+                           seeds=seeds)
 
     return wrap

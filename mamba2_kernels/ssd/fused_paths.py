@@ -22,10 +22,10 @@ round trip of both through memory fewer, for a scan that every program of a head
 state pass only where that pass runs fused (its chain rule); where the fuse rule
 (``selection.chunk_cumsum_state_passing.fuse``) says so, the forward is two launches. Without a rule, the chain.
 
-The whole forward (``ssd_fwd``). Fused, chunk_cumsum, then one program per chunk (and batch, head and headdim
-block) makes the chunk's state, C B^T and its outputs, and takes the state entering the chunk from the program
-before it through L2 (``mamba2_kernels.ssd.ssd_fused_fwd``): no per-chunk states in memory, x read once, two
-launches. Chained, the launches the rules above pick. The programs' hand-over is serial, and every
+The whole forward (``ssd_fwd``). Fused, chunk_cumsum, then one program per (batch, head, headdim block) walks the
+chunks, carrying the state in registers, and makes each chunk's C B^T and outputs
+(``mamba2_kernels.ssd.ssd_fused_fwd``): no per-chunk states in memory, x read once, two launches. Chained, the
+launches the rules above pick. The walk's parallel work is only batch x heads x headdim blocks, and every
 program of a group makes C B^T again; its rule is a ``FuseRule`` (``selection.ssd_fused_fwd.fuse``), without
 one the chain. Varlen states need the states entering each chunk, so a call that asks for them takes the chain.
 

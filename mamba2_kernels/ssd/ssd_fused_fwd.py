@@ -13,28 +13,18 @@ position add nothing to its state, the carry is dropped where it crosses a seque
 only where l is in the sequence of the position before the chunk, and C[l] . B[s] only within one sequence.
 
 Why one launch: the chained forward writes the per-chunk states (b, c, h, p, n) and reads them back, and reads x
-twice. Here one program per (batch, head, headdim block, chunk) makes its chunk's state, takes S(c) from the
-program of the chunk before, hands on S(c + 1), and makes its outputs from S(c), which it holds in registers. Only
-the hand-over is serial. It goes through two fp32 slots per (batch, head) (slot c % 2 holds S(c); chunk 0 reads
-initial_states itself) and a counter per (batch, head, headdim block) of the chunks handed on: a program spins on
-the counter (an acquire) until the chunk before has handed on, then writes S(c + 1) and adds one (a release;
-Helion puts a CTA barrier before it, so every thread's store precedes it). Two slots suffice because the chain
-orders every reuse: chunk c + 1 overwrites slot c % 2 only after its wait, and so after chunk c read that slot.
-The last chunk writes final_states instead, and sets the counter back to 0 once every wait of its chain is over,
-so that a launch on the same buffers again (a tuner's, a CUDA graph's replay) finds them as the first did. The
-states never leave L2, and x, B and C are read from memory once.
+twice. Here one program per (batch, head, headdim block) walks the chunks in order, as the chained state pass
+does, carrying S(c) in registers: at each chunk it makes the chunk's outputs from S(c), then S(c + 1) from the
+chunk's state product. No state leaves the program but the final one, and x, B and C are read from memory once.
+The walk needs no hand-over between programs (an earlier version, one program per chunk, handed the state on
+through a spin on a counter in memory: serial, and slower than the chain). The price is parallelism: batch x
+heads x headdim blocks programs, each walking every chunk, so a call with few heads leaves SMs idle; the config
+file's rule (``selection.ssd_fused_fwd.fuse``) keeps the chain where that loses.
 
-A program waits only on one of lower linear index in the grid (the chunk before, every other index the same),
-whatever the loop order: GPUs start a grid's programs in increasing order, so the one waited on has started or
-finished. mamba-ssm's fused forward from IBM and PyTorch rests on the same order. Persistent launches are
-excluded from the search: their grid may hold more programs than the GPU keeps resident, and a resident
-program spinning on a tile of one that has not started would never end.
-
-dt's cumsum stays a launch of its own (``chunk_cumsum``), which every program then reads: made inside, every
-headdim block of every chunk would repeat it, and the row and column loops would need its elements at their
-own positions, which a register vector cannot give them. Inputs come as (b, c, Q, ...) views (``by_chunk``: a
-zero-padded copy when the chunk size does not divide seqlen); the outputs are written in place, masked past
-seqlen.
+dt's cumsum stays a launch of its own (``chunk_cumsum``), which the walk then reads: made inside, the row and
+column loops would need its elements at their own positions, which a register vector cannot give them. Inputs
+come as (b, c, Q, ...) views (``by_chunk``: a zero-padded copy when the chunk size does not divide seqlen); the
+outputs are written in place, masked past seqlen.
 
 Tunables: the headdim block, the chunk block of the state product, the row and column blocks of the outputs,
 warps, stages, loop order, indexing. The state dimension is one block (C[l] . S(c) needs all of it).
@@ -43,8 +33,6 @@ Shape key: ``dtype`` (x's), ``headdim``, ``dstate``, ``chunk_size``, ``hpg``, ``
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import helion.language as hl
 import torch
@@ -56,14 +44,8 @@ from mamba2_kernels.ssd import _seeds
 from mamba2_kernels.ssd._keys import by_chunk, carry_decay_log, dtype_name, seq_last, seq_prev, tokens
 
 
-def started_in_grid_order(config: Any) -> Any:
-    """The autotuner's filter (Helion's ``autotune_config_filter``): ``config``, or None for a persistent launch
-    (see the module docstring)."""
-    return None if str(config.get("pid_type", "flat")).startswith("persistent") else config
-
-
-def _shape_key(x, dt, dA_cumsum, dA_chunk, B, C, D, z, seq_idx, last_seq, prev_seq, initial_states, carry,
-               handed_on, out, out_x, final_states, d_kind) -> ShapeKey:
+def _shape_key(x, dt, dA_cumsum, dA_chunk, B, C, D, z, seq_idx, last_seq, prev_seq, initial_states, out, out_x,
+               final_states, d_kind) -> ShapeKey:
     batch, nchunks, chunk_size, nheads, headdim = x.shape
     return ShapeKey.of(dtype=dtype_name(x.dtype), headdim=headdim, dstate=B.shape[4], chunk_size=chunk_size,
                        hpg=nheads // B.shape[3], D=("none", "h", "hp")[d_kind], z=int(z is not None),
@@ -71,8 +53,7 @@ def _shape_key(x, dt, dA_cumsum, dA_chunk, B, C, D, z, seq_idx, last_seq, prev_s
                        tokens=tokens(batch, nchunks * chunk_size))
 
 
-@tuned_kernel(name="ssd_fused_fwd", shape_key=_shape_key, seeds=_seeds.ssd_fused_fwd(),
-              settings={"autotune_config_filter": started_in_grid_order})
+@tuned_kernel(name="ssd_fused_fwd", shape_key=_shape_key, seeds=_seeds.ssd_fused_fwd())
 def ssd_fused_fwd_kernel(
     x: torch.Tensor,  # (b, c, Q, h, p): by_chunk views
     dt: torch.Tensor,  # (b, h, c, Q) fp32: chunk_cumsum's dt_out
@@ -86,8 +67,6 @@ def ssd_fused_fwd_kernel(
     last_seq: torch.Tensor | None,  # (b, c): seq_idx at each chunk's last valid position
     prev_seq: torch.Tensor | None,  # (b, c): seq_idx at the position before each chunk
     initial_states: torch.Tensor | None,  # (b, h, p, n)
-    carry: torch.Tensor,  # (b, 2, h, p, n) fp32 scratch: slot c % 2 holds S(c) for c >= 1
-    handed_on: torch.Tensor,  # (b, h, p) int32 zeros: chunks handed on, per headdim block (at its first index)
     out: torch.Tensor,  # (b, L, h, p)
     out_x: torch.Tensor | None,
     final_states: torch.Tensor,  # (b, h, p, n) fp32
@@ -102,72 +81,59 @@ def ssd_fused_fwd_kernel(
     block_q = hl.register_block_size(chunk_size)
     block_m = hl.register_block_size(chunk_size)
     block_k = hl.register_block_size(chunk_size)
-    # The chunk last: the grid's slowest dimension by default, so the chunks start in order.
-    for tile_b, tile_h, tile_p, tile_c in hl.tile([batch, nheads, headdim, nchunks], block_size=[1, 1, block_p, 1]):
+    for tile_b, tile_h, tile_p in hl.tile([batch, nheads, headdim], block_size=[1, 1, block_p]):
         b = tile_b.begin
         h = tile_h.begin
-        c = tile_c.begin
         g = h // ratio
-        # This chunk's state, before waiting on the chunk before.
-        dA_last = dA_cumsum[b, h, c, chunk_size - 1]
-        chunk_state = hl.zeros([tile_p, dstate], dtype=torch.float32)
-        for tile_q in hl.tile(chunk_size, block_size=block_q):
-            seg = dA_last - dA_cumsum[b, h, c, tile_q]
-            scale = fastmath.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_q]
-            if seq_idx is not None:
-                scale = torch.where(seq_idx[b, c, tile_q] == last_seq[b, c], scale, 0.0)
-            B_scaled = (B[b, c, tile_q, g, :].to(torch.float32) * scale[:, None]).to(x.dtype)
-            chunk_state = hl.dot(x[b, c, tile_q, h, tile_p].T, B_scaled, acc=chunk_state)
-        # The hand-over (see the module docstring).
-        state_in = hl.zeros([tile_p, dstate], dtype=torch.float32)
-        if c > 0:
-            done = hl.atomic_add(handed_on, [b, h, tile_p.begin], 0, sem="acquire")
-            while done < c:
-                done = hl.atomic_add(handed_on, [b, h, tile_p.begin], 0, sem="acquire")
-            state_in = carry[b, c % 2, h, tile_p, :]
-        elif initial_states is not None:
-            state_in = initial_states[b, h, tile_p, :].to(torch.float32)
-        state_out = torch.exp(dA_chunk[b, h, c]) * state_in + chunk_state
-        if c < nchunks - 1:
-            carry[b, (c + 1) % 2, h, tile_p, :] = state_out
-            hl.atomic_add(handed_on, [b, h, tile_p.begin], 1, sem="release")
-        else:
-            final_states[b, h, tile_p, :] = state_out
-            # Every wait of this chain is over: back to 0 for the next launch on these buffers (a tuner's or a
-            # graph's replay).
-            hl.atomic_xchg(handed_on, [b, h, tile_p.begin], 0, sem="relaxed")
-        # The outputs, from S(c) in registers.
-        state_in = state_in.to(C.dtype)
-        for tile_m in hl.tile(chunk_size, block_size=block_m):
-            C_m = C[b, c, tile_m, g, :]
-            dA_m = dA_cumsum[b, h, c, tile_m]
-            scale_m = fastmath.exp(dA_m)
-            if seq_idx is not None:
-                s_m = seq_idx[b, c, tile_m]
-                scale_m = torch.where(s_m == prev_seq[b, c], scale_m, 0.0)
-            acc = hl.dot(C_m, state_in.T, out_dtype=torch.float32) * scale_m[:, None]
-            for tile_k in hl.tile(0, (tile_m.id + 1) * block_m, block_size=block_k):
-                w = hl.dot(C_m, B[b, c, tile_k, g, :].T, out_dtype=torch.float32)
+        state = hl.zeros([tile_p, dstate], dtype=torch.float32)
+        if initial_states is not None:
+            state = initial_states[b, h, tile_p, :].to(torch.float32)
+        for tile_c in hl.tile(nchunks, block_size=1):
+            c = tile_c.begin
+            # The outputs, from S(c), rounded as chunk_scan reads the stored states.
+            state_in = state.to(C.dtype)
+            for tile_m in hl.tile(chunk_size, block_size=block_m):
+                C_m = C[b, c, tile_m, g, :]
+                dA_m = dA_cumsum[b, h, c, tile_m]
+                scale_m = fastmath.exp(dA_m)
                 if seq_idx is not None:
-                    w = torch.where(s_m[:, None] == seq_idx[b, c, tile_k][None, :], w, 0.0)
-                seg = dA_m[:, None] - dA_cumsum[b, h, c, tile_k][None, :]
-                w = w * fastmath.exp(torch.where(seg < 0.0, seg, 0.0))
-                w = w * dt[b, h, c, tile_k][None, :]
-                w = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], w, 0.0).to(x.dtype)
-                acc = hl.dot(w, x[b, c, tile_k, h, tile_p], acc=acc)
-            if D is not None:
-                x_m = x[b, c, tile_m, h, tile_p].to(torch.float32)
-                if d_kind == 2:
-                    acc = acc + x_m * D[h, tile_p].to(torch.float32)[None, :]
-                else:
-                    acc = acc + x_m * D[h].to(torch.float32)
-            pos_m = c * chunk_size + tile_m.index
-            valid_m = pos_m < seqlen
-            if out_x is not None:
-                hl.store(out_x, [b, pos_m, h, tile_p], acc.to(out.dtype), extra_mask=valid_m[:, None])
-                z_m = z[b, c, tile_m, h, tile_p].to(torch.float32)
-                acc = acc * z_m * torch.sigmoid(z_m)
-            hl.store(out, [b, pos_m, h, tile_p], acc.to(out.dtype), extra_mask=valid_m[:, None])
+                    s_m = seq_idx[b, c, tile_m]
+                    scale_m = torch.where(s_m == prev_seq[b, c], scale_m, 0.0)
+                acc = hl.dot(C_m, state_in.T, out_dtype=torch.float32) * scale_m[:, None]
+                for tile_k in hl.tile(0, (tile_m.id + 1) * block_m, block_size=block_k):
+                    w = hl.dot(C_m, B[b, c, tile_k, g, :].T, out_dtype=torch.float32)
+                    if seq_idx is not None:
+                        w = torch.where(s_m[:, None] == seq_idx[b, c, tile_k][None, :], w, 0.0)
+                    seg = dA_m[:, None] - dA_cumsum[b, h, c, tile_k][None, :]
+                    w = w * fastmath.exp(torch.where(seg < 0.0, seg, 0.0))
+                    w = w * dt[b, h, c, tile_k][None, :]
+                    w = torch.where(tile_m.index[:, None] >= tile_k.index[None, :], w, 0.0).to(x.dtype)
+                    acc = hl.dot(w, x[b, c, tile_k, h, tile_p], acc=acc)
+                if D is not None:
+                    x_m = x[b, c, tile_m, h, tile_p].to(torch.float32)
+                    if d_kind == 2:
+                        acc = acc + x_m * D[h, tile_p].to(torch.float32)[None, :]
+                    else:
+                        acc = acc + x_m * D[h].to(torch.float32)
+                pos_m = c * chunk_size + tile_m.index
+                valid_m = pos_m < seqlen
+                if out_x is not None:
+                    hl.store(out_x, [b, pos_m, h, tile_p], acc.to(out.dtype), extra_mask=valid_m[:, None])
+                    z_m = z[b, c, tile_m, h, tile_p].to(torch.float32)
+                    acc = acc * z_m * torch.sigmoid(z_m)
+                hl.store(out, [b, pos_m, h, tile_p], acc.to(out.dtype), extra_mask=valid_m[:, None])
+            # S(c + 1) = exp(dA[Q-1]) S(c) + chunk_state(c).
+            dA_last = dA_cumsum[b, h, c, chunk_size - 1]
+            chunk_state = hl.zeros([tile_p, dstate], dtype=torch.float32)
+            for tile_q in hl.tile(chunk_size, block_size=block_q):
+                seg = dA_last - dA_cumsum[b, h, c, tile_q]
+                scale = fastmath.exp(torch.where(seg < 0.0, seg, 0.0)) * dt[b, h, c, tile_q]
+                if seq_idx is not None:
+                    scale = torch.where(seq_idx[b, c, tile_q] == last_seq[b, c], scale, 0.0)
+                B_scaled = (B[b, c, tile_q, g, :].to(torch.float32) * scale[:, None]).to(x.dtype)
+                chunk_state = hl.dot(x[b, c, tile_q, h, tile_p].T, B_scaled, acc=chunk_state)
+            state = torch.exp(dA_chunk[b, h, c]) * state + chunk_state
+        final_states[b, h, tile_p, :] = state
 
 
 def ssd_fused_fwd(x, dt, dA_cumsum, B, C, D=None, z=None, initial_states=None, seq_idx=None):
@@ -188,8 +154,6 @@ def ssd_fused_fwd(x, dt, dA_cumsum, B, C, D=None, z=None, initial_states=None, s
     if D is not None:
         assert D.shape in ((nheads,), (nheads, headdim))
         d_kind = 2 if D.dim() == 2 else 1
-    carry = torch.empty((batch, 2, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
-    handed_on = torch.zeros((batch, nheads, headdim), device=x.device, dtype=torch.int32)
     out = torch.empty_like(x)
     out_x = torch.empty_like(x) if z is not None else None
     final_states = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
@@ -200,5 +164,5 @@ def ssd_fused_fwd(x, dt, dA_cumsum, B, C, D=None, z=None, initial_states=None, s
     ssd_fused_fwd_kernel(by_chunk(x, chunk_size), dt, dA_cumsum,
                          carry_decay_log(dA_cumsum[:, :, :, -1], seq_idx, chunk_size), by_chunk(B, chunk_size),
                          by_chunk(C, chunk_size), D, None if z is None else by_chunk(z, chunk_size), chunked_seq, last,
-                         prev, initial_states, carry, handed_on, out, out_x, final_states, d_kind)
+                         prev, initial_states, out, out_x, final_states, d_kind)
     return out, out_x, final_states
