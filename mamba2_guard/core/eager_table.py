@@ -139,6 +139,7 @@ class Block:
     eager_ms: float | None  # our block's training step in an eager loop, host included
     compiled_ms: float | None  # the same under torch.compile
     compiled: float | None  # eager_ms / compiled_ms: above 1, compiling is faster
+    compiled_error: str | None = None  # the compiled step's error, where it failed
 
 
 def is_block_report(report: Any) -> bool:
@@ -162,13 +163,16 @@ def block(report: Mapping[str, Any], where: str) -> Block:
                  _number((step.get("gemm_share") or {}).get("helion")),
                  None if compiled is None else str(compiled.get("mode") or "default"),
                  _number(medians.get("eager")), _number(medians.get("compiled")),
-                 None if compiled is None else _number(compiled.get("compiled_vs_eager")))
+                 None if compiled is None else _number(compiled.get("compiled_vs_eager")),
+                 None if compiled is None or compiled.get("error") is None else str(compiled["error"]))
 
 
 def block_verdict(run: Block) -> str:
     """The block's target: compiled, a training step at least as fast as the eager loop's."""
     if run.mode is None:
         return "not compiled"
+    if run.compiled_error is not None:
+        return f"failed: {run.compiled_error}"
     if run.compiled is None:
         return "not measured"
     return f"compiled {run.compiled:.2f}x of eager" if run.compiled < 1.0 else "met"

@@ -14,7 +14,9 @@ It also reports how far the patched module's output and gradients are from mamba
 precision is judged by the bench; this is a cross-check of the patch). With ``--compiled``, also the patched
 module's training step in an eager loop, host included (``bench.timing.wall_interleaved``), eager against
 ``torch.compile(fullgraph=True, dynamic=True)`` in the mode it names (``reduce-overhead``: under CUDA graphs,
-which take the host out of the step): compiling a model should never make its step slower. Writes one JSON file.
+which take the host out of the step): compiling a model should never make its step slower. Writes one JSON file,
+after each part, so that a run cut short keeps what it measured. A compiled step that fails (Inductor's CUDA graphs
+refusing an operator's outputs, say) is recorded with its error and whole traceback, and the run exits 1.
 
     mamba2-guard dev module-bench --shape nemotron3-nano --d-model 2688 --compiled reduce-overhead --out module.json
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import traceback
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -156,16 +159,34 @@ def compiled_step(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, 
         return step
 
     steps_of = {"eager": training_step(module, False), "compiled": training_step(compiled, mode == "reduce-overhead")}
-    samples = wall_interleaved(steps_of, rounds=rounds, steps=steps, synchronize=synchronizer(u.device))
-    drop_gradients(module, u)
+    try:
+        samples = wall_interleaved(steps_of, rounds=rounds, steps=steps, synchronize=synchronizer(u.device))
+    finally:
+        drop_gradients(module, u)
     return {"mode": mode, "median_ms": {name: stats.median(values) for name, values in samples.items()},
             "compiled_vs_eager": stats.speedup(samples["compiled"], samples["eager"]), "samples_ms": samples,
             "seconds": round(time.monotonic() - started, 1)}
 
 
+def compiled_step_or_failure(module: torch.nn.Module, u: torch.Tensor, dout: torch.Tensor, *, rounds: int,
+                             steps: int, backend: Any = "inductor", mode: str = "default") -> dict[str, Any]:
+    """``compiled_step``'s report, or where it raises the mode, the error in one line (the first of the error at
+    the root of the chain) and the whole traceback (what a bug report needs): the module's other measurements
+    stand either way."""
+    try:
+        return compiled_step(module, u, dout, rounds=rounds, steps=steps, backend=backend, mode=mode)
+    except Exception as exc:
+        cause = exc  # the error itself, not a wrapper's (Dynamo wraps a backend's in BackendCompilerFailed)
+        while (inner := cause.__cause__ or getattr(cause, "inner_exception", None)) is not None:
+            cause = inner
+        first_line = (str(cause).strip().splitlines() or [""])[0]
+        return {"mode": mode, "error": f"{type(cause).__name__}: {first_line}", "traceback": traceback.format_exc()}
+
+
 def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int, compiled: str | None = None,
-            steps: int = 10) -> dict[str, Any]:
-    """The module both ways, its precision, and with ``compiled`` (a torch.compile mode) its compiled step."""
+            steps: int = 10, measured: Callable[[dict[str, Any]], None] = lambda result: None) -> dict[str, Any]:
+    """The module both ways, its precision, and with ``compiled`` (a torch.compile mode) its compiled step;
+    ``measured`` gets the result so far after each part."""
     module, u, dout = build(shape, d_model, "cuda", seed)
     timer = Timer("cuda")
     result: dict[str, Any] = {"shape": shape.name, "d_model": d_model,
@@ -177,12 +198,15 @@ def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int, co
                "gemms": gemms_call(module, u, dout, backward=backward)}
         result[phase] = {**summarize(timer.interleaved_graphs(fns, rounds=rounds)),
                          "seconds": round(time.monotonic() - started, 1)}
+        measured(result)
         drop_gradients(module, u)
         torch.cuda.empty_cache()
     result["precision"] = differences(gradients(module, u, dout, patched=True),
                                       gradients(module, u, dout, patched=False))
+    measured(result)
     if compiled:
-        result["compiled_step"] = compiled_step(module, u, dout, rounds=rounds, steps=steps, mode=compiled)
+        result["compiled_step"] = compiled_step_or_failure(module, u, dout, rounds=rounds, steps=steps,
+                                                           mode=compiled)
     mamba2_kernels.unpatch_mamba_ssm()
     return result
 
@@ -199,24 +223,35 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     shape = suites.load().shape(args.shape)
     require_causal_conv1d(parser)
     require_gpu(parser, "it times the module")
+    header = {"fingerprint": fingerprint.collect().to_dict(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+              "rounds": args.rounds, "steps": args.steps}
     measured = measure(shape, args.d_model, rounds=args.rounds, seed=args.seed, compiled=args.compiled,
-                       steps=args.steps)
-    report = {"fingerprint": fingerprint.collect().to_dict(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
-              "rounds": args.rounds, "steps": args.steps, **measured}
+                       steps=args.steps, measured=lambda result: write_json(args.out, {**header, **result}))
+    report = {**header, **measured}
     write_json(args.out, report)
+    return summary(report, args.d_model)
+
+
+def summary(report: dict[str, Any], d_model: int) -> int:
+    """Print a module-bench report's lines; 1 where its compiled step failed, else 0."""
+    shape = report["shape"]
     for phase in ("fwd", "fwd_bwd"):
         r = report[phase]
         m = r["median_ms"]
-        print(f"{shape.name} d_model={args.d_model} {phase}: ours {m['helion']:.3f} ms, "
+        print(f"{shape} d_model={d_model} {phase}: ours {m['helion']:.3f} ms, "
               f"mamba-ssm {m['mamba_ssm']:.3f} ms ({r['speedup_vs_mamba_ssm']:.3f}x); "
               f"the two GEMMs {m['gemms']:.3f} ms")
-    if "compiled_step" in report:
-        step = report["compiled_step"]
-        print(f"{shape.name} d_model={args.d_model} fwd_bwd in an eager loop, ours: eager "
-              f"{step['median_ms']['eager']:.3f} ms, torch.compile ({step['mode']}) "
-              f"{step['median_ms']['compiled']:.3f} ms ({step['compiled_vs_eager']:.3f}x eager)")
     worst = max(report["precision"].items(), key=lambda kv: kv[1]["max_abs_diff_over_rms"])
     print(f"largest difference from mamba-ssm: {worst[0]} {worst[1]['max_abs_diff']:.3g} "
           f"({worst[1]['max_abs_diff_over_rms']:.3g} of its rms)")
+    step = report.get("compiled_step")
+    if step is None:
+        return 0
+    if "error" in step:
+        print(f"{shape} d_model={d_model} fwd_bwd under torch.compile ({step['mode']}): FAILED {step['error']} "
+              f"(the whole traceback is in the report's compiled_step)")
+        return 1
+    print(f"{shape} d_model={d_model} fwd_bwd in an eager loop, ours: eager "
+          f"{step['median_ms']['eager']:.3f} ms, torch.compile ({step['mode']}) "
+          f"{step['median_ms']['compiled']:.3f} ms ({step['compiled_vs_eager']:.3f}x eager)")
     return 0
-

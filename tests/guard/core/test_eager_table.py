@@ -82,6 +82,8 @@ def block_report(compiled: dict | None = None) -> dict:
     ({"median_ms": {"eager": 3.0, "compiled": 3.6}, "compiled_vs_eager": 0.83}, "compiled 0.83x of eager"),
     ({"mode": "reduce-overhead", "median_ms": {"eager": 3.0, "compiled": 2.0}, "compiled_vs_eager": 1.5}, "met"),
     ({"mode": "default", "median_ms": {}}, "not measured"),
+    ({"mode": "reduce-overhead", "error": "RuntimeError: These storage data ptrs are not allocated in pool",
+      "traceback": "..."}, "failed: RuntimeError: These storage data ptrs are not allocated in pool"),
 ])
 def test_a_whole_blocks_compiled_step_is_judged_against_its_eager_one(compiled, verdict):
     run = eager_table.block(block_report(compiled), "block.json")

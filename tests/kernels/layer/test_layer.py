@@ -607,6 +607,40 @@ def test_module_script_times_the_patched_steps_eager_against_compiled(mamba2):
     assert all(p.grad is None for p in module.parameters()) and u.grad is None
 
 
+def test_module_script_records_a_failed_compiled_step_with_its_traceback(mamba2, capsys):
+    """A compiled step that raises (Inductor's CUDA graphs refusing an operator's outputs, on a GPU) leaves the
+    module's other measurements standing: its report holds the error in one line and the whole traceback, the
+    gradients are left as found, and the run's summary names the failure and exits 1."""
+    from mamba2_guard.dev import module_bench
+    from mamba2_kernels import suites
+
+    module, u, dout = module_bench.build(suites.load().shape("smoke"), 42, "cpu", seed=0)
+
+    def refusing(graph, example_inputs):
+        raise RuntimeError("These storage data ptrs are not allocated in pool (0, 1)\nsecond line")
+
+    torch._dynamo.reset()
+    try:
+        with execution_mode("ref"):
+            step = module_bench.compiled_step_or_failure(module, u, dout, rounds=2, steps=1, backend=refusing)
+    finally:
+        mamba2_kernels.unpatch_mamba_ssm()
+        torch._dynamo.reset()
+    assert step["mode"] == "default" and "median_ms" not in step
+    assert step["error"] == "RuntimeError: These storage data ptrs are not allocated in pool (0, 1)"
+    assert "\n" not in step["error"] and "def refusing" not in step["error"]
+    assert "Traceback (most recent call last)" in step["traceback"] and "second line" in step["traceback"]
+    assert all(p.grad is None for p in module.parameters()) and u.grad is None
+    phase = {"median_ms": {"helion": 1.0, "mamba_ssm": 1.5, "gemms": 0.25}, "speedup_vs_mamba_ssm": 1.5}
+    report = {"shape": "smoke", "fwd": phase, "fwd_bwd": phase, "compiled_step": step,
+              "precision": {"du": {"max_abs_diff": 0.0, "max_abs_diff_over_rms": 0.0}}}
+    assert module_bench.summary(report, 42) == 1
+    assert ("smoke d_model=42 fwd_bwd under torch.compile (default): FAILED " + step["error"]
+            in capsys.readouterr().out)
+    del report["compiled_step"]
+    assert module_bench.summary(report, 42) == 0
+
+
 @pytest.mark.parametrize(("argv", "mode"), [([], None), (["--compiled"], "default"),
                                              (["--compiled", "reduce-overhead"], "reduce-overhead")])
 def test_module_script_names_the_compile_mode_it_times(argv, mode):
