@@ -581,25 +581,34 @@ def test_module_script_builds_the_suite_layer_at_any_width(mamba2):
     assert report["du"]["max_abs_diff"] == pytest.approx(1.0) and not report["dD"]["finite"]
 
 
-def test_module_script_times_the_patched_steps_eager_against_compiled(mamba2):
-    """``--compiled``: the patched module's training step both ways, the compiled one really compiled (one
-    graph, the drop-ins' operators in it), and the gradients left as found."""
+def _smoke_compiled_step(measure, backend):
+    """``measure`` (``module_bench.compiled_step`` or its ``..._or_failure``) of the patched smoke-shape module in
+    Helion's ref mode, compiled by ``backend``: (its report, the module, its input)."""
     from mamba2_guard.dev import module_bench
     from mamba2_kernels import suites
 
     module, u, dout = module_bench.build(suites.load().shape("smoke"), 42, "cpu", seed=0)
+    torch._dynamo.reset()
+    try:
+        with execution_mode("ref"):
+            return measure(module, u, dout, rounds=2, steps=1, backend=backend), module, u
+    finally:
+        mamba2_kernels.unpatch_mamba_ssm()
+        torch._dynamo.reset()
+
+
+def test_module_script_times_the_patched_steps_eager_against_compiled(mamba2):
+    """``--compiled``: the patched module's training step both ways, the compiled one really compiled (one
+    graph, the drop-ins' operators in it), and the gradients left as found."""
+    from mamba2_guard.dev import module_bench
+
     graphs = []
 
     def backend(graph, example_inputs):
         graphs.append(graph)
         return aot_eager(graph, example_inputs)
 
-    torch._dynamo.reset()
-    try:
-        with execution_mode("ref"):
-            step = module_bench.compiled_step(module, u, dout, rounds=2, steps=1, backend=backend)
-    finally:
-        mamba2_kernels.unpatch_mamba_ssm()
+    step, module, u = _smoke_compiled_step(module_bench.compiled_step, backend)
     assert step["mode"] == "default" and [len(times) for times in step["samples_ms"].values()] == [2, 2]
     assert step["median_ms"]["eager"] > 0 and step["median_ms"]["compiled"] > 0 and step["compiled_vs_eager"] > 0
     ops = {str(node.target) for g in graphs for node in g.graph.nodes if node.op == "call_function"}
@@ -612,20 +621,11 @@ def test_module_script_records_a_failed_compiled_step_with_its_traceback(mamba2,
     module's other measurements standing: its report holds the error in one line and the whole traceback, the
     gradients are left as found, and the run's summary names the failure and exits 1."""
     from mamba2_guard.dev import module_bench
-    from mamba2_kernels import suites
-
-    module, u, dout = module_bench.build(suites.load().shape("smoke"), 42, "cpu", seed=0)
 
     def refusing(graph, example_inputs):
         raise RuntimeError("These storage data ptrs are not allocated in pool (0, 1)\nsecond line")
 
-    torch._dynamo.reset()
-    try:
-        with execution_mode("ref"):
-            step = module_bench.compiled_step_or_failure(module, u, dout, rounds=2, steps=1, backend=refusing)
-    finally:
-        mamba2_kernels.unpatch_mamba_ssm()
-        torch._dynamo.reset()
+    step, module, u = _smoke_compiled_step(module_bench.compiled_step_or_failure, refusing)
     assert step["mode"] == "default" and "median_ms" not in step
     assert step["error"] == "RuntimeError: These storage data ptrs are not allocated in pool (0, 1)"
     assert "\n" not in step["error"] and "def refusing" not in step["error"]
