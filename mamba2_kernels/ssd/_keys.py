@@ -20,6 +20,20 @@ def tokens(batch: int, seqlen: int) -> int:
     return tokens_bucket(batch * seqlen)
 
 
+def d_kind_of(D: torch.Tensor | None, nheads: int, headdim: int) -> int:
+    """How D enters a kernel that adds D x: 0 none, 1 per head (h,), 2 per head and channel (h, p)."""
+    if D is None:
+        return 0
+    assert D.shape in ((nheads,), (nheads, headdim))
+    return 2 if D.dim() == 2 else 1
+
+
+def check_power_of_two_chunk(kernel: str, chunk_size: int) -> None:
+    """NotImplementedError naming ``kernel`` unless ``chunk_size`` is a power of two, as its chunk tiles need."""
+    if chunk_size & (chunk_size - 1):
+        raise NotImplementedError(f"{kernel}: chunk_size {chunk_size} is not a power of two")
+
+
 def sum_partials(part: torch.Tensor, dim: int) -> torch.Tensor:
     """Per-program partial sums added along ``dim``; a single partial is returned as a view, no launch."""
     return part.select(dim, 0) if part.shape[dim] == 1 else part.sum(dim)

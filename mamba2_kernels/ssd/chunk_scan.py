@@ -31,7 +31,7 @@ from mamba2_kernels import _fastmath as fastmath
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
-from mamba2_kernels.ssd._keys import dtype_name, seq_prev, tokens
+from mamba2_kernels.ssd._keys import check_power_of_two_chunk, d_kind_of, dtype_name, seq_prev, tokens
 
 
 def _shape_key(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev_seq, out, out_x, d_kind, B=None) -> ShapeKey:
@@ -143,12 +143,8 @@ def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None
         B = None
     assert dA_cumsum.shape == dt.shape == (batch, nheads, nchunks, chunk_size)
     assert states.shape == (batch, nchunks, nheads, headdim, dstate)
-    if chunk_size & (chunk_size - 1):
-        raise NotImplementedError(f"chunk_scan_fwd: chunk_size {chunk_size} is not a power of two")
-    d_kind = 0
-    if D is not None:
-        assert D.shape in ((nheads,), (nheads, headdim))
-        d_kind = 2 if D.dim() == 2 else 1
+    check_power_of_two_chunk("chunk_scan_fwd", chunk_size)
+    d_kind = d_kind_of(D, nheads, headdim)
     if z is not None:
         assert z.shape == x.shape
     prev = None

@@ -30,6 +30,7 @@ from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
 from mamba2_kernels.ssd._keys import (
     by_chunk,
+    d_kind_of,
     dtype_name,
     exclusive_cumsum,
     heads_per_program,
@@ -115,10 +116,7 @@ def chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=True, D=None, dz=No
     batch, seqlen, nheads, headdim = x.shape
     assert z.shape == out.shape == dout.shape == x.shape
     check_out("dz", dz, z.shape, z.dtype)
-    d_kind = 0
-    if D is not None:
-        assert D.shape in ((nheads,), (nheads, headdim))
-        d_kind = 2 if D.dim() == 2 else 1
+    d_kind = d_kind_of(D, nheads, headdim)
     outz = torch.empty_like(x) if recompute_output else torch.empty(0, device=x.device, dtype=x.dtype)
     dz, dout_x, dD_part, ddA = chunk_scan_bwd_dz_kernel(
         x, z, out, dout, D, outz, torch.empty_like(z) if dz is None else dz, int(chunk_size), bool(has_ddAcs),

@@ -24,7 +24,14 @@ from mamba2_kernels._buffers import check_out
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
-from mamba2_kernels.ssd._keys import dtype_name, seq_last, sum_partials, tokens
+from mamba2_kernels.ssd._keys import (
+    check_power_of_two_chunk,
+    d_kind_of,
+    dtype_name,
+    seq_last,
+    sum_partials,
+    tokens,
+)
 
 
 def _shape_key(x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last_seq, dx, d_kind) -> ShapeKey:
@@ -123,12 +130,8 @@ def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None
     assert dstates.shape == (batch, nchunks, nheads, headdim, B.shape[3])
     assert dout.shape == x.shape
     check_out("dx", dx, x.shape, x.dtype)
-    if chunk_size & (chunk_size - 1):
-        raise NotImplementedError(f"chunk_scan_chunk_state_bwd_dx: chunk_size {chunk_size} is not a power of two")
-    d_kind = 0
-    if D is not None:
-        assert D.shape in ((nheads,), (nheads, headdim))
-        d_kind = 2 if D.dim() == 2 else 1
+    check_power_of_two_chunk("chunk_scan_chunk_state_bwd_dx", chunk_size)
+    d_kind = d_kind_of(D, nheads, headdim)
     last = None
     if seq_idx is not None:
         assert seq_idx.shape == (batch, seqlen)

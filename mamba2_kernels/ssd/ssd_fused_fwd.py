@@ -41,7 +41,16 @@ from mamba2_kernels import _fastmath as fastmath
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
-from mamba2_kernels.ssd._keys import by_chunk, carry_decay_log, dtype_name, seq_last, seq_prev, tokens
+from mamba2_kernels.ssd._keys import (
+    by_chunk,
+    carry_decay_log,
+    check_power_of_two_chunk,
+    d_kind_of,
+    dtype_name,
+    seq_last,
+    seq_prev,
+    tokens,
+)
 
 
 def _shape_key(x, dt, dA_cumsum, dA_chunk, B, C, D, z, seq_idx, last_seq, prev_seq, initial_states, out, out_x,
@@ -148,12 +157,8 @@ def ssd_fused_fwd(x, dt, dA_cumsum, B, C, D=None, z=None, initial_states=None, s
     assert initial_states is None or initial_states.shape == (batch, nheads, headdim, dstate)
     assert seq_idx is None or seq_idx.shape == (batch, seqlen)
     assert z is None or z.shape == x.shape
-    if chunk_size & (chunk_size - 1):
-        raise NotImplementedError(f"ssd_fused_fwd: chunk_size {chunk_size} is not a power of two")
-    d_kind = 0
-    if D is not None:
-        assert D.shape in ((nheads,), (nheads, headdim))
-        d_kind = 2 if D.dim() == 2 else 1
+    check_power_of_two_chunk("ssd_fused_fwd", chunk_size)
+    d_kind = d_kind_of(D, nheads, headdim)
     out = torch.empty_like(x)
     out_x = torch.empty_like(x) if z is not None else None
     final_states = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)

@@ -20,7 +20,7 @@ from mamba2_kernels import _fastmath as fastmath
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
-from mamba2_kernels.ssd._keys import dtype_name, sum_partials, tokens
+from mamba2_kernels.ssd._keys import check_power_of_two_chunk, dtype_name, sum_partials, tokens
 
 
 def _ddacs_key(x, dt, dA_cumsum, dout, cb) -> ShapeKey:
@@ -92,7 +92,6 @@ def chunk_scan_bwd_ddAcs_stable(x, dt, dA_cumsum, dout, cb):
     batch, seqlen, nheads, headdim = x.shape
     _, _, nchunks, chunk_size = dt.shape
     assert cb.shape == (batch, nchunks, cb.shape[2], chunk_size, chunk_size) and nheads % cb.shape[2] == 0
-    if chunk_size & (chunk_size - 1):
-        raise NotImplementedError(f"chunk_scan_bwd_ddAcs_stable: chunk_size {chunk_size} is not a power of two")
+    check_power_of_two_chunk("chunk_scan_bwd_ddAcs_stable", chunk_size)
     part = chunk_scan_bwd_ddAcs_stable_kernel(x, dt, dA_cumsum, dout, cb)
     return sum_partials(part, 3)
