@@ -1,5 +1,6 @@
-"""Context parallelism for the SSD call: a sequence split across the ranks of a process group, each rank
-holding one contiguous slice in rank order, gives the outputs and gradients of the whole sequence.
+"""Context parallelism for the SSD call and the whole Mamba-2 layer: a sequence split across the ranks of a
+process group, each rank holding one contiguous slice in rank order, gives the outputs and gradients of the
+whole sequence.
 
 Each rank runs ``mamba_chunk_scan_combined`` on its slice from a zero state (rank 0 from the call's
 ``initial_states``). The SSD is linear in the state entering a slice, so the state the slice would have
@@ -20,17 +21,28 @@ gate ``y * silu(z)``. Not supported: ``cu_seqlens`` / ``return_varlen_states``.
 
 Returns this rank's slice of the output, then (``return_final_states``) the state at the end of this rank's
 slice (on the last rank: the whole sequence's final state).
+
+The layer (``mamba_split_conv1d_scan_combined_cp``) also needs, before its slice, the causal conv1d's window:
+the last width - 1 positions of the conv's input that precede the slice, which may span several short
+slices. One differentiable all-gather of every slice's last width - 1 positions (and one of their document
+numbers and the slices' lengths) gives each rank that halo; the conv runs over halo and slice, and the halo's
+gradient flows back to the ranks that own it. The rest of the layer is per position (the gated norm, the
+SwiGLU, out_proj) or the SSD above. The weights' gradients are each rank's part: sum them over the group, as
+data parallelism does.
 """
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mamba2_kernels.ssd.combined import check_arguments, mamba_chunk_scan_combined
+from mamba2_kernels import layer_compose, layer_fn
+from mamba2_kernels.conv.causal_conv1d import causal_conv1d_fn
+from mamba2_kernels.ssd.combined import check_arguments, check_state_dtype, mamba_chunk_scan_combined
 from mamba2_kernels.ssd.naive import dt_transform, exp_nonpos
 
 INF = float("inf")
@@ -51,6 +63,12 @@ def _gather_ends(end: torch.Tensor, decay: torch.Tensor, group) -> tuple[list[to
     backward every rank reaches."""
     gathered = _all_gather(torch.cat([end.flatten(), decay.flatten()]), group)
     return ([g[:end.numel()].view(end.shape) for g in gathered], [g[end.numel():].view(decay.shape) for g in gathered])
+
+
+def _rank_and_world(group) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("group: torch.distributed is not initialized; call init_process_group first")
+    return dist.get_rank(group), dist.get_world_size(group)
 
 
 def _entering_state(ends, decays, continues, whole, rank: int) -> torch.Tensor:
@@ -74,9 +92,7 @@ def mamba_chunk_scan_combined_cp(x, dt, A, B, C, chunk_size, D=None, z=None, dt_
     same everywhere; initial_states is used on rank 0 only. state_dtype is the local call's (the end states
     exchanged between ranks are fp32 either way)."""
     check_arguments(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit)
-    if not dist.is_available() or not dist.is_initialized():
-        raise ValueError("group: torch.distributed is not initialized; call init_process_group first")
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    rank, world = _rank_and_world(group)
     batch, _, nheads, headdim = x.shape
     ngroups = B.shape[2]
     y, end = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
@@ -107,3 +123,73 @@ def mamba_chunk_scan_combined_cp(x, dt, A, B, C, chunk_size, D=None, z=None, dt_
     end = end + (whole[rank][:, None] * decays[rank])[..., None, None] * state
     out = y if z is None else (y.float() * F.silu(z.float())).to(y.dtype)
     return (out, end) if return_final_states else out
+
+
+def _halo(x: torch.Tensor, seq_idx: torch.Tensor | None, size: int, group) -> tuple[torch.Tensor,
+                                                                                    torch.Tensor | None]:
+    """The ``size`` positions of the conv's input (b, d, L) before this rank's slice, from the slices before it
+    (a slice shorter than the halo gives all it has, and the ones before it the rest), zero before the
+    sequence's start; and their document numbers (b, size), the padding's those of the position after it, so
+    that the row stays non-decreasing. Every rank's halo is made from the all-gathered tails, rank 0's too:
+    each rank's backward must reach the all-gather's, a collective."""
+    rank, _ = _rank_and_world(group)
+    batch, _, length = x.shape
+    have = min(size, length)
+    tails = _all_gather(F.pad(x[..., length - have:], (size - have, 0)), group)
+    meta = torch.zeros(batch, size + 1, dtype=torch.int64, device=x.device)
+    meta[:, size] = length
+    if seq_idx is not None:
+        meta[:, size - have:size] = seq_idx[:, length - have:]
+    metas = [m for m in _all_gather(meta, group)]
+    columns, docs, need = [], [], size
+    for r in range(rank - 1, -1, -1):
+        take = min(need, int(metas[r][0, size]))
+        if take:
+            columns.insert(0, tails[r][..., size - take:])
+            docs.insert(0, metas[r][:, size - take:size])
+            need -= take
+    halo = torch.cat([0 * tails[rank][..., :need], *columns], dim=-1)
+    if seq_idx is None:
+        return halo, None
+    first = docs[0][:, :1] if docs else seq_idx[:, :1].long()
+    return halo, torch.cat([first.expand(batch, need), *docs], dim=-1).to(seq_idx.dtype)
+
+
+def _parts(group):
+    """The layer's parts (``mamba2_kernels.layer_compose``) over ``group``: the conv with its halo, the SSD call
+    split as above, the gated norm as it is."""
+
+    def conv(x, weight, bias, seq_idx, activation):
+        size = weight.shape[-1] - 1
+        halo, halo_docs = _halo(x, seq_idx, size, group)
+        docs = None if seq_idx is None else torch.cat([halo_docs, seq_idx], dim=-1)
+        return causal_conv1d_fn(torch.cat([halo, x], dim=-1), weight, bias, seq_idx=docs,
+                                activation=activation)[..., size:]
+
+    def ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit, state_dtype):
+        return mamba_chunk_scan_combined_cp(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+                                            initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
+                                            dt_limit=dt_limit, return_final_states=True, group=group,
+                                            state_dtype=state_dtype)
+
+    return types.SimpleNamespace(conv=conv, ssd=ssd, norm=layer_fn.OPERATOR_PARTS.norm)
+
+
+def mamba_split_conv1d_scan_combined_cp(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                                        initial_states=None, seq_idx=None, dt_limit=(0.0, INF),
+                                        return_final_states=False, activation="silu", rmsnorm_weight=None,
+                                        rmsnorm_eps=1e-6, outproj_weight=None, outproj_bias=None, headdim=None,
+                                        ngroups=1, norm_before_gate=True, state_dtype=None, group=None):
+    """``mamba_split_conv1d_scan_combined`` over a sequence split across ``group``'s ranks (module docstring):
+    zxbcdt and seq_idx are this rank's slice (any length, one position too); the weights the same everywhere,
+    their gradients this rank's part; initial_states is used on rank 0 only. Returns this rank's slice of the
+    output, then (``return_final_states``) the state at the end of the slice (on the last rank: the whole
+    sequence's)."""
+    layer_fn.layer_dims(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
+                        dt_limit, activation, rmsnorm_weight, outproj_weight, outproj_bias, headdim, ngroups)
+    check_state_dtype(state_dtype)
+    _rank_and_world(group)
+    return layer_compose.mamba_split_conv1d_scan(
+        _parts(group), zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
+        dt_limit, return_final_states, activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias,
+        headdim, ngroups, norm_before_gate, state_dtype)

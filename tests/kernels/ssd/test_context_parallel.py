@@ -4,16 +4,12 @@ fp64 reference of the unsplit call (``ssd_chunked_ref`` under autograd)."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from mamba2_kernels.ssd.naive import ssd_chunked_ref
 from mamba2_kernels.testing import execution_mode
+from tests.process_group import collect, joined, spawn
 
 BATCH, NHEADS, HEADDIM, NGROUPS, DSTATE, CHUNK = 2, 4, 8, 2, 8, 16
 SHARED = ("A", "D", "dt_bias")  # the same on every rank: their gradients are summed over the ranks
@@ -43,9 +39,7 @@ def _inputs(seqlen: int, seq_idx: bool) -> dict[str, torch.Tensor]:
 
 
 def _worker(rank: int, world: int, port: int, seqlen: int, cuts: list[int], seq_idx: bool, result: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with joined(rank, world, port):
         from mamba2_kernels.context_parallel import mamba_chunk_scan_combined_cp
 
         full = _inputs(seqlen, seq_idx)
@@ -63,15 +57,8 @@ def _worker(rank: int, world: int, port: int, seqlen: int, cuts: list[int], seq_
             if rank == world - 1:
                 loss = loss + (final * full["dfinal"]).sum()
             loss.backward()
-        grads = {k: v.grad for k, v in leaves.items()}
-        for name in SHARED:
-            dist.all_reduce(grads[name])
-        pieces = [None] * world
-        dist.all_gather_object(pieces, {"out": out.detach(), "final": final.detach(), **grads})
-        if rank == 0:
-            torch.save({k: [p[k] for p in pieces] for k in pieces[0]}, result)
-    finally:
-        dist.destroy_process_group()
+        collect({"out": out.detach(), "final": final.detach(), **{k: v.grad for k, v in leaves.items()}}, SHARED,
+                result)
 
 
 def _reference(seqlen: int, seq_idx: bool) -> dict[str, torch.Tensor]:
@@ -86,12 +73,6 @@ def _reference(seqlen: int, seq_idx: bool) -> dict[str, torch.Tensor]:
     return {"out": out.detach(), "final": final.detach(), **{k: v.grad for k, v in leaves.items()}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(("cuts", "seq_idx"), [([0, 37, 80], False), ([0, 16, 40, 41, 80], True)],
                          ids=["2-ranks", "4-ranks-packed"])
 def test_split_sequence_gives_the_whole_sequences_outputs_and_gradients(cuts, seq_idx, tmp_path):
@@ -100,11 +81,7 @@ def test_split_sequence_gives_the_whole_sequences_outputs_and_gradients(cuts, se
     documents on 4 ranks."""
     world, seqlen = len(cuts) - 1, cuts[-1]
     result = tmp_path / "ranks.pt"
-    # The ranks fork from a server that imported torch and the kernels once: four spawned imports took
-    # most of the test.
-    mp.get_context("forkserver").set_forkserver_preload(["torch", "mamba2_kernels.context_parallel", __name__])
-    mp.start_processes(_worker, args=(world, _free_port(), seqlen, cuts, seq_idx, str(result)), nprocs=world,
-                       start_method="forkserver")
+    spawn(_worker, world, seqlen, cuts, seq_idx, str(result), preload=["mamba2_kernels.context_parallel", __name__])
     got = torch.load(result)
     ref = _reference(seqlen, seq_idx)
     for name in ("out", "x", "dt", "B", "C", "z"):
