@@ -23,3 +23,10 @@ def check_out(name: str, given: torch.Tensor | None, shape, dtype: torch.dtype |
         layout = "" if unit_stride_dim is None else f" with stride 1 in dim {unit_stride_dim}"
         raise ValueError(f"{name}: expected a {wanted} tensor of shape {shape}{layout}, got {given.dtype} "
                          f"{tuple(given.shape)} strides {given.stride()}")
+
+
+def empty_dense(like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised contiguous tensor of ``like``'s shape and dtype: an operator's output as its fake function
+    promises it (and as mamba-ssm's kernels allocate it). ``torch.empty_like`` follows a permuted input's layout
+    (a slice of a transposed buffer, say), which a compiled graph would then read with the promised strides."""
+    return torch.empty_like(like, memory_format=torch.contiguous_format)

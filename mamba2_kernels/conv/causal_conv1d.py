@@ -201,6 +201,12 @@ def causal_conv1d_bwd_kernel(
     return dx, dw_part, db_part
 
 
+def _readable(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels read it: as it is in either layout they read coalesced, else a contiguous copy. The fake
+    functions apply it too, so that they promise the layout the kernels' outputs follow."""
+    return x if x.stride(2) == 1 or x.stride(1) == 1 else x.contiguous()
+
+
 def _prepare(x, weight, bias, seq_idx, activation):
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: expected None, 'silu' or 'swish', got {activation!r}")
@@ -211,8 +217,7 @@ def _prepare(x, weight, bias, seq_idx, activation):
         raise ValueError(f"weight: expected (dim={dim}, width in 2..4), got shape {tuple(weight.shape)}")
     if bias is not None and bias.shape != (dim,):
         raise ValueError(f"bias: expected shape ({dim},), got {tuple(bias.shape)}")
-    if x.stride(2) != 1 and x.stride(1) != 1:  # neither layout the kernels read coalesced
-        x = x.contiguous()
+    x = _readable(x)
     weight = weight.contiguous()
     bias = bias.contiguous() if bias is not None else None
     if seq_idx is not None:
@@ -270,7 +275,7 @@ def _conv_fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 @_conv_fwd_op.register_fake
 def _conv_fwd_fake(x, weight, bias, seq_idx, activation):
-    return _empty_like_layout(x)
+    return _empty_like_layout(_readable(x))
 
 
 def _conv_setup_context(ctx, inputs, output):

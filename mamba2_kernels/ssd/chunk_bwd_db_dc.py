@@ -33,7 +33,7 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
-from mamba2_kernels._buffers import check_out
+from mamba2_kernels._buffers import check_out, empty_dense
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
@@ -149,8 +149,8 @@ def chunk_bwd_db_dc(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx=
     if seq_idx is not None:
         assert seq_idx.shape == (batch, seqlen)
         last, prev = seq_last(seq_idx, chunk_size), seq_prev(seq_idx, chunk_size)
-    dB = torch.empty_like(B) if dB is None else dB
-    dC = torch.empty_like(C) if dC is None else dC
+    dB = empty_dense(B) if dB is None else dB
+    dC = empty_dense(C) if dC is None else dC
     next_part, prev_part = chunk_bwd_db_dc_kernel(x, dt, dA_cumsum, B, C, dout, states, dstates, dcb, seq_idx, last,
                                                   prev, dB, dC, int(ngroups), nheads // ngroups)
     if unfinished:

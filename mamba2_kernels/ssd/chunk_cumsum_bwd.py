@@ -15,7 +15,7 @@ import helion.language as hl
 import torch
 
 from mamba2_kernels import _fastmath as fastmath
-from mamba2_kernels._buffers import check_out
+from mamba2_kernels._buffers import check_out, empty_dense
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
@@ -118,7 +118,7 @@ def _chunk_cumsum_bwd(ddA, terms, ddt_out, dt, A, dt_bias, dt_softplus, dt_limit
     if dt_bias is not None:
         assert dt_bias.shape == (nheads,)
     check_out("ddt", ddt, dt.shape, dt.dtype)
-    out = torch.empty_like(dt) if ddt is None else ddt
+    out = empty_dense(dt) if ddt is None else ddt
     parts = chunk_cumsum_bwd_kernel(ddA, *terms, ddt_out, dt.transpose(1, 2), A, dt_bias, out.transpose(1, 2),
                                     bool(dt_softplus), float(dt_limit[0]), float(dt_limit[1]))
     dA, ddt_bias = parts.sum(dim=(2, 3))

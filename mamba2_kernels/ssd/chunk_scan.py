@@ -28,6 +28,7 @@ import helion.language as hl
 import torch
 
 from mamba2_kernels import _fastmath as fastmath
+from mamba2_kernels._buffers import empty_dense
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
@@ -151,8 +152,8 @@ def chunk_scan_fwd(cb, x, dt, dA_cumsum, C, states, D=None, z=None, seq_idx=None
     if seq_idx is not None:
         assert seq_idx.shape == (batch, seqlen)
         prev = seq_prev(seq_idx, chunk_size)
-    out = torch.empty_like(x)
-    out_x = torch.empty_like(x) if z is not None else None
+    out = empty_dense(x)
+    out_x = empty_dense(x) if z is not None else None
     chunk_scan_kernel(cb, x, dt, dA_cumsum, C, states, D, z, seq_idx, prev, out, out_x, d_kind, B)
     return out, out_x
 

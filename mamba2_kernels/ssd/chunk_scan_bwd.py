@@ -24,7 +24,7 @@ import helion.language as hl
 import torch
 
 from mamba2_kernels import _fastmath as fastmath
-from mamba2_kernels._buffers import check_out
+from mamba2_kernels._buffers import check_out, empty_dense
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
@@ -119,7 +119,7 @@ def chunk_scan_bwd_dz(x, z, out, dout, chunk_size, has_ddAcs=True, D=None, dz=No
     d_kind = d_kind_of(D, nheads, headdim)
     outz = torch.empty_like(x) if recompute_output else torch.empty(0, device=x.device, dtype=x.dtype)
     dz, dout_x, dD_part, ddA = chunk_scan_bwd_dz_kernel(
-        x, z, out, dout, D, outz, torch.empty_like(z) if dz is None else dz, int(chunk_size), bool(has_ddAcs),
+        x, z, out, dout, D, outz, empty_dense(z) if dz is None else dz, int(chunk_size), bool(has_ddAcs),
         bool(recompute_output), d_kind)
     dD = None
     if D is not None:

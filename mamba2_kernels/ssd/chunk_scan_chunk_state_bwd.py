@@ -20,7 +20,7 @@ from __future__ import annotations
 import helion.language as hl
 import torch
 
-from mamba2_kernels._buffers import check_out
+from mamba2_kernels._buffers import check_out, empty_dense
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
@@ -137,7 +137,7 @@ def chunk_scan_chunk_state_bwd_dx(x, dt, dA_cumsum, B, CB, dout, dstates, D=None
         assert seq_idx.shape == (batch, seqlen)
         last = seq_last(seq_idx, chunk_size)
     dx, ddt_part, dD_part = chunk_scan_chunk_state_bwd_dx_kernel(
-        x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last, torch.empty_like(x) if dx is None else dx, d_kind)
+        x, dt, dA_cumsum, B, CB, dout, dstates, D, seq_idx, last, empty_dense(x) if dx is None else dx, d_kind)
     ddt = sum_partials(ddt_part, 0)
     dD = None
     if D is not None:

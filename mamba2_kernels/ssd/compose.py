@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from mamba2_kernels._buffers import check_out
+from mamba2_kernels._buffers import check_out, empty_dense
 
 INF = float("inf")
 
@@ -120,9 +120,9 @@ def chain_chunk_bwd_db_dc(stages: Any, x, dt, dA_cumsum, B, C, dout, states, dst
     ngroups = B.shape[2]
     dB_state, ddA_next = stages.chunk_state_bwd_db(x, dt, dA_cumsum, dstates, seq_idx=seq_idx, B=B, ngroups=ngroups)
     dC_state, ddA_prev = stages.chunk_scan_bwd_dC(states, dA_cumsum, dout, seq_idx=seq_idx, C=C, ngroups=ngroups)
-    dB = stages.bmm_chunk_bwd(C, dcb, residual=dB_state, out=torch.empty_like(B) if dB is None else dB)
+    dB = stages.bmm_chunk_bwd(C, dcb, residual=dB_state, out=empty_dense(B) if dB is None else dB)
     dC = stages.bmm_chunk_bwd(B, dcb.transpose(-1, -2), residual=dC_state,
-                              out=torch.empty_like(C) if dC is None else dC)
+                              out=empty_dense(C) if dC is None else dC)
     return dB, dC, ddA_next, ddA_prev
 
 

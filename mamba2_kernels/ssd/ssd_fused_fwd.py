@@ -38,6 +38,7 @@ import helion.language as hl
 import torch
 
 from mamba2_kernels import _fastmath as fastmath
+from mamba2_kernels._buffers import empty_dense
 from mamba2_kernels._runtime import tuned_kernel
 from mamba2_kernels.config_store import ShapeKey
 from mamba2_kernels.ssd import _seeds
@@ -159,8 +160,8 @@ def ssd_fused_fwd(x, dt, dA_cumsum, B, C, D=None, z=None, initial_states=None, s
     assert z is None or z.shape == x.shape
     check_power_of_two_chunk("ssd_fused_fwd", chunk_size)
     d_kind = d_kind_of(D, nheads, headdim)
-    out = torch.empty_like(x)
-    out_x = torch.empty_like(x) if z is not None else None
+    out = empty_dense(x)
+    out_x = empty_dense(x) if z is not None else None
     final_states = torch.empty((batch, nheads, headdim, dstate), device=x.device, dtype=torch.float32)
     last = prev = chunked_seq = None
     if seq_idx is not None:

@@ -43,6 +43,39 @@ def test_ssd_operator(z, varlen):
                               test_utils=CHECKS)
 
 
+def _split_views(layout: str, b: int, L: int, widths: list[int], g: torch.Generator) -> list[torch.Tensor]:
+    """Tensors of the given last-dim widths as slices of one buffer, as a layer hands them in: ``mamba2`` splits a
+    (b, L, sum) buffer (Mamba2's xBC); ``permuted`` a transposed (b, sum, L) buffer, as the conv's output is when
+    its input was contiguous (the context-parallel halo's), so that each slice's strides are permuted."""
+    if layout == "mamba2":
+        buffer = torch.randn(b, L, sum(widths) + 3, generator=g)
+    else:
+        buffer = torch.randn(b, sum(widths) + 3, L + 3, generator=g)[..., 3:].transpose(1, 2)
+    return list(torch.split(buffer, [*widths, 3], dim=-1)[:-1])
+
+
+@pytest.mark.parametrize("layout", ["mamba2", "permuted"])
+def test_ssd_operators_outputs_are_contiguous_whatever_the_inputs_layout(layout):
+    """The fake functions promise contiguous outputs, as mamba-ssm's kernels allocate them; an output that
+    followed a permuted input's layout instead (``empty_like``) would be read by the compiled graph with the
+    promised strides."""
+    g = torch.Generator().manual_seed(3)
+    b, L, h, p, ng, n = 2, 48, 4, 8, 2, 8
+    x, B, C, z, dout = _split_views(layout, b, L, [h * p, ng * n, ng * n, h * p, h * p], g)
+    x, z, dout = (t.unflatten(-1, (h, p)) for t in (x, z, dout))
+    B, C = (t.unflatten(-1, (ng, n)) for t in (B, C))
+    dt = _split_views(layout, b, L, [h], g)[0]
+    A, D = -torch.rand(h, generator=g), torch.randn(h, p, generator=g)
+    with execution_mode("ref"):
+        torch.library.opcheck(torch.ops.mamba2_kernels.ssd_combined_fwd.default,
+                              _leaves(x, dt, A, B, C, 16, D, z, None, None, None, None, True, [0.0, INF], False,
+                                      None), test_utils=CHECKS)
+        out = torch.randn(b, L, h, p, generator=g)
+        torch.library.opcheck(torch.ops.mamba2_kernels.ssd_combined_bwd.default,
+                              (dout, x, dt, A, B, C, out, 16, D, z, None, None, None, None, None, None, True,
+                               [0.0, INF], None), test_utils=("test_schema", "test_faketensor"))
+
+
 @pytest.mark.parametrize(("bias", "z"), [(False, True), (True, False)], ids=["z", "bias"])
 def test_gated_rmsnorm_operator(bias, z):
     g = torch.Generator().manual_seed(1)
@@ -53,11 +86,14 @@ def test_gated_rmsnorm_operator(bias, z):
         torch.library.opcheck(torch.ops.mamba2_kernels.gated_rmsnorm_fwd.default, args, test_utils=CHECKS)
 
 
-@pytest.mark.parametrize("channels_last", [True, False], ids=["channels-last", "contiguous"])
-def test_causal_conv1d_operator(channels_last):
+@pytest.mark.parametrize("layout", ["channels-last", "contiguous", "neither"])
+def test_causal_conv1d_operator(layout):
+    """``neither``: no dimension of stride 1, which the kernels read through a contiguous copy."""
     g = torch.Generator().manual_seed(2)
-    x = (torch.randn(2, 40, 24, generator=g).transpose(1, 2) if channels_last
-         else torch.randn(2, 24, 40, generator=g))
+    channels_last = layout == "channels-last"
+    x = {"channels-last": lambda: torch.randn(2, 40, 24, generator=g).transpose(1, 2),
+         "contiguous": lambda: torch.randn(2, 24, 40, generator=g),
+         "neither": lambda: torch.randn(2, 24, 80, generator=g)[..., ::2]}[layout]()
     seq_idx = None if channels_last else torch.zeros(2, 40, dtype=torch.int32)
     args = _leaves(x, torch.randn(24, 4, generator=g), torch.randn(24, generator=g) if channels_last else None,
                    seq_idx, "silu" if channels_last else None)
