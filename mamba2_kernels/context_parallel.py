@@ -33,11 +33,9 @@ data parallelism does.
 
 from __future__ import annotations
 
-import types
-import warnings
-
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
 import torch.nn.functional as F
 
 from mamba2_kernels import layer_compose, layer_fn
@@ -48,14 +46,16 @@ from mamba2_kernels.ssd.naive import dt_transform, exp_nonpos
 INF = float("inf")
 
 
+# torch.distributed's functional collectives: Dynamo traces them (torch.distributed.nn's all-gather breaks
+# the graph), and their all-gather carries gradients. torch 2.13 renamed it; 2.11 and 2.12 have the old name.
+_gather_with_grad = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd
+
+
 def _all_gather(tensor: torch.Tensor, group) -> list[torch.Tensor]:
     """Every rank's ``tensor``, differentiable (its backward returns each rank the sum of the gradients that
     reached its tensor on all ranks)."""
-    from torch.distributed.nn.functional import all_gather
-
-    with warnings.catch_warnings():  # deprecated in favour of a private module; it is the public, gloo-capable one
-        warnings.simplefilter("ignore", FutureWarning)
-        return list(all_gather(tensor.contiguous(), group=group))
+    gathered = _gather_with_grad(tensor.contiguous().unsqueeze(0), 0, group or dist.group.WORLD)
+    return list(gathered.unbind(0))
 
 
 def _gather_ends(end: torch.Tensor, decay: torch.Tensor, group) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -129,50 +129,61 @@ def _halo(x: torch.Tensor, seq_idx: torch.Tensor | None, size: int, group) -> tu
                                                                                     torch.Tensor | None]:
     """The ``size`` positions of the conv's input (b, d, L) before this rank's slice, from the slices before it
     (a slice shorter than the halo gives all it has, and the ones before it the rest), zero before the
-    sequence's start; and their document numbers (b, size), the padding's those of the position after it, so
-    that the row stays non-decreasing. Every rank's halo is made from the all-gathered tails, rank 0's too:
-    each rank's backward must reach the all-gather's, a collective."""
-    rank, _ = _rank_and_world(group)
-    batch, _, length = x.shape
+    sequence's start; and their document numbers (b, size), the padding's those of the positions after it, so
+    that the row stays non-decreasing.
+
+    Tensor ops alone, no slice length read on the host, so that torch.compile traces it: every rank's tail,
+    zero-padded on the left to ``size``, is gathered; the columns that hold a position of a slice before this
+    one are packed to the right of the halo (the last ``size`` of them), every other column adds into a column
+    dropped afterwards. So each rank's halo, rank 0's too, is made from the gathered tails, and each rank's
+    backward reaches the all-gather's, a collective."""
+    rank, world = _rank_and_world(group)
+    batch, dim, length = x.shape
     have = min(size, length)
-    tails = _all_gather(F.pad(x[..., length - have:], (size - have, 0)), group)
-    meta = torch.zeros(batch, size + 1, dtype=torch.int64, device=x.device)
-    meta[:, size] = length
-    if seq_idx is not None:
-        meta[:, size - have:size] = seq_idx[:, length - have:]
-    metas = [m for m in _all_gather(meta, group)]
-    columns, docs, need = [], [], size
-    for r in range(rank - 1, -1, -1):
-        take = min(need, int(metas[r][0, size]))
-        if take:
-            columns.insert(0, tails[r][..., size - take:])
-            docs.insert(0, metas[r][:, size - take:size])
-            need -= take
-    halo = torch.cat([0 * tails[rank][..., :need], *columns], dim=-1)
+    tail_docs = (torch.zeros(batch, size, dtype=torch.int64, device=x.device) if seq_idx is None else
+                 F.pad(seq_idx[:, length - have:].long(), (size - have, 0)))
+    tails = torch.stack(_all_gather(F.pad(x[..., length - have:], (size - have, 0)), group))  # (world, b, d, size)
+    docs = torch.stack(_all_gather(tail_docs, group))  # (world, b, size)
+    lengths = torch.stack(_all_gather(torch.tensor([have], device=x.device), group))  # (world, 1)
+    column = torch.arange(size, device=x.device)
+    valid = (column >= size - lengths) & (torch.arange(world, device=x.device)[:, None] < rank)  # (world, size)
+    valid = valid.flatten()
+    before = valid.flip(0).long().cumsum(0).flip(0)  # valid columns from each one to the end, itself included
+    place = torch.where(valid & (before <= size), size - before, size)  # size: the dropped column
+    halo = x.new_zeros(batch, dim, size + 1).index_add(-1, place, tails.permute(1, 2, 0, 3).flatten(2))[..., :size]
     if seq_idx is None:
         return halo, None
-    first = docs[0][:, :1] if docs else seq_idx[:, :1].long()
-    return halo, torch.cat([first.expand(batch, need), *docs], dim=-1).to(seq_idx.dtype)
+    filled = torch.zeros(size + 1, dtype=torch.int64, device=x.device).index_add(0, place, valid.long())[:size]
+    halo_docs = torch.zeros(batch, size + 1, dtype=torch.int64, device=x.device).index_add(
+        -1, place, torch.where(valid, docs.permute(1, 0, 2).flatten(1), 0))[:, :size]
+    # Padding columns (none filled) take the first document after them: the first filled column's, or the slice's.
+    first = torch.where(filled.bool(), halo_docs, torch.iinfo(torch.int64).max).amin(-1, keepdim=True)
+    first = torch.minimum(first, seq_idx[:, :1].long())
+    return halo, torch.where(filled.bool(), halo_docs, first).to(seq_idx.dtype)
 
 
-def _parts(group):
-    """The layer's parts (``mamba2_kernels.layer_compose``) over ``group``: the conv with its halo, the SSD call
-    split as above, the gated norm as it is."""
+class _SplitParts:
+    """The layer's parts (``mamba2_kernels.layer_compose``) over a process group: the conv with its halo, the SSD
+    call split as above, the gated norm as it is. A class, not a namespace made per call: Dynamo traces neither
+    ``types.SimpleNamespace`` nor a closure's creation as cheaply."""
 
-    def conv(x, weight, bias, seq_idx, activation):
+    norm = staticmethod(layer_fn.OPERATOR_PARTS.norm)
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def conv(self, x, weight, bias, seq_idx, activation):
         size = weight.shape[-1] - 1
-        halo, halo_docs = _halo(x, seq_idx, size, group)
+        halo, halo_docs = _halo(x, seq_idx, size, self.group)
         docs = None if seq_idx is None else torch.cat([halo_docs, seq_idx], dim=-1)
         return causal_conv1d_fn(torch.cat([halo, x], dim=-1), weight, bias, seq_idx=docs,
                                 activation=activation)[..., size:]
 
-    def ssd(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit, state_dtype):
+    def ssd(self, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, dt_limit, state_dtype):
         return mamba_chunk_scan_combined_cp(x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
                                             initial_states=initial_states, seq_idx=seq_idx, dt_softplus=True,
-                                            dt_limit=dt_limit, return_final_states=True, group=group,
+                                            dt_limit=dt_limit, return_final_states=True, group=self.group,
                                             state_dtype=state_dtype)
-
-    return types.SimpleNamespace(conv=conv, ssd=ssd, norm=layer_fn.OPERATOR_PARTS.norm)
 
 
 def mamba_split_conv1d_scan_combined_cp(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
@@ -190,6 +201,6 @@ def mamba_split_conv1d_scan_combined_cp(zxbcdt, conv1d_weight, conv1d_bias, dt_b
     check_state_dtype(state_dtype)
     _rank_and_world(group)
     return layer_compose.mamba_split_conv1d_scan(
-        _parts(group), zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
+        _SplitParts(group), zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states, seq_idx,
         dt_limit, return_final_states, activation, rmsnorm_weight, rmsnorm_eps, outproj_weight, outproj_bias,
         headdim, ngroups, norm_before_gate, state_dtype)

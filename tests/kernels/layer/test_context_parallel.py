@@ -54,19 +54,23 @@ def _call(layer, t: dict[str, torch.Tensor], **kwargs):
 
 
 def _leaves(t: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    return {k: t[k].to(dtype).requires_grad_() for k in ("zxbcdt", "initial_states", *WEIGHTS) if k in t}
+    return {k: t[k].to(dtype, copy=True).requires_grad_() for k in ("zxbcdt", "initial_states", *WEIGHTS) if k in t}
 
 
-def _worker(rank: int, world: int, port: int, seqlen: int, cuts: list[int], full_layer: bool, result: str) -> None:
+def _worker(rank: int, world: int, port: int, seqlen: int, cuts: list[int], full_layer: bool, compiled: bool,
+            result: str) -> None:
     with joined(rank, world, port):
         from mamba2_kernels.context_parallel import mamba_split_conv1d_scan_combined_cp
 
+        layer = mamba_split_conv1d_scan_combined_cp
+        if compiled:  # fullgraph: a graph break (a collective Dynamo cannot trace, say) fails the test
+            layer = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
         full = _inputs(seqlen, full_layer)
         lo, hi = cuts[rank], cuts[rank + 1]
         sliced = {k: (v[:, lo:hi] if k in ("zxbcdt", "seq_idx", "dout") else v) for k, v in full.items()}
         leaves = _leaves(sliced, torch.float32)
         with execution_mode("ref"):
-            out, final = _call(mamba_split_conv1d_scan_combined_cp, {**sliced, **leaves})
+            out, final = _call(layer, {**sliced, **leaves})
             loss = (out * sliced["dout"]).sum()
             if rank == world - 1:
                 loss = loss + (final * full["dfinal"]).sum()
@@ -83,14 +87,16 @@ def _reference(seqlen: int, full_layer: bool) -> dict[str, torch.Tensor]:
     return {"out": out.detach(), "final": final.detach(), **{k: v.grad for k, v in leaves.items()}}
 
 
-@pytest.mark.parametrize(("cuts", "full_layer"), [([0, 37, 80], False), ([0, 2, 3, 25, 48], True)],
-                         ids=["2-ranks", "4-ranks-packed-norm-outproj"])
-def test_split_layer_gives_the_whole_sequences_outputs_and_gradients(cuts, full_layer, tmp_path):
+@pytest.mark.parametrize(("cuts", "full_layer", "compiled"),
+                         [([0, 37, 80], False, False), ([0, 2, 3, 25, 48], True, False), ([0, 2, 48], True, True)],
+                         ids=["2-ranks", "4-ranks-packed-norm-outproj", "2-ranks-compiled"])
+def test_split_layer_gives_the_whole_sequences_outputs_and_gradients(cuts, full_layer, compiled, tmp_path):
     """Every gradient: the input's slices, the weights' parts summed over the ranks, the initial states' on
-    rank 0; the final state's gradient enters on the last rank."""
+    rank 0; the final state's gradient enters on the last rank. Also under ``torch.compile(fullgraph=True)``,
+    which traces the collectives and the halo into the graph."""
     world, seqlen = len(cuts) - 1, cuts[-1]
     result = tmp_path / "ranks.pt"
-    spawn(_worker, world, seqlen, cuts, full_layer, str(result),
+    spawn(_worker, world, seqlen, cuts, full_layer, compiled, str(result),
           preload=["mamba2_kernels.context_parallel", __name__])
     got = torch.load(result)
     ref = _reference(seqlen, full_layer)
