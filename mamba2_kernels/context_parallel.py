@@ -24,8 +24,8 @@ slice (on the last rank: the whole sequence's final state).
 
 The layer (``mamba_split_conv1d_scan_combined_cp``) also needs, before its slice, the causal conv1d's window:
 the last width - 1 positions of the conv's input that precede the slice, which may span several short
-slices. One differentiable all-gather of every slice's last width - 1 positions (and one of their document
-numbers and the slices' lengths) gives each rank that halo; the conv runs over halo and slice, and the halo's
+slices. An all-gather of every slice's last width - 1 positions (and one of their document numbers and the
+slices' lengths) gives each rank that halo; the conv runs over halo and slice, and the halo's
 gradient flows back to the ranks that own it. The rest of the layer is per position (the gated norm, the
 SwiGLU, out_proj) or the SSD above. The weights' gradients are each rank's part: sum them over the group, as
 data parallelism does.
@@ -143,8 +143,9 @@ def _halo(x: torch.Tensor, seq_idx: torch.Tensor | None, size: int, group) -> tu
     tail_docs = (torch.zeros(batch, size, dtype=torch.int64, device=x.device) if seq_idx is None else
                  F.pad(seq_idx[:, length - have:].long(), (size - have, 0)))
     tails = torch.stack(_all_gather(F.pad(x[..., length - have:], (size - have, 0)), group))  # (world, b, d, size)
-    docs = torch.stack(_all_gather(tail_docs, group))  # (world, b, size)
-    lengths = torch.stack(_all_gather(torch.tensor([have], device=x.device), group))  # (world, 1)
+    # Each tail's document numbers, then its length (b, size + 1), in one all-gather.
+    meta = torch.stack(_all_gather(F.pad(tail_docs, (0, 1), value=have), group))  # (world, b, size + 1)
+    docs, lengths = meta[..., :size], meta[:, :1, size]  # (world, b, size), (world, 1)
     column = torch.arange(size, device=x.device)
     valid = (column >= size - lengths) & (torch.arange(world, device=x.device)[:, None] < rank)  # (world, size)
     valid = valid.flatten()
@@ -164,8 +165,8 @@ def _halo(x: torch.Tensor, seq_idx: torch.Tensor | None, size: int, group) -> tu
 
 class _SplitParts:
     """The layer's parts (``mamba2_kernels.layer_compose``) over a process group: the conv with its halo, the SSD
-    call split as above, the gated norm as it is. A class, not a namespace made per call: Dynamo traces neither
-    ``types.SimpleNamespace`` nor a closure's creation as cheaply."""
+    call split as above, the gated norm as it is. A class: Dynamo cannot trace the making of a
+    ``types.SimpleNamespace``."""
 
     norm = staticmethod(layer_fn.OPERATOR_PARTS.norm)
 
