@@ -1,6 +1,6 @@
-"""Output buffers handed in by the caller (mamba-ssm's ``dx=``, ``dz=``, ``ddt=``, ``out=``...), often strided
-slices of one larger gradient: checked before a kernel writes into them, since a kernel fills a wrong one
-silently wrong, or a copy of it instead of it."""
+"""Output buffers: those handed in by the caller (mamba-ssm's ``dx=``, ``dz=``, ``ddt=``, ``out=``...), often
+strided slices of one larger gradient, checked before a kernel writes into them, since a kernel fills a wrong one
+silently wrong, or a copy of it instead of it; and those the kernels allocate, contiguous (``empty_dense``)."""
 
 from __future__ import annotations
 
