@@ -154,13 +154,13 @@ def _halo(x: torch.Tensor, seq_idx: torch.Tensor | None, size: int, group) -> tu
     halo = x.new_zeros(batch, dim, size + 1).index_add(-1, place, tails.permute(1, 2, 0, 3).flatten(2))[..., :size]
     if seq_idx is None:
         return halo, None
-    filled = torch.zeros(size + 1, dtype=torch.int64, device=x.device).index_add(0, place, valid.long())[:size]
+    filled = column >= size - valid.sum()  # the packed columns: the halo's last min(size, valid columns)
     halo_docs = torch.zeros(batch, size + 1, dtype=torch.int64, device=x.device).index_add(
         -1, place, torch.where(valid, docs.permute(1, 0, 2).flatten(1), 0))[:, :size]
     # Padding columns (none filled) take the first document after them: the first filled column's, or the slice's.
-    first = torch.where(filled.bool(), halo_docs, torch.iinfo(torch.int64).max).amin(-1, keepdim=True)
+    first = torch.where(filled, halo_docs, torch.iinfo(torch.int64).max).amin(-1, keepdim=True)
     first = torch.minimum(first, seq_idx[:, :1].long())
-    return halo, torch.where(filled.bool(), halo_docs, first).to(seq_idx.dtype)
+    return halo, torch.where(filled, halo_docs, first).to(seq_idx.dtype)
 
 
 class _SplitParts:
