@@ -207,6 +207,7 @@ def measure(shape: suites.ShapeSpec, d_model: int, *, rounds: int, seed: int, co
     if compiled:
         result["compiled_step"] = compiled_step_or_failure(module, u, dout, rounds=rounds, steps=steps,
                                                            mode=compiled)
+        measured(result)
     mamba2_kernels.unpatch_mamba_ssm()
     return result
 
@@ -227,9 +228,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               "rounds": args.rounds, "steps": args.steps}
     measured = measure(shape, args.d_model, rounds=args.rounds, seed=args.seed, compiled=args.compiled,
                        steps=args.steps, measured=lambda result: write_json(args.out, {**header, **result}))
-    report = {**header, **measured}
-    write_json(args.out, report)
-    return summary(report, args.d_model)
+    return summary({**header, **measured}, args.d_model)
 
 
 def summary(report: dict[str, Any], d_model: int) -> int:
